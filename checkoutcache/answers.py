@@ -1,0 +1,52 @@
+"""The answer to `ensure`: one attrs value, one JSON object, one exit status.
+
+Exit statuses are a public contract (README): 0 ready, 75 cloning (EX_TEMPFAIL:
+ask again later, or pass --wait), 1 failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import CheckoutCacheError, is_input_error
+
+READY = "ready"
+CLONING = "cloning"
+FAILED = "failed"
+
+EXIT_READY = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_CLONING = 75
+
+
+@attrs.frozen
+class Answer:
+    state: str
+    commit: str | None
+    repo: str | None
+    path: str | None = None
+    pid: int | None = None
+    started_at: str | None = None
+    progress: dict | None = None
+    error: str | None = None
+    message: str | None = None
+    next: str | None = None
+    retry_after: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.state == READY:
+            return EXIT_READY
+        if self.state == CLONING:
+            return EXIT_CLONING
+        return EXIT_BAD_INPUT if is_input_error(self.error) else EXIT_FAILED
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_error(cls, exc: CheckoutCacheError, commit: str | None = None,
+                   repo: str | None = None, retry_after: int | None = None) -> "Answer":
+        return cls(state=FAILED, commit=commit, repo=repo, error=exc.code,
+                   message=exc.message, next=exc.next, retry_after=retry_after)

@@ -1,0 +1,59 @@
+"""The library API: `Cache(root).ensure(repo, commit, wait=..., scope=...)`.
+
+The ready path (validate, check the marker, touch it, answer) imports no git
+library and nothing beyond the standard library, attrs and this package's
+small pure modules; the slow path (coordinator, worker start, psutil) is
+imported only when a checkout is not ready. Keep it that way: this is the call
+made on every tool call of every review.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable
+
+from .answers import READY, Answer
+from .errors import CheckoutCacheError
+from .layout import RootPaths, default_root
+from .ready import touch_if_ready
+from .repospec import DEFAULT_SCOPE, parse_commit, parse_repo
+
+MAX_WAIT = 24 * 3600.0
+
+
+class Cache:
+    def __init__(self, root: str | None = None, config=None):
+        self.root = os.path.realpath(os.path.expanduser(root)) if root else default_root()
+        self.paths = RootPaths(self.root)
+        self._config = config
+
+    @property
+    def config(self):
+        if self._config is None:
+            from .config import Config
+
+            self._config = Config.from_env()
+        return self._config
+
+    def ensure(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
+               on_progress: Callable[[Answer], None] | None = None) -> Answer:
+        """The commit's checkout: ready (with its path), cloning, or failed.
+
+        wait: seconds to wait for a clone to finish (0: answer at once).
+        Bad input answers `failed` with an input error code (exit_code 2) and writes nothing.
+        """
+        try:
+            sha = parse_commit(commit)
+            spec = parse_repo(repo, scope)
+            if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT \
+                    or math.isnan(wait):
+                raise CheckoutCacheError("BAD_ARGUMENT", what=f"wait must be 0 to {MAX_WAIT:g} seconds")
+        except CheckoutCacheError as exc:
+            return Answer.from_error(exc)
+        paths = self.paths.repo(spec.key)
+        if touch_if_ready(paths.ready_marker(sha)):
+            return Answer(state=READY, commit=sha, repo=spec.url, path=paths.checkout(sha))
+        from .coordinator import Coordinator
+
+        return Coordinator(self.paths, self.config, spec, sha).run(float(wait), on_progress)

@@ -1,0 +1,98 @@
+"""Every knob in one place: each setting declared once with its environment
+variable, default and one sentence of help. The CLI options, the worker's
+environment and the README's option table all follow from this class, so the
+same settings serve `ensure`, `gc` from cron and a sidecar.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import attrs
+
+from .errors import CheckoutCacheError
+from .units import FreeTarget, parse_duration, parse_free, parse_size
+
+
+def _count(value: str | int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = -1
+    if number < 0:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not a whole number >= 0")
+    return number
+
+
+def _transport(value: str) -> str:
+    if value not in ("auto", "cli", "pygit2"):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"transport {str(value)[:40]!r} is not auto, cli or pygit2")
+    return value
+
+
+def setting(default: Any, env: str, help: str, parse: Callable[[Any], Any], show: str | None = None):
+    return attrs.field(default=default, metadata={"env": env, "help": help, "parse": parse,
+                                                  "show": show if show is not None else str(default)})
+
+
+@attrs.frozen
+class Config:
+    grace: float = setting(900.0, "CHECKOUTCACHE_GRACE",
+                           "A checkout used within this window is never evicted.", parse_duration, "15m")
+    max_checkouts: int | None = setting(None, "CHECKOUTCACHE_MAX_CHECKOUTS",
+                                        "gc keeps at most this many checkouts per root.", _count, "unlimited")
+    max_bytes: int | None = setting(None, "CHECKOUTCACHE_MAX_BYTES",
+                                    "gc keeps checkouts within this many bytes in all.", parse_size, "unlimited")
+    min_free: FreeTarget | None = setting(None, "CHECKOUTCACHE_MIN_FREE",
+                                          "gc starts evicting when the disk has less free space than this.",
+                                          parse_free, "off")
+    free_headroom: FreeTarget = setting(FreeTarget(percent=2.0), "CHECKOUTCACHE_FREE_HEADROOM",
+                                        "Once started, gc evicts until free space is min-free plus this.",
+                                        parse_free, "2%")
+    max_age: float | None = setting(None, "CHECKOUTCACHE_MAX_AGE",
+                                    "gc evicts checkouts unused for longer than this.", parse_duration, "off")
+    clone_timeout: float = setting(600.0, "CHECKOUTCACHE_CLONE_TIMEOUT",
+                                   "A clone running longer is stopped and fails with TIMEOUT.", parse_duration, "10m")
+    backoff: float = setting(30.0, "CHECKOUTCACHE_BACKOFF",
+                             "The first back-off after a failed clone; it doubles with each failure.",
+                             parse_duration, "30s")
+    backoff_max: float = setting(900.0, "CHECKOUTCACHE_BACKOFF_MAX",
+                                 "The longest back-off between attempts.", parse_duration, "15m")
+    probe_timeout: float = setting(30.0, "CHECKOUTCACHE_PROBE_TIMEOUT",
+                                   "How long the first contact with a new repository may take.",
+                                   parse_duration, "30s")
+    transport: str = setting("auto", "CHECKOUTCACHE_TRANSPORT",
+                             "Fetch with the git CLI (cli), libgit2 (pygit2), or the CLI when installed (auto).",
+                             _transport)
+
+    @classmethod
+    def from_env(cls, environ: os._Environ | dict[str, str] | None = None, **overrides: Any) -> "Config":
+        """Explicit overrides (CLI options) win over the environment, which wins over defaults."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for field in attrs.fields(cls):
+            raw = overrides.get(field.name)
+            if raw is None:
+                raw = environ.get(field.metadata["env"]) or None
+            if raw is not None:
+                values[field.name] = field.metadata["parse"](raw)
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process (the clone worker) see this config."""
+        env = {}
+        for field in attrs.fields(type(self)):
+            value = getattr(self, field.name)
+            if value is not None:
+                env[field.metadata["env"]] = str(value)
+        return env
+
+
+def options_table() -> str:
+    """The README's option table, from the same declarations."""
+    rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
+    for field in attrs.fields(Config):
+        name = field.name.replace("_", "-")
+        rows.append(f"| `--{name}` | `{field.metadata['env']}` | {field.metadata['show']} | {field.metadata['help']} |")
+    return "\n".join(rows)

@@ -1,0 +1,141 @@
+"""The slow path of `ensure`: when the checkout is not ready, decide what the
+commit's state is, start exactly one clone if it is absent, and wait for it
+within the caller's limit.
+
+Single flight (invariant 2) rests on one step: taking the commit's clone lock
+without waiting. Whoever gets it re-checks (another process may have already
+published or failed meanwhile: double-checked locking) and, if the commit is
+still absent, starts the worker and hands it the lock. Everyone else sees the
+lock held and answers `cloning` with the record of the live owner.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Callable
+
+from . import locks, records
+from .answers import CLONING, FAILED, READY, Answer
+from .config import Config
+from .errors import CheckoutCacheError
+from .layout import RepoPaths, RootPaths
+from .ready import touch_if_ready
+from .repospec import RepoSpec, credential_from_env
+from .spawn import start_worker
+from .state import CommitFacts, Failure, State, state_of
+from .store import init_repo_store, store_exists
+from .transport import pick_transport
+
+# Waiting polls cheaply (a stat and a non-blocking lock attempt), fast at first
+# so a small clone is seen as soon as it publishes, then every 100 ms.
+POLL_FIRST, POLL_MAX = 0.01, 0.1
+# How long an asker that finds the clone lock held waits for the owner's record
+# to appear (the starter writes it within milliseconds of taking the lock).
+RECORD_GRACE = 0.5
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Coordinator:
+    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str):
+        self.root_paths = root_paths
+        self.config = config
+        self.spec = spec
+        self.sha = sha
+        self.paths = root_paths.repo(spec.key)
+        self.credential = spec.credential or credential_from_env(os.environ)
+
+    # ------------------------------------------------------------ answers
+    def ready(self) -> Answer:
+        return Answer(state=READY, commit=self.sha, repo=self.spec.url, path=self.paths.checkout(self.sha))
+
+    def failed(self, failure: Failure, now: float) -> Answer:
+        return Answer(state=FAILED, commit=self.sha, repo=self.spec.url, error=failure.code,
+                      message=failure.message, next=failure.next,
+                      retry_after=max(1, int(failure.retry_at - now + 0.999)))
+
+    def cloning(self, record: dict | None) -> Answer:
+        record = record or {}
+        return Answer(state=CLONING, commit=self.sha, repo=self.spec.url, pid=record.get("pid"),
+                      started_at=iso(record.get("started_at")), progress=record.get("progress") or {})
+
+    def error(self, exc: CheckoutCacheError) -> Answer:
+        return Answer.from_error(exc, commit=self.sha, repo=self.spec.url)
+
+    # ------------------------------------------------------------ steps
+    def failure(self) -> Failure | None:
+        return Failure.from_record(records.read_json(self.paths.failure_record(self.sha)))
+
+    def owner_record(self) -> dict | None:
+        deadline = time.monotonic() + RECORD_GRACE
+        while True:
+            record = records.read_json(self.paths.clone_record(self.sha))
+            if record and record.get("pid") or time.monotonic() >= deadline:
+                return record
+            time.sleep(0.01)
+
+    def first_contact(self) -> None:
+        """Reach a repository never seen before, before writing anything for it."""
+        if store_exists(self.paths):
+            return
+        transport = pick_transport(self.config.transport)
+        transport.probe(self.spec.url, self.spec.is_local, self.credential, self.config.probe_timeout)
+        init_repo_store(self.root_paths, self.paths, self.spec)
+
+    def step(self) -> Answer:
+        """One look at the commit; starts the clone if it is absent."""
+        marker = self.paths.ready_marker(self.sha)
+        if touch_if_ready(marker):
+            return self.ready()
+        clone_lock = locks.try_lock(self.paths.clone_lock(self.sha))
+        if clone_lock is None:
+            return self.cloning(self.owner_record())
+        with clone_lock:
+            # Double-checked: a worker may have published or failed since our first look.
+            if touch_if_ready(marker):
+                return self.ready()
+            now = time.time()
+            failure = self.failure()
+            state = state_of(CommitFacts(marker_present=False, clone_lock_held=False,
+                                         failure=failure, now=now))
+            if state is State.FAILED:
+                return self.failed(failure, now)
+            return self.start_clone(clone_lock)
+
+    def start_clone(self, clone_lock: locks.Lock) -> Answer:
+        try:
+            proc = start_worker(self.root_paths.root, self.paths, self.sha, clone_lock.fileno(),
+                                self.config, self.credential)
+        except OSError as exc:
+            raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
+        from .liveness import process_start_time  # psutil only off the ready path
+
+        record = {"pid": proc.pid, "pid_start": process_start_time(proc.pid), "started_at": time.time(),
+                  "commit": self.sha, "progress": {"phase": "starting"}}
+        records.write_json(self.paths.clone_record(self.sha), record)
+        return self.cloning(record)
+
+    def run(self, wait: float, on_progress: Callable[[Answer], None] | None = None) -> Answer:
+        try:
+            self.first_contact()
+        except CheckoutCacheError as exc:
+            return self.error(exc)
+        deadline = time.monotonic() + wait
+        interval = POLL_FIRST
+        while True:
+            try:
+                answer = self.step()
+            except CheckoutCacheError as exc:
+                return self.error(exc)
+            if answer.state != CLONING or time.monotonic() >= deadline:
+                return answer
+            if on_progress is not None:
+                on_progress(answer)
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            interval = min(interval * 1.5, POLL_MAX)

@@ -1,0 +1,108 @@
+"""`checkoutcache demo`: the whole story on a repository built on the spot.
+
+No network, no set-up: a small repository (files, a symlink, an executable,
+three commits) is written with libgit2 into a temporary directory, and the
+cache (in that directory too, unless --root is given) is asked for its
+middle commit three times: at once (cloning), waiting (ready), and again
+(ready at once, from the store).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+import pygit2
+
+from .cache import Cache
+from .output import ProgressBar, answer_text, emit_json
+
+
+def make_demo_repository(path: str) -> list[str]:
+    """A small repository with three commits; returns their ids, oldest first."""
+    repo = pygit2.init_repository(path, bare=False, initial_head="main")
+    author = pygit2.Signature("checkoutcache demo", "demo@example.invalid", 1_700_000_000, 0)
+    shas: list[str] = []
+    files = {
+        "README.md": b"# demo\nA repository made by `checkoutcache demo`.\n",
+        "src/app.py": b"print('hello from the demo')\n",
+        "tools/run.sh": b"#!/bin/sh\necho run\n",
+    }
+    for number in range(1, 4):
+        files[f"notes/note-{number}.txt"] = f"note {number}\n".encode()
+        builder = _tree(repo, files, executable={"tools/run.sh"}, symlinks={"latest-note": f"notes/note-{number}.txt"})
+        parents = [shas[-1]] if shas else []
+        oid = repo.create_commit("refs/heads/main", author, author, f"commit {number}", builder, parents)
+        shas.append(str(oid))
+    return shas
+
+
+def _tree(repo: pygit2.Repository, files: dict[str, bytes], executable: set[str], symlinks: dict[str, str]):
+    entries: dict[str, dict] = {}
+    for path, data in files.items():
+        mode = pygit2.enums.FileMode.BLOB_EXECUTABLE if path in executable else pygit2.enums.FileMode.BLOB
+        _put(entries, path.split("/"), repo.create_blob(data), mode)
+    for path, target in symlinks.items():
+        _put(entries, path.split("/"), repo.create_blob(target.encode()), pygit2.enums.FileMode.LINK)
+    return _write(repo, entries)
+
+
+def _put(entries: dict, parts: list[str], oid, mode) -> None:
+    if len(parts) == 1:
+        entries[parts[0]] = (oid, mode)
+    else:
+        _put(entries.setdefault(parts[0], {}), parts[1:], oid, mode)
+
+
+def _write(repo: pygit2.Repository, entries: dict):
+    builder = repo.TreeBuilder()
+    for name, value in sorted(entries.items()):
+        if isinstance(value, dict):
+            builder.insert(name, _write(repo, value), pygit2.enums.FileMode.TREE)
+        else:
+            builder.insert(name, *value)
+    return builder.write()
+
+
+def run_demo(root: str | None, as_json: bool, keep: bool) -> int:
+    base = tempfile.mkdtemp(prefix="checkoutcache-demo-")
+    upstream = os.path.join(base, "upstream")
+    shas = make_demo_repository(upstream)
+    cache = Cache(root or os.path.join(base, "cache"))
+    commit = shas[1]
+
+    def show(step: str, answer, seconds: float) -> None:
+        if as_json:
+            emit_json({"step": step, "seconds": round(seconds, 4), "answer": answer.to_json()})
+        else:
+            print(f"{step} ({seconds * 1000:.1f} ms): {answer_text(answer)}")
+
+    if not as_json:
+        print(f"demo repository: {upstream} (commits {', '.join(s[:8] for s in shas)})")
+        print(f"cache root:      {cache.root}")
+        print(f"$ checkoutcache ensure {upstream} {commit}")
+    started = time.perf_counter()
+    first = cache.ensure(upstream, commit)
+    show("ask", first, time.perf_counter() - started)
+    bar = ProgressBar() if sys.stderr.isatty() and not as_json else None
+    started = time.perf_counter()
+    second = cache.ensure(upstream, commit, wait=120, on_progress=bar)
+    if bar is not None:
+        bar.close()
+    show("wait", second, time.perf_counter() - started)
+    started = time.perf_counter()
+    third = cache.ensure(upstream, commit)
+    show("ask again", third, time.perf_counter() - started)
+    if third.state != "ready":
+        return third.exit_code
+    if not as_json:
+        listing = sorted(os.listdir(third.path))
+        print(f"the checkout holds: {', '.join(listing)}")
+        print(f"(demo files kept in {base})" if keep else "")
+    if not keep:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+    return 0

@@ -1,0 +1,90 @@
+"""Every error checkoutcache can answer with: one table of stable codes.
+
+Each code has a kind ("input": the caller's arguments are wrong, exit 2, nothing
+was written; "failure": the attempt failed, exit 1, the commit backs off), a
+message template and the next step a caller should take. Every failure path
+picks a code from this table; nothing formats an ad-hoc error string. The codes
+are a public contract (documented in the README): add codes, never rename them.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+INPUT = "input"
+FAILURE = "failure"
+
+
+@attrs.frozen
+class ErrorCode:
+    code: str
+    kind: str
+    message: str
+    next: str
+
+
+_TABLE = [
+    ErrorCode("BAD_COMMIT", INPUT,
+              "the commit must be a full 40-hex commit id, got {got}",
+              "pass the full id, for example the output of `git rev-parse <branch>`"),
+    ErrorCode("BAD_REPO", INPUT,
+              "the repository argument is not usable: {why}",
+              "pass an https://, ssh://, git:// or file:// URL, user@host:path, or an absolute path"),
+    ErrorCode("UNSAFE_TRANSPORT", INPUT,
+              "the transport {scheme!r} is not allowed",
+              "use https://, ssh://, git://, file:// or a local path"),
+    ErrorCode("BAD_SCOPE", INPUT,
+              "the scope must be 1-64 of [A-Za-z0-9._-], not starting with '.' or '-', got {got}",
+              "pass a short name such as a tenant or deployment id"),
+    ErrorCode("BAD_ARGUMENT", INPUT,
+              "{what}",
+              "see `checkoutcache --help` for the accepted forms"),
+    ErrorCode("NOT_A_REPOSITORY", INPUT,
+              "{path} is not a git repository",
+              "pass the path of a git repository (its work tree or its .git/bare directory)"),
+    ErrorCode("ROOT_UNUSABLE", FAILURE,
+              "the cache root {root} cannot be used: {why}",
+              "pass --root (or set CHECKOUTCACHE_ROOT) to a writable local directory"),
+    ErrorCode("UNREACHABLE", FAILURE,
+              "the repository could not be reached: {detail}",
+              "check the URL, the network and the credentials; it is retried after the back-off"),
+    ErrorCode("UNKNOWN_COMMIT", FAILURE,
+              "commit {commit} is not in the repository (fetched by id and all refs): {detail}",
+              "check that the commit was pushed; it is retried after the back-off"),
+    ErrorCode("TIMEOUT", FAILURE,
+              "the clone did not finish within {limit}",
+              "raise CHECKOUTCACHE_CLONE_TIMEOUT if the repository is large; retried after the back-off"),
+    ErrorCode("DISK_FULL", FAILURE,
+              "the disk under the cache root is full: {detail}",
+              "run `checkoutcache gc` (or free space) and ask again"),
+    ErrorCode("CLONE_FAILED", FAILURE,
+              "the clone failed: {detail}",
+              "see the clone log named in `checkoutcache status`; it is retried after the back-off"),
+    ErrorCode("WORKER_START_FAILED", FAILURE,
+              "the clone worker could not be started: {detail}",
+              "check that the Python running checkoutcache can start subprocesses"),
+]
+
+CODES: dict[str, ErrorCode] = {e.code: e for e in _TABLE}
+
+
+class CheckoutCacheError(Exception):
+    """An error with a code from the table, carried to the answer or exit status."""
+
+    def __init__(self, code: str, **fields: object):
+        entry = CODES[code]
+        self.code = code
+        self.kind = entry.kind
+        self.message = entry.message.format(**fields)
+        self.next = entry.next
+        super().__init__(f"{code}: {self.message}")
+
+
+def describe(code: str, **fields: object) -> tuple[str, str]:
+    """(message, next) for a code, formatted."""
+    entry = CODES[code]
+    return entry.message.format(**fields), entry.next
+
+
+def is_input_error(code: str | None) -> bool:
+    return code is not None and code in CODES and CODES[code].kind == INPUT

@@ -1,0 +1,124 @@
+"""File locks (flock through portalocker): who may do what, and for how long.
+
+flock locks die with their process, so a SIGKILLed owner never leaves a lock
+that blocks anyone (invariant 7). A lock held through an inherited descriptor
+stays held until every process sharing it exits: the clone worker inherits its
+clone lock from the process that started it, and git children inherit the
+mirror lock, so even an orphaned git fetch still "holds the mirror".
+
+Lock files may be deleted by gc while it holds them; every acquirer therefore
+checks, once it holds the lock, that the path still names the inode it locked,
+and retries if not. Every wait has a limit.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+import portalocker
+
+from .errors import CheckoutCacheError
+
+log = logging.getLogger(__name__)
+
+_LOCK_UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+class LockTimeout(Exception):
+    pass
+
+
+class Lock:
+    """A held lock on a file; release() or leave the `with` block to drop it."""
+
+    def __init__(self, path: str, handle):
+        self.path = path
+        self._handle = handle
+
+    def fileno(self) -> int:
+        return self._handle.fileno()
+
+    @property
+    def held(self) -> bool:
+        return self._handle is not None
+
+    def release(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            handle.close()  # closing the descriptor drops the flock
+
+    def __enter__(self) -> "Lock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _open(path: str, create: bool):
+    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    fd = os.open(path, flags, 0o644)
+    return os.fdopen(fd, "r+b")
+
+
+def _flock(handle, shared: bool, path: str) -> bool:
+    flags = (portalocker.LOCK_SH if shared else portalocker.LOCK_EX) | portalocker.LOCK_NB
+    try:
+        portalocker.lock(handle, flags)
+        return True
+    except portalocker.exceptions.LockException as exc:
+        cause = exc.__cause__ or (exc.args[0] if exc.args and isinstance(exc.args[0], OSError) else None)
+        if isinstance(cause, OSError) and cause.errno in _LOCK_UNSUPPORTED:
+            raise CheckoutCacheError("ROOT_UNUSABLE", root=os.path.dirname(path),
+                                     why=f"file locks are not supported there ({cause.strerror})") from None
+        return False
+
+
+def try_lock(path: str, shared: bool = False, create: bool = True) -> Lock | None:
+    """Take the lock now or return None; never waits. None also if the file is missing and create is False."""
+    while True:
+        try:
+            handle = _open(path, create)
+        except FileNotFoundError:
+            return None
+        if not _flock(handle, shared, path):
+            handle.close()
+            return None
+        try:
+            same = os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return Lock(path, handle)
+        handle.close()  # gc unlinked it between our open and our lock: take the new file
+        if not create:
+            return None
+
+
+def lock(path: str, timeout: float, shared: bool = False) -> Lock:
+    """Wait up to timeout seconds for the lock; LockTimeout after that."""
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    announced = False
+    while True:
+        held = try_lock(path, shared=shared)
+        if held is not None:
+            return held
+        if not announced:
+            log.debug("waiting for lock %s", path)  # only when contended, never on the fast path
+            announced = True
+        if time.monotonic() >= deadline:
+            raise LockTimeout(path)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.1)
+
+
+def is_locked(path: str) -> bool:
+    """Whether some process holds the lock right now (a snapshot: it may change at once)."""
+    probe = try_lock(path, shared=False, create=False)
+    if probe is None:
+        return os.path.exists(path)
+    probe.release()
+    return False

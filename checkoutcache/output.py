@@ -1,0 +1,83 @@
+"""How answers reach a person or a program: one JSON object on stdout (with
+--json, or whenever stdout is not a terminal), short text otherwise, and a
+progress bar on stderr while a person waits on a clone."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .answers import CLONING, READY, Answer
+
+
+def wants_json(flag: bool) -> bool:
+    return flag or not sys.stdout.isatty()
+
+
+def emit_json(value: dict) -> None:
+    sys.stdout.write(json.dumps(value, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def describe_progress(progress: dict | None) -> str:
+    progress = progress or {}
+    phase = progress.get("phase", "starting")
+    if progress.get("total_files") and phase == "checking out":
+        return f"{phase} {progress.get('files', 0)}/{progress['total_files']} files"
+    if progress.get("total_objects"):
+        text = f"{phase} {progress.get('objects', 0)}/{progress['total_objects']} objects"
+        if progress.get("bytes"):
+            text += f", {progress['bytes'] / 1048576:.1f} MiB"
+        return text
+    return phase
+
+
+def fraction(progress: dict | None) -> float:
+    progress = progress or {}
+    if progress.get("phase") == "checking out" and progress.get("total_files"):
+        return 0.5 + 0.5 * progress.get("files", 0) / progress["total_files"]
+    if progress.get("total_objects"):
+        return 0.5 * progress.get("objects", 0) / progress["total_objects"]
+    return 0.0
+
+
+def answer_text(answer: Answer) -> str:
+    if answer.state == READY:
+        return f"ready {answer.path}"
+    if answer.state == CLONING:
+        return (f"cloning {answer.commit} (pid {answer.pid}, since {answer.started_at}): "
+                f"{describe_progress(answer.progress)}")
+    lines = [f"failed: {answer.error}: {answer.message}", f"next: {answer.next}"]
+    if answer.retry_after:
+        lines.append(f"retry after: {answer.retry_after}s")
+    return "\n".join(lines)
+
+
+def emit_answer(answer: Answer, as_json: bool) -> None:
+    if as_json:
+        emit_json(answer.to_json())
+    else:
+        stream = sys.stdout if answer.state != "failed" else sys.stderr
+        stream.write(answer_text(answer) + "\n")
+
+
+class ProgressBar:
+    """A one-line bar on stderr, redrawn in place; only used when stderr is a terminal."""
+
+    WIDTH = 30
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.drawn = False
+
+    def __call__(self, answer: Answer) -> None:
+        done = int(self.WIDTH * fraction(answer.progress))
+        bar = "#" * done + "-" * (self.WIDTH - done)
+        self.stream.write(f"\r[{bar}] {describe_progress(answer.progress)[:60]:<60}")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\r" + " " * (self.WIDTH + 64) + "\r")
+            self.stream.flush()

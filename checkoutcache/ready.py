@@ -1,0 +1,73 @@
+"""The ready answer's fast path: is this checkout published, and mark it used.
+
+This runs on nearly every tool call of every review, so it imports only the
+standard library: no git library, no portalocker (whose import alone costs
+about as much as starting Python). It uses fcntl.flock directly, which is the
+same primitive portalocker uses on POSIX, so its shared lock and the evictor's
+exclusive lock (taken through checkoutcache.locks) exclude each other.
+
+Invariant 4, the ready side: we hold the marker's shared lock while we check
+that the marker is still at its published path and set its mtime (the last
+use). An evictor must hold the exclusive lock to re-check the last use and
+rename the checkout away, so either our touch comes first (and the evictor
+sees a fresh use and keeps it), or the rename comes first (and we see the
+path gone and answer not-ready, so the caller re-clones).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+
+# The evictor holds the exclusive lock only to re-check and rename (milliseconds);
+# waiting longer than this means something is wrong with it, and answering
+# "not ready" (so a clone starts) is better than hanging a review.
+SHARED_LOCK_WAIT = 2.0
+
+
+def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | None:
+    """A descriptor holding the marker's shared lock while the marker is in place, else None."""
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        deadline = None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                deadline = deadline or now + wait
+                if now >= deadline:
+                    os.close(fd)
+                    return None
+                time.sleep(0.001)
+        try:
+            in_place = os.path.samestat(os.fstat(fd), os.stat(marker))
+        except (FileNotFoundError, NotADirectoryError):
+            in_place = False
+        if not in_place:
+            os.close(fd)
+            return None
+        return fd
+    except BaseException:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        raise
+
+
+def touch_if_ready(marker: str) -> bool:
+    """True if the checkout is published; its last use is then now."""
+    fd = open_marker_shared(marker)
+    if fd is None:
+        return False
+    try:
+        os.utime(fd)
+        return True
+    finally:
+        os.close(fd)

@@ -1,0 +1,42 @@
+"""Small JSON records on disk: always written whole (temp file in the same
+directory, then os.replace), read as None when missing or unreadable.
+
+A reader never sees half a record: a process killed mid-write leaves at most
+a stray temp file (`.<name>.<pid>.tmp`), which gc removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+TMP_SUFFIX = ".tmp"
+
+
+def write_json(path: str, value: dict) -> None:
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(value, handle, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as handle:
+            value = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

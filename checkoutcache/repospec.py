@@ -1,0 +1,192 @@
+"""What a request names: a repository (normalized, keyed, credentials apart),
+a commit id and an owner scope. Pure: reads no disk except os.path.realpath
+for local paths, writes nothing, imports no git library.
+
+Invariants kept here:
+- a repository's key is a hash over a domain tag, the scope and the normalized
+  URL, so distinct scopes never share a store and keys are never raw paths;
+- credentials found in a URL are split off into a Credential that never appears
+  in the normalized URL, a repr, or an error message;
+- only safe transports pass (https, ssh, git, file and local paths): `ext::`
+  and other remote helpers are refused before git ever sees them;
+- anything malformed raises CheckoutCacheError with an input code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import urllib.parse
+
+import attrs
+
+from .errors import CheckoutCacheError
+from .layout import REPO_KEY_DOMAIN
+from .redact import strip_userinfo
+
+MAX_REPO_LEN = 2048
+DEFAULT_SCOPE = "default"
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_HELPER_TRANSPORT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::")
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_SCP_LIKE = re.compile(r"^(?:(?P<user>[^@/:\s]+)@)?(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):(?P<path>.*)$")
+_HOST = re.compile(r"^([A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:.]+\])$")
+_SCHEMES = {"https": 443, "ssh": 22, "git": 9418, "file": None}
+_SCHEME_ALIASES = {"git+ssh": "ssh", "ssh+git": "ssh"}
+
+
+@attrs.frozen
+class Credential:
+    """A username and secret for https fetches. Never written, never shown."""
+
+    username: str = attrs.field(repr=False)
+    password: str = attrs.field(repr=False)
+
+    def secrets(self) -> list[str]:
+        return [self.username, self.password]
+
+
+@attrs.frozen
+class RepoSpec:
+    url: str
+    scope: str
+    key: str
+    is_local: bool
+    credential: Credential | None = attrs.field(default=None, repr=False, eq=False)
+
+
+def _shown(value: str, limit: int = 60) -> str:
+    """A bad value as an error message may show it: short, credentials dropped."""
+    text = strip_userinfo(value)
+    text = text if len(text) <= limit else text[:limit] + f"... ({len(value)} characters)"
+    return repr(text)
+
+
+def parse_commit(commit: object) -> str:
+    if not isinstance(commit, str):
+        raise CheckoutCacheError("BAD_COMMIT", got=repr(type(commit).__name__))
+    if _COMMIT.fullmatch(commit.lower()) is None:
+        if commit == "":
+            got = "an empty string"
+        elif re.fullmatch(r"[0-9a-fA-F]{4,39}", commit):
+            got = f"{_shown(commit)} (an abbreviated id)"
+        elif re.fullmatch(r"[0-9a-fA-F]{64}", commit):
+            got = f"{_shown(commit)} (a SHA-256 id; this store serves SHA-1 repositories)"
+        elif len(commit) > 40 and re.fullmatch(r"[0-9a-fA-F]+", commit):
+            got = f"{_shown(commit)} (too long)"
+        else:
+            got = f"{_shown(commit)} (a branch, tag or other name?)"
+        raise CheckoutCacheError("BAD_COMMIT", got=got)
+    return commit.lower()
+
+
+def parse_scope(scope: object) -> str:
+    if not isinstance(scope, str) or _SCOPE.fullmatch(scope) is None:
+        raise CheckoutCacheError("BAD_SCOPE", got=_shown(str(scope)))
+    return scope
+
+
+def repo_key(scope: str, url: str) -> str:
+    digest = hashlib.sha256(REPO_KEY_DOMAIN + b"\0" + scope.encode() + b"\0" + url.encode())
+    return digest.hexdigest()[:32]
+
+
+def _bad(why: str) -> CheckoutCacheError:
+    return CheckoutCacheError("BAD_REPO", why=why)
+
+
+def _check_path_parts(path: str) -> None:
+    if ".." in path.split("/"):
+        raise _bad("it contains a '..' path component")
+
+
+def _local(path: str, cwd: str | None) -> tuple[str, bool]:
+    path = os.path.expanduser(path)
+    _check_path_parts(path)
+    if not os.path.isabs(path):
+        path = os.path.join(cwd or os.getcwd(), path)
+    real = os.path.realpath(path)
+    if len(real) > MAX_REPO_LEN:
+        raise _bad(f"the path is longer than {MAX_REPO_LEN} characters")
+    return real, True
+
+
+def _url(raw: str, scheme: str) -> tuple[str, bool, Credential | None]:
+    scheme = _SCHEME_ALIASES.get(scheme, scheme)
+    if scheme not in _SCHEMES:
+        raise CheckoutCacheError("UNSAFE_TRANSPORT", scheme=scheme)
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        port = parts.port
+    except ValueError as exc:
+        raise _bad(f"it is not a valid URL ({exc})") from None
+    if parts.query or parts.fragment:
+        raise _bad("a repository URL takes no '?query' or '#fragment'")
+    path = urllib.parse.unquote(parts.path)
+    if "\0" in path or any(ord(c) < 32 for c in path):
+        raise _bad("it contains control characters")
+    _check_path_parts(path)
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise _bad("a file:// URL must name a local path (file:///path)")
+        real, _ = _local(path, None)
+        return real, True, None
+    host = (parts.hostname or "").lower()
+    if not host or not _HOST.match(host if ":" not in host else f"[{host}]"):
+        raise _bad("it names no valid host")
+    if not path or path == "/":
+        raise _bad("it names no repository path on the host")
+    credential = None
+    user = ""
+    if scheme == "https" and (parts.username or parts.password):
+        credential = Credential(urllib.parse.unquote(parts.username or ""),
+                                urllib.parse.unquote(parts.password or ""))
+    elif scheme == "ssh" and parts.username:
+        user = parts.username + "@"  # an ssh login is identity, not a secret
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != _SCHEMES[scheme]:
+        netloc += f":{port}"
+    normalized = f"{scheme}://{user}{netloc}{path}".rstrip("/")
+    return normalized, False, credential
+
+
+def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None) -> RepoSpec:
+    """Validate and normalize a repository argument; raise CheckoutCacheError if bad."""
+    scope = parse_scope(scope)
+    if not isinstance(raw, str) or raw == "":
+        raise _bad("it is empty")
+    if len(raw) > MAX_REPO_LEN:
+        raise _bad(f"it is longer than {MAX_REPO_LEN} characters")
+    if "\0" in raw or any(ord(c) < 32 or ord(c) == 127 for c in raw):
+        raise _bad("it contains a NUL, newline or other control character")
+    if raw.startswith("-"):
+        raise _bad("it starts with '-' and would be read as an option")
+    helper = _HELPER_TRANSPORT.match(raw)
+    if helper:
+        raise CheckoutCacheError("UNSAFE_TRANSPORT", scheme=raw[: helper.end()])
+    credential = None
+    scheme = _URL_SCHEME.match(raw)
+    if scheme:
+        url, is_local, credential = _url(raw, scheme.group(1).lower())
+    elif (scp := _SCP_LIKE.match(raw)) and "/" not in raw.split(":", 1)[0]:
+        path = scp.group("path")
+        if not path:
+            raise _bad("it names no repository path on the host")
+        _check_path_parts(path)
+        user = f"{scp.group('user')}@" if scp.group("user") else ""
+        url, is_local = f"{user}{scp.group('host').lower()}:{path.rstrip('/')}", False
+    else:
+        url, is_local = _local(raw, cwd)
+    return RepoSpec(url=url, scope=scope, key=repo_key(scope, url), is_local=is_local,
+                    credential=credential)
+
+
+def credential_from_env(environ: dict[str, str] | os._Environ) -> Credential | None:
+    """A credential given through the environment instead of the URL."""
+    password = environ.get("CHECKOUTCACHE_GIT_PASSWORD")
+    if not password:
+        return None
+    return Credential(environ.get("CHECKOUTCACHE_GIT_USERNAME", "x-access-token"), password)

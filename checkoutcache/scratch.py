@@ -1,0 +1,115 @@
+"""Scratch directories: where clones are made, and how dead ones are reaped.
+
+Invariant 3. A clone's scratch is scratch/.clone-<pid>. Its owner creates it
+under locks/scratch.lock, takes owner.lock inside it for its whole life, and
+records its pid and process start time in owner.json before releasing
+scratch.lock. The reaper, under the same scratch.lock, removes a scratch
+directory only when owner.lock is free AND the pid is gone or now belongs to a
+process with another start time. A live clone is never touched, however old.
+Removal is a rename into trash/ (instant, atomic) followed by deletion.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import attrs
+
+from . import locks, records
+from .layout import RepoPaths
+from .liveness import is_alive, own_identity
+
+SCRATCH_LOCK_WAIT = 30.0
+
+
+@attrs.define
+class Scratch:
+    path: str
+    owner_lock: locks.Lock
+
+    @property
+    def tree(self) -> str:
+        return RepoPaths.scratch_tree(self.path)
+
+    def discard(self) -> None:
+        """Remove our own scratch. Safe without scratch.lock: nobody else touches a live owner's."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.owner_lock.release()
+
+
+def create_scratch(paths: RepoPaths, commit: str) -> Scratch:
+    pid, start_time = own_identity()
+    with locks.lock(paths.scratch_lock, timeout=SCRATCH_LOCK_WAIT):
+        path = paths.scratch_dir_for(pid)
+        if os.path.lexists(path):
+            # We are pid <pid> and alive, so whoever left this is dead.
+            os.rename(path, paths.trash_slot("scratch"))
+        os.mkdir(path, 0o755)
+        owner_lock = locks.try_lock(paths.scratch_owner_lock(path))
+        if owner_lock is None:  # pragma: no cover - a fresh directory's lock cannot be held
+            raise RuntimeError(f"fresh scratch lock {path} is held")
+        records.write_json(paths.scratch_owner_json(path),
+                           {"pid": pid, "start_time": start_time, "commit": commit,
+                            "created_at": time.time()})
+    return Scratch(path, owner_lock)
+
+
+@attrs.frozen
+class ScratchFacts:
+    name: str
+    pid: int | None
+    commit: str | None
+    owner_alive: bool
+    lock_held: bool
+
+    @property
+    def dead(self) -> bool:
+        return not self.lock_held and not self.owner_alive
+
+
+def scratch_facts(paths: RepoPaths) -> list[ScratchFacts]:
+    """A snapshot of every scratch directory and whether its owner lives (no lock taken)."""
+    facts = []
+    try:
+        names = sorted(os.listdir(paths.scratch_dir))
+    except FileNotFoundError:
+        return facts
+    for name in names:
+        pid = RepoPaths.scratch_pid(name)
+        path = os.path.join(paths.scratch_dir, name)
+        owner = records.read_json(RepoPaths.scratch_owner_json(path)) or {}
+        facts.append(ScratchFacts(
+            name=name, pid=pid, commit=owner.get("commit"),
+            owner_alive=_owner_alive(pid, owner, path),
+            lock_held=locks.is_locked(RepoPaths.scratch_owner_lock(path))))
+    return facts
+
+
+def _owner_alive(pid: int | None, owner: dict, path: str) -> bool:
+    if pid is None:
+        return False  # not a name we create: nobody owns it
+    if owner.get("pid") == pid and "start_time" in owner:
+        return is_alive(pid, owner["start_time"])
+    # No owner record: its owner died between mkdir and writing it (both happen
+    # under scratch.lock, which we hold). Treat it as dead.
+    return False
+
+
+def reap_dead_scratch(paths: RepoPaths, dry_run: bool = False) -> list[str]:
+    """Move every dead owner's scratch to trash/; return their names."""
+    reaped = []
+    if not os.path.isdir(paths.scratch_dir):
+        return reaped
+    with locks.lock(paths.scratch_lock, timeout=SCRATCH_LOCK_WAIT):
+        for fact in scratch_facts(paths):
+            if not fact.dead:
+                continue
+            if not dry_run:
+                try:
+                    os.rename(os.path.join(paths.scratch_dir, fact.name), paths.trash_slot("scratch"))
+                except FileNotFoundError:
+                    continue
+            reaped.append(fact.name)
+    return reaped

@@ -1,0 +1,101 @@
+"""Parsing the human forms of durations, sizes and free-space targets.
+
+Durations: `900` (seconds), `15m`, `1h`, `2d`, `1h30m`, `500ms`. Sizes: `1024`,
+`500M`, `20G`, `1.5T` (binary units: K = 1024). Free space: a size, or `10%`
+of the filesystem. Bad forms raise CheckoutCacheError("BAD_ARGUMENT").
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from .errors import CheckoutCacheError
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _bad(what: str, value: object, forms: str) -> CheckoutCacheError:
+    shown = repr(value)[:60]
+    return CheckoutCacheError("BAD_ARGUMENT", what=f"{what} {shown} is not valid; use {forms}")
+
+
+def parse_duration(value: str | float | int, what: str = "the duration") -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise _bad(what, value, "a non-negative number of seconds")
+        return float(value)
+    text = str(value).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    if not text or len(text) > 32 or _DURATION_PART.sub("", text) != "":
+        raise _bad(what, value, "seconds or a form such as 900, 15m, 1h, 1h30m, 2d")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
+
+
+def parse_size(value: str | int, what: str = "the size") -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise _bad(what, value, "a non-negative number of bytes")
+        return value
+    text = str(value).strip()
+    match = _SIZE.fullmatch(text) if len(text) <= 32 else None
+    if match is None or (match.group(3) and match.group(3).lower() not in ("b", "ib")):
+        raise _bad(what, value, "bytes or a form such as 500M, 20G, 1.5T")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+
+
+@attrs.frozen
+class FreeTarget:
+    """A minimum of free space: absolute bytes, or a percent of the filesystem."""
+
+    bytes: int | None = None
+    percent: float | None = None
+
+    def bytes_of(self, total: int) -> int:
+        if self.percent is not None:
+            return int(total * self.percent / 100)
+        return int(self.bytes or 0)
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%" if self.percent is not None else str(self.bytes)
+
+
+def parse_free(value: str | int, what: str = "the free-space target") -> FreeTarget:
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise _bad(what, value, "a percent such as 10% or a size such as 5G") from None
+        if not 0 <= percent < 100:
+            raise _bad(what, value, "a percent from 0 to 99")
+        return FreeTarget(percent=percent)
+    return FreeTarget(bytes=parse_size(text, what))
+
+
+def format_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d"

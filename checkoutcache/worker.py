@@ -1,0 +1,229 @@
+"""The clone worker: a detached process that makes one commit's checkout.
+
+Started by `ensure` (see spawn.py) in its own session, it inherits the commit's
+clone lock and holds it for its whole life, so exactly one clone runs per
+commit and its death (even by SIGKILL) frees the commit at once. Steps:
+
+    scratch  -> mirror (fetch by id, fallback all refs; keep-ref)  -> checkout
+             -> rename scratch tree to checkouts/<sha>  -> ready marker (last)
+
+On failure it records the code and back-off, removes its scratch and exits; a
+wall-clock limit stops it with TIMEOUT. Kill points for the fault tests are
+named by the test hook CHECKOUTCACHE_TEST_KILL_AT (read by the worker and gc
+only; see README "Test hooks").
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+
+from . import locks, mirror, records
+from .checkout import build_checkout
+from .config import Config
+from .errors import CheckoutCacheError, describe
+from .layout import RepoPaths, RootPaths
+from .liveness import own_identity
+from .redact import redact
+from .repospec import credential_from_env
+from .scratch import Scratch, create_scratch
+from .state import Failure, next_failure
+from .transport import RUNNING, TransportError, pick_transport
+
+KILL_HOOK = "CHECKOUTCACHE_TEST_KILL_AT"
+PROGRESS_INTERVAL = 0.25
+EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
+
+
+def checkpoint(name: str) -> None:
+    """Test hook: SIGKILL ourselves at a named step, as a crash would."""
+    if os.environ.get(KILL_HOOK) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def publish(paths: RepoPaths, tree: str, sha: str) -> bool:
+    """Rename the built tree to checkouts/<sha>, then write the ready marker.
+
+    Returns False if another clone had already published (ours is discarded).
+    Runs under the commit's clone lock, so a target without a marker can only be
+    a dead worker's interrupted publish: it is moved aside and replaced.
+    """
+    target = paths.checkout(sha)
+    if os.path.lexists(target):
+        if os.path.exists(paths.ready_marker(sha)):
+            return False
+        os.rename(target, paths.trash_slot(f"unpublished-{sha}"))
+    try:
+        os.rename(tree, target)
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
+        raise
+    checkpoint("after-rename")
+    write_ready_marker(paths.ready_marker(sha), sha)
+    return True
+
+
+def write_ready_marker(marker: str, sha: str) -> None:
+    records.write_json(marker, {"commit": sha, "published_at": time.time(), "pid": os.getpid()})
+
+
+class Worker:
+    def __init__(self, paths: RepoPaths, sha: str, config: Config):
+        self.paths = paths
+        self.sha = sha
+        self.config = config
+        self.credential = credential_from_env(os.environ)
+        self.secrets = self.credential.secrets() if self.credential else []
+        info = records.read_json(paths.repo_json) or {}
+        self.url = info.get("url", "")
+        self.transport = pick_transport(config.transport)
+        self.pid, self.pid_start = own_identity()
+        self.started_at = time.time()
+        self.progress: dict = {}
+        self._last_write = 0.0
+        self._finishing = threading.Lock()
+        self.scratch: Scratch | None = None
+        self._log = open(paths.clone_log(sha), "a", buffering=1)
+
+    # ------------------------------------------------------------ bookkeeping
+    def log(self, line: str) -> None:
+        self._log.write(f"{time.strftime('%H:%M:%S')} {redact(line, self.secrets)}\n")
+
+    def write_record(self) -> None:
+        records.write_json(self.paths.clone_record(self.sha), {
+            "pid": self.pid, "pid_start": self.pid_start, "started_at": self.started_at,
+            "commit": self.sha, "progress": self.progress, "transport": self.transport.name})
+        self._last_write = time.monotonic()
+
+    def on_progress(self, update: dict) -> None:
+        phase_changed = update.get("phase") != self.progress.get("phase")
+        self.progress.update(update)
+        if phase_changed or time.monotonic() - self._last_write >= PROGRESS_INTERVAL:
+            self.write_record()
+            checkpoint("during-" + ("checkout" if update.get("phase") == "checking out" else "fetch"))
+
+    def record_failure(self, code: str, message: str, next_step: str) -> None:
+        previous = Failure.from_record(records.read_json(self.paths.failure_record(self.sha)))
+        failure = next_failure(previous, code, redact(message, self.secrets), next_step, time.time(),
+                               self.config.backoff, self.config.backoff_max)
+        records.write_json(self.paths.failure_record(self.sha), failure.to_record())
+        self.log(f"failed: {code}: {failure.message} (attempt {failure.attempts}, retry in "
+                 f"{failure.retry_at - failure.failed_at:.0f}s)")
+
+    def cleanup(self) -> None:
+        records.remove_quietly(self.paths.clone_record(self.sha))
+        if self.scratch is not None:
+            self.scratch.discard()
+
+    # ------------------------------------------------------------ the clone
+    def run(self) -> int:
+        self.log(f"clone of {self.sha} from {self.url} by pid {self.pid} ({self.transport.name})")
+        self.write_record()
+        timer = threading.Timer(self.config.clone_timeout, self.on_timeout)
+        timer.daemon = True
+        timer.start()
+        try:
+            self.clone()
+        except BaseException as exc:  # every failure is recorded; SIGKILL is the only exception
+            with self._finishing:
+                self.record_failure(*self.explain(exc))
+                self.cleanup()
+            return EXIT_FAILED
+        finally:
+            timer.cancel()
+        return EXIT_OK
+
+    def clone(self) -> None:
+        if os.path.exists(self.paths.ready_marker(self.sha)):
+            self.log("already published by another clone")  # double-check under our lock
+            with self._finishing:
+                self.cleanup()
+            return
+        self.scratch = create_scratch(self.paths, self.sha)
+        checkpoint("after-scratch")
+        self.fetch_into_mirror()
+        checkpoint("before-checkout")
+        self.on_progress({"phase": "checking out"})
+        build_checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress)
+        checkpoint("after-checkout")
+        with self._finishing:
+            published = publish(self.paths, self.scratch.tree, self.sha)
+            records.remove_quietly(self.paths.failure_record(self.sha))
+            self.log("published" if published else "another clone published first; discarded ours")
+            self.cleanup()
+
+    def fetch_into_mirror(self) -> None:
+        remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
+        with locks.lock(self.paths.mirror_lock, timeout=remaining) as mirror_lock:
+            repo = mirror.open_or_create(self.paths, os.path.join(self.scratch.path, "mirror.git"))
+            if not mirror.has_commit(repo, self.sha):
+                for stale in mirror.remove_stale_git_locks(self.paths.mirror):
+                    self.log(f"removed stale git lock {stale}")
+                self.on_progress({"phase": "fetching"})
+                keep_fds = (mirror_lock.fileno(),)
+                try:
+                    self.transport.fetch(self.paths.mirror, self.url, [self.sha], self.credential,
+                                         self.on_progress, self.log, keep_fds)
+                except TransportError as exc:
+                    if exc.code == "DISK_FULL":
+                        raise
+                    self.log(f"fetch by id refused ({exc.detail}); fetching all refs")
+                    self.transport.fetch(self.paths.mirror, self.url,
+                                         ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
+                                         self.credential, self.on_progress, self.log, keep_fds)
+                checkpoint("after-fetch")
+                repo = mirror.open_or_create(self.paths, os.path.join(self.scratch.path, "mirror.git"))
+                if not mirror.has_commit(repo, self.sha):
+                    raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
+                                             detail="the server does not have it")
+            mirror.keep(repo, self.sha)
+
+    def explain(self, exc: BaseException) -> tuple[str, str, str]:
+        """(code, message, next step) for whatever stopped the clone."""
+        if isinstance(exc, CheckoutCacheError):
+            return exc.code, exc.message, exc.next
+        if isinstance(exc, TransportError):
+            code, detail = exc.code, exc.detail
+        elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            code, detail = "DISK_FULL", str(exc)
+        elif isinstance(exc, locks.LockTimeout):
+            return ("TIMEOUT", *describe("TIMEOUT", limit=f"{self.config.clone_timeout:g}s"))
+        else:
+            self.log(f"unexpected {type(exc).__name__}: {exc}")
+            code = "DISK_FULL" if "No space left" in str(exc) else "CLONE_FAILED"
+            detail = f"{type(exc).__name__}: {exc}"
+        return (code, *describe(code, detail=redact(detail, self.secrets), commit=self.sha))
+
+    def on_timeout(self) -> None:
+        if not self._finishing.acquire(blocking=False):
+            return  # publishing or failing right now: let that finish
+        RUNNING.kill_all()
+        self.record_failure("TIMEOUT", *describe("TIMEOUT", limit=f"{self.config.clone_timeout:g}s"))
+        records.remove_quietly(self.paths.clone_record(self.sha))
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch.path, ignore_errors=True)
+        os._exit(EXIT_TIMEOUT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="checkoutcache-worker")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("--lock-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    # The inherited descriptor carries the clone lock: keep it open until we exit.
+    os.set_inheritable(args.lock_fd, False)
+    paths = RootPaths(args.root).repo(args.key)
+    return Worker(paths, args.commit, Config.from_env()).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
