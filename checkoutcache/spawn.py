@@ -39,8 +39,9 @@ def start_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "checkoutcache.worker", "--root", root, "--key", paths.key,
            "--commit", sha, "--lock-fd", str(lock_fd)]
-    # The worker's own stderr goes to its log, so even an import crash leaves a trace.
-    with open(paths.clone_log(sha), "wb") as log:
+    # The worker's stderr goes to the commit's log (appended: the history of attempts),
+    # so even a crash before the worker sets up its own logging leaves a trace.
+    with open(paths.clone_log(sha), "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env)
     _STARTED.append(proc)

@@ -1,0 +1,170 @@
+"""Pure decisions, tested without a repository: keys and normalization,
+commit states, back-off, units, the layout, the config."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import pytest
+from freezegun import freeze_time
+
+from checkoutcache.config import Config, options_table
+from checkoutcache.errors import CODES, CheckoutCacheError
+from checkoutcache.layout import RepoPaths, RootPaths, default_root
+from checkoutcache.redact import redact
+from checkoutcache.repospec import parse_commit, parse_repo, repo_key
+from checkoutcache.state import CommitFacts, Failure, State, backoff_seconds, next_failure, state_of
+from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size
+
+
+@pytest.mark.parametrize("raw,normalized", [
+    ("https://GitHub.com/Org/Repo.git/", "https://github.com/Org/Repo.git"),
+    ("https://github.com:443/org/repo", "https://github.com/org/repo"),
+    ("https://github.com:8443/org/repo", "https://github.com:8443/org/repo"),
+    ("https://user:pw@github.com/org/repo", "https://github.com/org/repo"),
+    ("ssh://git@Host.example:22/srv/repo.git", "ssh://git@host.example/srv/repo.git"),
+    ("git+ssh://git@host.example/srv/repo.git", "ssh://git@host.example/srv/repo.git"),
+    ("git@github.com:org/repo.git", "git@github.com:org/repo.git"),
+    ("git://127.0.0.1:9418/repo", "git://127.0.0.1/repo"),
+])
+def test_urls_normalize(raw, normalized):
+    assert parse_repo(raw).url == normalized
+
+
+def test_key_is_a_hash_over_scope_and_url_never_a_path(tmp_path):
+    spec = parse_repo(str(tmp_path))
+    assert spec.is_local and spec.url == str(tmp_path.resolve())
+    assert len(spec.key) == 32 and "/" not in spec.key
+    assert spec.key == repo_key("default", spec.url)
+    assert parse_repo(str(tmp_path), scope="other").key != spec.key
+    assert parse_repo("https://a:b@h.example/r").key == parse_repo("https://h.example/r").key
+
+
+def test_credentials_are_split_off_and_hidden():
+    spec = parse_repo("https://me:tok3n@host.example/r.git")
+    assert spec.credential.username == "me" and spec.credential.password == "tok3n"
+    assert "tok3n" not in repr(spec) and "tok3n" not in spec.url
+    assert redact("fatal: unable to access 'https://me:tok3n@host.example/r.git/'", ["me", "tok3n"]) == \
+        "fatal: unable to access 'https://host.example/r.git/'"
+    assert "tok3n" not in redact("token tok3n leaked", ["me", "tok3n"])
+
+
+def test_bad_repo_messages_never_echo_credentials():
+    with pytest.raises(CheckoutCacheError) as err:
+        parse_repo("https://me:tok3n@host.example/a/../r.git")
+    assert "tok3n" not in str(err.value) and err.value.code == "BAD_REPO"
+
+
+@pytest.mark.parametrize("commit,fragment", [
+    ("abc1234", "abbreviated"), ("main", "branch"), ("", "empty"), ("a" * 64, "SHA-256"), ("a" * 50, "too long"),
+])
+def test_commit_errors_say_what_to_pass(commit, fragment):
+    with pytest.raises(CheckoutCacheError) as err:
+        parse_commit(commit)
+    assert fragment in err.value.message and "rev-parse" in err.value.next
+
+
+def test_commit_ids_are_lowercased():
+    assert parse_commit("ABCDEF0123456789ABCDEF0123456789ABCDEF01") == "abcdef0123456789abcdef0123456789abcdef01"
+
+
+def failure(retry_at: float, attempts: int = 1) -> Failure:
+    return Failure(code="UNREACHABLE", message="m", next="n", attempts=attempts, failed_at=0.0, retry_at=retry_at)
+
+
+@pytest.mark.parametrize("marker,held,fail,now,expected", [
+    (True, True, failure(100.0), 50.0, State.READY),
+    (False, True, failure(100.0), 50.0, State.CLONING),
+    (False, False, failure(100.0), 50.0, State.FAILED),
+    (False, False, failure(100.0), 100.0, State.ABSENT),
+    (False, False, None, 0.0, State.ABSENT),
+])
+def test_state_of(marker, held, fail, now, expected):
+    assert state_of(CommitFacts(marker_present=marker, clone_lock_held=held, failure=fail, now=now)) is expected
+
+
+def test_backoff_doubles_up_to_the_cap():
+    assert [backoff_seconds(n, 30, 900) for n in range(0, 8)] == [0, 30, 60, 120, 240, 480, 900, 900]
+    assert backoff_seconds(10_000, 1, 60) == 60
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_failure_back_off_with_a_frozen_clock():
+    now = time.time()
+    first = next_failure(None, "UNREACHABLE", "m", "n", now, 30, 900)
+    assert (first.attempts, first.retry_at - now) == (1, 30)
+    second = next_failure(first, "UNREACHABLE", "m", "n", now, 30, 900)
+    assert (second.attempts, second.retry_at - now) == (2, 60)
+    assert state_of(CommitFacts(False, False, second, time.time())) is State.FAILED
+    assert Failure.from_record(second.to_record()) == second
+    assert Failure.from_record({"code": "X"}) is None
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("900", 900), ("15m", 900), ("1h", 3600), ("1h30m", 5400), ("2d", 172800), ("500ms", 0.5), ("0", 0), (5, 5)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "-5", "1y", "", "15 m", "m"])
+def test_bad_durations(text):
+    with pytest.raises(CheckoutCacheError) as err:
+        parse_duration(text)
+    assert err.value.code == "BAD_ARGUMENT"
+
+
+@pytest.mark.parametrize("text,size", [("1024", 1024), ("500M", 500 << 20), ("20G", 20 << 30), ("1.5K", 1536),
+                                       ("2GiB", 2 << 30), ("3gb", 3 << 30)])
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "5X", "1e9"])
+def test_bad_sizes(text):
+    with pytest.raises(CheckoutCacheError):
+        parse_size(text)
+
+
+def test_free_targets():
+    assert parse_free("10%") == FreeTarget(percent=10.0)
+    assert parse_free("10%").bytes_of(1000) == 100
+    assert parse_free("5G").bytes_of(1) == 5 << 30
+    with pytest.raises(CheckoutCacheError):
+        parse_free("150%")
+
+
+def test_layout_paths_and_default_root(fs, monkeypatch):
+    # pyfakefs: the layout is pure path arithmetic plus listing.
+    monkeypatch.delenv("CHECKOUTCACHE_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/home/u/.cache")
+    assert default_root() == "/home/u/.cache/checkoutcache"
+    monkeypatch.setenv("CHECKOUTCACHE_ROOT", "/srv/cc")
+    assert default_root() == "/srv/cc"
+    paths = RootPaths("/srv/cc").repo("k" * 32)
+    sha = "a" * 40
+    assert paths.checkout(sha) == f"/srv/cc/repos/{'k' * 32}/checkouts/{sha}"
+    assert paths.ready_marker(sha).endswith(f"checkouts/{sha}/.git/checkoutcache-ready")
+    assert paths.scratch_dir_for(42).endswith("scratch/.clone-42")
+    assert RepoPaths.scratch_pid(".clone-42") == 42 and RepoPaths.scratch_pid("other") is None
+    fs.create_dir(paths.checkout(sha))
+    fs.create_dir(paths.checkout("b" * 40))
+    fs.create_file(paths.checkouts_dir + "/stray.txt")
+    assert paths.checkout_shas() == ["a" * 40, "b" * 40]
+    assert RootPaths("/srv/cc").repo_keys() == ["k" * 32]
+
+
+def test_config_from_env_and_overrides():
+    config = Config.from_env({"CHECKOUTCACHE_GRACE": "5m", "CHECKOUTCACHE_MAX_CHECKOUTS": "3"}, max_checkouts="7")
+    assert config.grace == 300 and config.max_checkouts == 7
+    assert Config.from_env(config.to_env()) == config
+    with pytest.raises(CheckoutCacheError):
+        Config.from_env({"CHECKOUTCACHE_TRANSPORT": "carrier-pigeon"})
+    table = options_table()
+    for field in attrs.fields(Config):
+        assert field.metadata["env"] in table
+
+
+def test_every_error_code_has_a_message_and_next_step():
+    for entry in CODES.values():
+        assert entry.message and entry.next and entry.kind in ("input", "failure")
