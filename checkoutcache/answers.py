@@ -1,7 +1,8 @@
 """The answer to `ensure`: one attrs value, one JSON object, one exit status.
 
 Exit statuses are a public contract (README): 0 ready, 75 cloning (EX_TEMPFAIL:
-ask again later, or pass --wait), 1 failed, 2 bad input.
+ask again later, or pass --wait), 1 failed, 2 bad input; exec passes its
+command's status through and uses 125 when the command could not run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ EXIT_READY = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_CLONING = 75
+# exec: the checkout could not be provided, the command did not run (as docker/env use 125).
+EXIT_EXEC_FAILED = 125
 
 
 @attrs.frozen

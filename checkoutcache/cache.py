@@ -15,11 +15,39 @@ from typing import Callable
 
 from .answers import READY, Answer
 from .errors import CheckoutCacheError
-from .layout import RootPaths, default_root
-from .ready import touch_if_ready
+from .layout import RepoPaths, RootPaths, default_root
+from .ready import open_marker_shared, touch_if_ready
 from .repospec import DEFAULT_SCOPE, parse_commit, parse_repo
 
 MAX_WAIT = 24 * 3600.0
+
+
+class Hold:
+    """A ready checkout held against eviction (the marker's shared lock) until
+    released; releasing records the end of the use. `held` is False when the
+    checkout could not be made ready: see `answer`."""
+
+    def __init__(self, answer: Answer, fd: int | None):
+        self.answer = answer
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.utime(fd)
+            finally:
+                os.close(fd)
+
+    def __enter__(self) -> "Hold":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 class Cache:
@@ -57,3 +85,22 @@ class Cache:
         from .coordinator import Coordinator
 
         return Coordinator(self.paths, self.config, spec, sha).run(float(wait), on_progress)
+
+    def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
+             on_progress: Callable[[Answer], None] | None = None) -> Hold:
+        """ensure, then hold the checkout so that gc cannot evict it until release().
+
+        A checkout evicted between the answer and the hold is simply asked for
+        again (it is re-cloned), within the same wait.
+        """
+        import time
+
+        deadline = time.monotonic() + (wait if isinstance(wait, (int, float)) else 0)
+        while True:
+            answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress)
+            if answer.state != READY:
+                return Hold(answer, None)
+            fd = open_marker_shared(RepoPaths.ready_marker_in(answer.path))
+            if fd is not None:
+                return Hold(answer, fd)
+            wait = max(0.0, deadline - time.monotonic())

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from .answers import EXIT_BAD_INPUT, Answer
+from .answers import EXIT_BAD_INPUT, EXIT_EXEC_FAILED, Answer
 from .cache import Cache
 from .errors import CheckoutCacheError
 from .output import ProgressBar, emit_answer, wants_json
@@ -62,7 +62,7 @@ def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str) -> int:
     except CheckoutCacheError as exc:
         emit_answer(Answer.from_error(exc), ctx.as_json)
         return EXIT_BAD_INPUT
-    bar = ProgressBar() if seconds > 0 and sys.stderr.isatty() and not ctx.as_json else None
+    bar = ProgressBar() if seconds > 0 and sys.stderr.isatty() else None  # a person is watching
     try:
         answer = ctx.cache().ensure(repo, commit, wait=seconds, scope=scope, on_progress=bar)
     finally:
@@ -70,6 +70,110 @@ def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str) -> int:
             bar.close()
     emit_answer(answer, ctx.as_json)
     return answer.exit_code
+
+
+def config_options(*names: str):
+    """click options for Config fields, from their one declaration (env, default, help)."""
+    import attrs
+
+    from .config import Config
+
+    fields = attrs.fields_dict(Config)
+
+    def decorate(fn):
+        for name in reversed(names):
+            meta = fields[name].metadata
+            fn = click.option(f"--{name.replace('_', '-')}", name, default=None, metavar="VALUE",
+                              help=f"{meta['help']} [env {meta['env']}; default {meta['show']}]")(fn)
+        return fn
+
+    return decorate
+
+
+def load_config(overrides: dict):
+    from .config import Config
+
+    return Config.from_env(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def fail(ctx: Context, exc: CheckoutCacheError) -> int:
+    answer = Answer.from_error(exc)
+    emit_answer(answer, ctx.as_json)
+    return answer.exit_code
+
+
+@cli.command()
+@config_options("max_checkouts", "max_bytes", "min_free", "free_headroom", "max_age", "grace", "mirror_gc_interval")
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
+@pass_context
+def gc(ctx: Context, dry_run: bool, **overrides) -> int:
+    """Evict least recently used checkouts over the limits, reap dead clones, tidy mirrors."""
+    from .gc import run_gc
+    from .layout import RootPaths
+    from .output import emit_json, gc_text
+
+    try:
+        config = load_config(overrides)
+        report = run_gc(RootPaths(ctx.cache().root), config, dry_run=dry_run)
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    if ctx.as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(gc_text(report.to_json()))
+    return 0
+
+
+@cli.command()
+@click.argument("repo", required=False)
+@click.option("--scope", default="default", metavar="NAME", help="The owner scope of REPO.")
+@config_options("max_checkouts", "max_bytes", "min_free", "grace")
+@pass_context
+def status(ctx: Context, repo: str | None, scope: str, **overrides) -> int:
+    """Show checkouts, clones in flight, failures and totals against the limits."""
+    from .layout import RootPaths
+    from .output import emit_json
+    from .repospec import parse_repo
+    from .status import build_status, status_text
+
+    try:
+        config = load_config(overrides)
+        key = parse_repo(repo, scope).key if repo is not None else None
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    report = build_status(RootPaths(ctx.cache().root), config, key)
+    if ctx.as_json:
+        emit_json(report)
+    else:
+        click.echo(status_text(report))
+    return 0
+
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("repo")
+@click.argument("commit")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--wait", default="10m", metavar="SECONDS", help="Wait up to this long for the checkout. Default 10m.")
+@click.option("--scope", default="default", metavar="NAME", help="Owner scope.")
+@pass_context
+def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...], wait: str, scope: str) -> int:
+    """Run COMMAND in the checkout, holding it against eviction; exit with its status.
+
+    Use `--` before COMMAND. If the checkout cannot be made ready, the answer
+    goes to stderr and the status is 125 (the command did not run).
+    """
+    from .execute import run_held
+
+    if command and command[0] == "--":  # click keeps the separator once arguments have started
+        command = command[1:]
+    if not command:
+        return fail(ctx, CheckoutCacheError("BAD_ARGUMENT", what="exec needs a command after --"))
+    try:
+        seconds = parse_wait(wait)
+    except CheckoutCacheError as exc:
+        emit_answer(Answer.from_error(exc), True, sys.stderr)
+        return EXIT_EXEC_FAILED
+    return run_held(ctx.cache(), repo, commit, list(command), seconds, scope)
 
 
 @cli.command()

@@ -52,6 +52,9 @@ class Config:
                                         parse_free, "2%")
     max_age: float | None = setting(None, "CHECKOUTCACHE_MAX_AGE",
                                     "gc evicts checkouts unused for longer than this.", parse_duration, "off")
+    mirror_gc_interval: float = setting(3600.0, "CHECKOUTCACHE_MIRROR_GC_INTERVAL",
+                                        "gc repacks a mirror to drop objects no checkout needs at most this often.",
+                                        parse_duration, "1h")
     clone_timeout: float = setting(600.0, "CHECKOUTCACHE_CLONE_TIMEOUT",
                                    "A clone running longer is stopped and fails with TIMEOUT.", parse_duration, "10m")
     backoff: float = setting(30.0, "CHECKOUTCACHE_BACKOFF",

@@ -11,7 +11,6 @@ lock held and answers `cloning` with the record of the live owner.
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from typing import Callable
@@ -27,6 +26,7 @@ from .spawn import start_worker
 from .state import CommitFacts, Failure, State, state_of
 from .store import init_repo_store, store_exists
 from .transport import pick_transport
+from .units import iso
 
 # Waiting polls cheaply (a stat and a non-blocking lock attempt), fast at first
 # so a small clone is seen as soon as it publishes, then every 100 ms.
@@ -34,12 +34,6 @@ POLL_FIRST, POLL_MAX = 0.01, 0.1
 # How long an asker that finds the clone lock held waits for the owner's record
 # to appear (the starter writes it within milliseconds of taking the lock).
 RECORD_GRACE = 0.5
-
-
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Coordinator:

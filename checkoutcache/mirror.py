@@ -37,11 +37,15 @@ def keep_ref(sha: str) -> str:
     return KEEP_PREFIX + sha
 
 
+def open_existing(mirror: str) -> pygit2.Repository:
+    return pygit2.Repository(mirror)
+
+
 def is_usable(mirror: str) -> bool:
     if not os.path.isfile(os.path.join(mirror, "HEAD")):
         return False
     try:
-        pygit2.Repository(mirror)
+        open_existing(mirror)
     except (pygit2.GitError, KeyError, ValueError):
         return False
     return True

@@ -53,12 +53,33 @@ def answer_text(answer: Answer) -> str:
     return "\n".join(lines)
 
 
-def emit_answer(answer: Answer, as_json: bool) -> None:
+def emit_answer(answer: Answer, as_json: bool, stream=None) -> None:
     if as_json:
-        emit_json(answer.to_json())
+        (stream or sys.stdout).write(json.dumps(answer.to_json(), sort_keys=True) + "\n")
     else:
-        stream = sys.stdout if answer.state != "failed" else sys.stderr
+        stream = stream or (sys.stdout if answer.state != "failed" else sys.stderr)
         stream.write(answer_text(answer) + "\n")
+
+
+def gc_text(report: dict) -> str:
+    from .units import format_bytes
+
+    if report["skipped"]:
+        return f"gc skipped: {report['skipped']}"
+    lines = []
+    verb = "would remove" if report["dry_run"] else "removed"
+    for r in report["removed"]:
+        why = f"{r['reason']}" + (f" ({r['limit']})" if r.get("limit") else "")
+        lines.append(f"{verb} {r['name'][:40]:<40} {format_bytes(r['bytes']):>8}  {why}")
+    for k in report["kept_over_limit"]:
+        lines.append(f"kept    {k['commit'][:40]:<40} over {k['limit']}: {k['why']}")
+    for u in report["unmet"]:
+        lines.append(f"limit {u['limit']} not met: {u['actual']} against {u['target']} (protected checkouts)")
+    freed = format_bytes(report["bytes_freed"])
+    after = report["disk_after"] or report["disk_before"]
+    free = f"; disk free {format_bytes(after['free'])}" if after else ""
+    lines.append(f"{verb} {len(report['removed'])} item(s), {freed}{free}")
+    return "\n".join(lines)
 
 
 class ProgressBar:

@@ -7,6 +7,7 @@ of the filesystem. Bad forms raise CheckoutCacheError("BAD_ARGUMENT").
 
 from __future__ import annotations
 
+import datetime
 import re
 
 import attrs
@@ -99,3 +100,10 @@ def format_duration(seconds: float | None) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
     return f"{seconds // 86400}d"
+
+
+def iso(ts: float | None) -> str | None:
+    """A timestamp as answers show it: UTC, ISO 8601, seconds."""
+    if ts is None:
+        return None
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -19,7 +19,6 @@ import argparse
 import errno
 import os
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -34,17 +33,11 @@ from .redact import redact
 from .repospec import credential_from_env
 from .scratch import Scratch, create_scratch
 from .state import Failure, next_failure
+from .testhooks import checkpoint
 from .transport import RUNNING, TransportError, pick_transport
 
-KILL_HOOK = "CHECKOUTCACHE_TEST_KILL_AT"
 PROGRESS_INTERVAL = 0.25
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
-
-
-def checkpoint(name: str) -> None:
-    """Test hook: SIGKILL ourselves at a named step, as a crash would."""
-    if os.environ.get(KILL_HOOK) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def publish(paths: RepoPaths, tree: str, sha: str) -> bool:

@@ -1,0 +1,146 @@
+"""Which checkouts to evict: a pure function over facts, limits and now.
+
+Invariant 4, the decision: least recently used first; never a checkout used
+within the grace window (a use exactly `grace` seconds ago still counts as
+within it) and never one held by a running exec, whatever a limit says. What
+a protected checkout keeps over a limit is reported (which checkout, why),
+never silently dropped. Free-space targets use hysteresis: eviction for disk
+starts only below `min_free` and then goes on until `min_free + headroom`, so
+gc does not thrash at the boundary.
+
+The plan is advice: the evictor re-checks each checkout's last use under the
+checkout's exclusive lock before it renames anything (see gc.py).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .units import FreeTarget
+
+LRU = "lru"
+AGE = "age"
+GRACE = "grace"
+HELD = "held"
+
+
+@attrs.frozen
+class Entry:
+    repo: str  # the repository key
+    sha: str
+    last_used: float
+    size: int
+    held: bool = False
+
+
+@attrs.frozen
+class Limits:
+    grace: float = 900.0
+    max_checkouts: int | None = None
+    max_bytes: int | None = None
+    min_free: FreeTarget | None = None
+    free_headroom: FreeTarget = FreeTarget(percent=2.0)
+    max_age: float | None = None
+
+    @classmethod
+    def from_config(cls, config) -> "Limits":
+        return cls(grace=config.grace, max_checkouts=config.max_checkouts, max_bytes=config.max_bytes,
+                   min_free=config.min_free, free_headroom=config.free_headroom, max_age=config.max_age)
+
+
+@attrs.frozen
+class Disk:
+    total: int
+    free: int
+
+
+@attrs.frozen
+class Eviction:
+    entry: Entry
+    reason: str  # lru or age
+    limit: str  # max-checkouts, max-bytes, min-free, max-age
+
+
+@attrs.frozen
+class Kept:
+    entry: Entry
+    why: str  # grace or held
+    limit: str
+
+
+@attrs.frozen
+class Unmet:
+    limit: str
+    target: int
+    actual: int
+
+
+@attrs.frozen
+class Plan:
+    evict: list[Eviction]
+    kept: list[Kept]
+    unmet: list[Unmet]
+
+
+def protection(entry: Entry, grace: float, now: float) -> str | None:
+    if entry.held:
+        return HELD
+    if now - entry.last_used <= grace:
+        return GRACE
+    return None
+
+
+def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: float) -> Plan:
+    evict: list[Eviction] = []
+    kept: list[Kept] = []
+    chosen: set[tuple[str, str]] = set()
+    order = sorted(entries, key=lambda e: (e.last_used, e.repo, e.sha))
+
+    if limits.max_age is not None:
+        for entry in order:
+            if now - entry.last_used > limits.max_age and protection(entry, limits.grace, now) is None:
+                evict.append(Eviction(entry, AGE, "max-age"))
+                chosen.add((entry.repo, entry.sha))
+
+    count = len(entries) - len(evict)
+    size = sum(e.size for e in entries) - sum(e.entry.size for e in evict)
+    freed = sum(e.entry.size for e in evict)
+    low = high = None
+    if limits.min_free is not None and disk is not None:
+        low = limits.min_free.bytes_of(disk.total)
+        high = low + limits.free_headroom.bytes_of(disk.total)
+    disk_started = low is not None and disk.free < low
+
+    def exceeded() -> str | None:
+        if limits.max_checkouts is not None and count > limits.max_checkouts:
+            return "max-checkouts"
+        if limits.max_bytes is not None and size > limits.max_bytes:
+            return "max-bytes"
+        if disk_started and disk.free + freed < high:
+            return "min-free"
+        return None
+
+    for entry in order:
+        limit = exceeded()
+        if limit is None:
+            break
+        if (entry.repo, entry.sha) in chosen:
+            continue
+        why = protection(entry, limits.grace, now)
+        if why is not None:
+            kept.append(Kept(entry, why, limit))
+            continue
+        evict.append(Eviction(entry, LRU, limit))
+        chosen.add((entry.repo, entry.sha))
+        count -= 1
+        size -= entry.size
+        freed += entry.size
+
+    unmet = []
+    if limits.max_checkouts is not None and count > limits.max_checkouts:
+        unmet.append(Unmet("max-checkouts", limits.max_checkouts, count))
+    if limits.max_bytes is not None and size > limits.max_bytes:
+        unmet.append(Unmet("max-bytes", limits.max_bytes, size))
+    if disk_started and disk.free + freed < high:
+        unmet.append(Unmet("min-free", high, disk.free + freed))
+    return Plan(evict=evict, kept=kept, unmet=unmet)

@@ -1,0 +1,125 @@
+"""What a root holds, gathered without changing anything: checkouts (last
+use, size, held), clones in flight, failures, scratch. gc plans from it and
+status prints it; both see the same facts the same way.
+
+"Held" is probed by trying the checkout marker's exclusive lock without
+waiting (and dropping it at once): an exec holds the shared lock for its whole
+run, so a held checkout refuses us.
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+
+from . import locks, records
+from .layout import RepoPaths, RootPaths
+from .scratch import ScratchFacts, scratch_facts
+from .state import Failure
+
+
+@attrs.frozen
+class CheckoutInfo:
+    sha: str
+    path: str
+    ready: bool
+    last_used: float | None
+    size: int
+    held: bool
+
+
+@attrs.frozen
+class CloneInfo:
+    sha: str
+    pid: int | None
+    alive: bool
+    started_at: float | None
+    progress: dict
+
+
+@attrs.frozen
+class RepoInfo:
+    key: str
+    url: str | None
+    scope: str | None
+    paths: RepoPaths
+    checkouts: list[CheckoutInfo]
+    clones: list[CloneInfo]
+    failures: dict[str, Failure]
+    scratch: list[ScratchFacts]
+
+
+def disk_usage(path: str) -> int:
+    """Bytes a directory tree occupies on disk, never following a symlink out."""
+    total = 0
+    stack = [path]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            total += info.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+    return total
+
+
+def checkout_info(paths: RepoPaths, sha: str, with_size: bool = True) -> CheckoutInfo:
+    path = paths.checkout(sha)
+    marker = paths.ready_marker(sha)
+    try:
+        last_used = os.stat(marker).st_mtime
+        ready = True
+    except (FileNotFoundError, NotADirectoryError):
+        last_used, ready = None, False
+    return CheckoutInfo(sha=sha, path=path, ready=ready, last_used=last_used,
+                        size=disk_usage(path) if with_size else 0,
+                        held=ready and locks.is_locked(marker))
+
+
+def clone_infos(paths: RepoPaths) -> list[CloneInfo]:
+    clones = []
+    try:
+        names = sorted(os.listdir(paths.state_dir))
+    except FileNotFoundError:
+        return clones
+    for name in names:
+        if not name.endswith(".clone.json"):
+            continue
+        sha = name[: -len(".clone.json")]
+        record = records.read_json(os.path.join(paths.state_dir, name)) or {}
+        clones.append(CloneInfo(sha=sha, pid=record.get("pid"), alive=locks.is_locked(paths.clone_lock(sha)),
+                                started_at=record.get("started_at"), progress=record.get("progress") or {}))
+    return clones
+
+
+def failures(paths: RepoPaths) -> dict[str, Failure]:
+    found = {}
+    try:
+        names = sorted(os.listdir(paths.state_dir))
+    except FileNotFoundError:
+        return found
+    for name in names:
+        if name.endswith(".failed.json"):
+            failure = Failure.from_record(records.read_json(os.path.join(paths.state_dir, name)))
+            if failure is not None:
+                found[name[: -len(".failed.json")]] = failure
+    return found
+
+
+def repo_info(paths: RepoPaths, with_sizes: bool = True) -> RepoInfo:
+    meta = records.read_json(paths.repo_json) or {}
+    return RepoInfo(key=paths.key, url=meta.get("url"), scope=meta.get("scope"), paths=paths,
+                    checkouts=[checkout_info(paths, sha, with_sizes) for sha in paths.checkout_shas()],
+                    clones=clone_infos(paths), failures=failures(paths), scratch=scratch_facts(paths))
+
+
+def inventory(root_paths: RootPaths, with_sizes: bool = True) -> list[RepoInfo]:
+    return [repo_info(root_paths.repo(key), with_sizes) for key in root_paths.repo_keys()]

@@ -1,0 +1,112 @@
+"""The eviction policy as a pure function, under a frozen clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from freezegun import freeze_time
+
+from checkoutcache.eviction import Disk, Entry, Limits, plan_eviction
+from checkoutcache.units import FreeTarget
+
+MIN = 60.0
+GRACE = 15 * MIN
+G = 1 << 30
+
+
+def entry(name: str, idle: float, size: int = 100, held: bool = False, now: float | None = None) -> Entry:
+    now = time.time() if now is None else now
+    return Entry(repo="r", sha=name, last_used=now - idle, size=size, held=held)
+
+
+def evicted(plan) -> list[str]:
+    return [e.entry.sha for e in plan.evict]
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_least_recently_used_go_first():
+    entries = [entry("new", 20 * MIN), entry("oldest", 60 * MIN), entry("old", 40 * MIN)]
+    plan = plan_eviction(entries, Limits(max_checkouts=1), None, time.time())
+    assert evicted(plan) == ["oldest", "old"]
+    assert {e.reason for e in plan.evict} == {"lru"} and plan.unmet == []
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_grace_boundary_is_exactly_fifteen_minutes():
+    entries = [entry("at-15m", GRACE), entry("just-over", GRACE + 0.001), entry("inside", GRACE - 1)]
+    plan = plan_eviction(entries, Limits(max_checkouts=0), None, time.time())
+    assert evicted(plan) == ["just-over"]
+    assert sorted((k.entry.sha, k.why) for k in plan.kept) == [("at-15m", "grace"), ("inside", "grace")]
+    assert plan.unmet[0].limit == "max-checkouts" and plan.unmet[0].actual == 2
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_a_checkout_used_a_moment_ago_survives_a_limit_of_zero():
+    plan = plan_eviction([entry("fresh", 1)], Limits(max_checkouts=0), None, time.time())
+    assert evicted(plan) == [] and plan.kept[0].why == "grace"
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_held_checkouts_are_never_evicted_whatever_their_age():
+    entries = [entry("held", 30 * 24 * 3600, held=True), entry("idle", 60 * MIN)]
+    plan = plan_eviction(entries, Limits(max_checkouts=0, max_age=MIN), None, time.time())
+    assert evicted(plan) == ["idle"]
+    assert [(k.entry.sha, k.why) for k in plan.kept] == [("held", "held")]
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_max_bytes():
+    entries = [entry("a", 60 * MIN, size=400), entry("b", 50 * MIN, size=400), entry("c", 40 * MIN, size=400)]
+    plan = plan_eviction(entries, Limits(max_bytes=500), None, time.time())
+    assert evicted(plan) == ["a", "b"] and plan.evict[0].limit == "max-bytes"
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_max_age_is_off_by_default_and_evicts_when_set():
+    entries = [entry("week", 7 * 24 * 3600), entry("hour", 3600)]
+    assert evicted(plan_eviction(entries, Limits(), None, time.time())) == []
+    plan = plan_eviction(entries, Limits(max_age=24 * 3600), None, time.time())
+    assert evicted(plan) == ["week"] and plan.evict[0].reason == "age"
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_free_space_hysteresis():
+    entries = [entry(f"c{i}", (60 - i) * MIN, size=1 * G) for i in range(10)]
+    limits = Limits(min_free=FreeTarget(bytes=10 * G), free_headroom=FreeTarget(bytes=3 * G))
+    # Above the low mark: nothing starts, even though below the high mark.
+    assert evicted(plan_eviction(entries, limits, Disk(total=100 * G, free=11 * G), time.time())) == []
+    # Below the low mark: evict until free reaches low + headroom (13G): 5 checkouts of 1G from 8G.
+    plan = plan_eviction(entries, limits, Disk(total=100 * G, free=8 * G), time.time())
+    assert evicted(plan) == ["c0", "c1", "c2", "c3", "c4"]
+    assert {e.limit for e in plan.evict} == {"min-free"}
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_free_space_as_a_percent():
+    entries = [entry(f"c{i}", (60 - i) * MIN, size=1 * G) for i in range(5)]
+    limits = Limits(min_free=FreeTarget(percent=10), free_headroom=FreeTarget(percent=0))
+    plan = plan_eviction(entries, limits, Disk(total=100 * G, free=8 * G), time.time())
+    assert evicted(plan) == ["c0", "c1"]
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_unmet_disk_target_names_what_protected_it():
+    entries = [entry("busy", 1, size=5 * G), entry("idle", 60 * MIN, size=1 * G)]
+    limits = Limits(min_free=FreeTarget(bytes=10 * G), free_headroom=FreeTarget(bytes=0))
+    plan = plan_eviction(entries, limits, Disk(total=100 * G, free=2 * G), time.time())
+    assert evicted(plan) == ["idle"]
+    assert [(k.entry.sha, k.why, k.limit) for k in plan.kept] == [("busy", "grace", "min-free")]
+    assert plan.unmet[0].limit == "min-free" and plan.unmet[0].actual == 3 * G
+
+
+def test_plan_is_deterministic_for_equal_last_use():
+    now = 1_000_000.0
+    entries = [Entry("r", s, now - 3600, 1) for s in ("c", "a", "b")]
+    assert evicted(plan_eviction(entries, Limits(max_checkouts=1), None, now)) == ["a", "b"]
+
+
+@pytest.mark.parametrize("limits", [Limits(), Limits(max_checkouts=10), Limits(max_bytes=10 ** 12)])
+def test_within_limits_nothing_is_evicted(limits):
+    now = 1_000_000.0
+    assert plan_eviction([Entry("r", "a", now - 7200, 1)], limits, Disk(10, 5), now).evict == []

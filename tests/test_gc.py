@@ -1,0 +1,299 @@
+"""gc, status and exec through the CLI against real repositories (invariants
+3, 4, 7 and the limits gc enforces)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from checkoutcache import Cache
+from checkoutcache.layout import RootPaths
+from checkoutcache.liveness import own_identity
+
+from .conftest import assert_checkout_matches, git, run_cli, wait_ready
+
+
+def marker(path: str) -> str:
+    return os.path.join(path, ".git", "checkoutcache-ready")
+
+
+def make_idle(path: str, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(marker(path), (then, then))
+
+
+def repo_base(root: str) -> str:
+    (key,) = os.listdir(os.path.join(root, "repos"))
+    return os.path.join(root, "repos", key)
+
+
+def gc(root: str, *args: str, env: dict | None = None) -> dict:
+    code, report, err = run_cli("gc", *args, root=root, env=env)
+    assert code == 0, err
+    return report
+
+
+@pytest.fixture
+def three_ready(root, upstream):
+    paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
+    return upstream, paths
+
+
+def test_lru_order_follows_the_sequence_of_ensures(root, three_ready):
+    upstream, paths = three_ready
+    for index, path in enumerate(paths):
+        make_idle(path, 3600 - index * 60)  # shas[0] oldest ... shas[2] newest
+    run_cli("ensure", upstream.path, upstream.shas[0], root=root)  # a use makes it the newest
+    make_idle(paths[0], 1000)
+    report = gc(root, "--max-checkouts", "1", "--grace", "5m")
+    removed = [r["name"] for r in report["removed"] if r["reason"] == "lru"]
+    assert removed == [upstream.shas[1], upstream.shas[2]]
+    assert os.path.isdir(paths[0]) and not os.path.exists(paths[1]) and not os.path.exists(paths[2])
+    assert report["bytes_freed"] > 0
+
+
+def test_a_checkout_used_a_moment_ago_survives_max_checkouts_zero(root, three_ready):
+    upstream, paths = three_ready
+    for path in paths[1:]:
+        make_idle(path, 3600)
+    report = gc(root, "--max-checkouts", "0")  # default grace: 15 minutes
+    assert os.path.isdir(paths[0])
+    kept = {k["commit"]: k["why"] for k in report["kept_over_limit"]}
+    assert kept == {upstream.shas[0]: "grace"}
+    assert report["unmet"] == [{"limit": "max-checkouts", "target": 0, "actual": 1}]
+
+
+def test_dry_run_changes_nothing(root, three_ready):
+    upstream, paths = three_ready
+    for path in paths:
+        make_idle(path, 3600)
+    before = sorted(os.listdir(os.path.join(repo_base(root), "checkouts")))
+    report = gc(root, "--max-checkouts", "0", "--dry-run")
+    assert report["dry_run"] and len([r for r in report["removed"] if r["reason"] == "lru"]) == 3
+    assert sorted(os.listdir(os.path.join(repo_base(root), "checkouts"))) == before
+    refs = git("for-each-ref", "--format=%(refname)", "refs/keep/", cwd=os.path.join(repo_base(root), "mirror.git"))
+    assert len(refs.split()) == 3
+
+
+def test_an_exec_held_checkout_survives_until_the_command_ends(root, three_ready, tmp_path):
+    upstream, paths = three_ready
+    flag = tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "exec", upstream.path,
+                             upstream.shas[0], "--", "sh", "-c", f"touch {flag}; sleep 3; cat README.md"],
+                            stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not flag.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    make_idle(paths[0], 10 * 24 * 3600)
+    report = gc(root, "--max-checkouts", "0", "--grace", "0")
+    assert {k["commit"]: k["why"] for k in report["kept_over_limit"]} == {upstream.shas[0]: "held"}
+    assert os.path.isdir(paths[0])
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "version 0" in out
+    status = run_cli("status", root=root)[1]
+    assert status["repos"][0]["checkouts"][0]["held"] is False
+    make_idle(paths[0], 3600)
+    gc(root, "--max-checkouts", "0", "--grace", "0")
+    assert not os.path.exists(paths[0])
+
+
+def test_exec_passes_exit_status_and_runs_in_the_checkout(root, upstream):
+    code, _, out = run_cli("exec", upstream.path, upstream.shas[1], "--", "sh", "-c", "git log -1 --format=%H; exit 7",
+                           root=root)
+    assert code == 7 and upstream.shas[1] in out
+    code, _, out = run_cli("exec", upstream.path, "nothex", "--", "true", root=root)
+    assert code == 125 and "BAD_COMMIT" in out
+
+
+def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready):
+    upstream, paths = three_ready
+    make_idle(paths[0], 3600)
+    code, _, _ = run_cli("gc", "--max-checkouts", "2", root=root,
+                         env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-evict-rename"})
+    assert code == -9
+    trash = os.listdir(os.path.join(repo_base(root), "trash"))
+    assert len(trash) == 1 and upstream.shas[0] in trash[0]
+    assert not os.path.exists(paths[0])  # renamed away first: no reader sees half of it
+    report = gc(root)
+    assert [r["reason"] for r in report["removed"]] == ["trash"]
+    assert os.listdir(os.path.join(repo_base(root), "trash")) == []
+    # The pruned checkout is simply absent: the next ensure clones it again.
+    answer = wait_ready(root, upstream.path, upstream.shas[0])
+    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[0])
+
+
+def test_a_pruned_checkout_is_cloned_again(root, upstream):
+    sha = upstream.shas[1]
+    path = wait_ready(root, upstream.path, sha)["path"]
+    make_idle(path, 3600)
+    gc(root, "--max-checkouts", "0", "--grace", "1m")
+    assert not os.path.exists(path)
+    base = repo_base(root)
+    assert not os.path.exists(os.path.join(base, "locks", f"clone-{sha}.lock"))
+    assert not os.path.exists(os.path.join(base, "logs", f"{sha}.log"))
+    code, answer, _ = run_cli("ensure", upstream.path, sha, root=root)
+    assert code in (75, 0)
+    answer = wait_ready(root, upstream.path, sha)
+    assert answer["path"] == path
+    assert_checkout_matches(path, upstream.path, sha)
+
+
+HOLDER = """
+import sys, time
+from checkoutcache.layout import RootPaths
+from checkoutcache.scratch import create_scratch
+scratch = create_scratch(RootPaths(sys.argv[1]).repo(sys.argv[2]), "live")
+print(scratch.path, flush=True)
+time.sleep(60)
+"""
+
+
+def test_dead_scratch_is_reaped_and_live_scratch_kept(root, upstream):
+    wait_ready(root, upstream.path, upstream.shas[0])
+    base = repo_base(root)
+    key = os.path.basename(base)
+    live = subprocess.Popen([sys.executable, "-c", HOLDER, root, key], stdout=subprocess.PIPE, text=True)
+    live_path = live.stdout.readline().strip()
+    dead = subprocess.Popen([sys.executable, "-c", HOLDER, root, key], stdout=subprocess.PIPE, text=True)
+    dead_path = dead.stdout.readline().strip()
+    dead.kill()
+    dead.wait()
+    # A pid reused by an unrelated live process: our own pid, with another start time.
+    pid, start = own_identity()
+    reused = os.path.join(base, "scratch", f".clone-{pid}")
+    os.makedirs(reused)
+    json.dump({"pid": pid, "start_time": start - 1000, "commit": "x"}, open(os.path.join(reused, "owner.json"), "w"))
+    # An old live clone is never touched, however old.
+    os.utime(live_path, (0, 0))
+    try:
+        report = gc(root)
+        reaped = sorted(r["name"] for r in report["removed"] if r["reason"] == "dead-scratch")
+        assert reaped == sorted([os.path.basename(dead_path), f".clone-{pid}"])
+        assert os.path.isdir(live_path) and not os.path.exists(dead_path) and not os.path.exists(reused)
+        status = run_cli("status", root=root)[1]
+        assert [s["owner_alive"] for s in status["repos"][0]["scratch"]] == [True]
+    finally:
+        live.kill()
+        live.wait()
+    report = gc(root)
+    assert [r["name"] for r in report["removed"] if r["reason"] == "dead-scratch"] == [os.path.basename(live_path)]
+
+
+def test_mirror_maintenance_drops_refs_and_never_breaks_a_checkout(root, three_ready):
+    upstream, paths = three_ready
+    for path in paths[:2]:
+        make_idle(path, 3600)
+    mirror = os.path.join(repo_base(root), "mirror.git")
+    stale = os.path.join(mirror, "shallow.lock")
+    open(stale, "w").close()
+    os.utime(stale, (0, 0))
+    report = gc(root, "--max-checkouts", "1", "--grace", "1m")
+    assert report["mirrors"][0]["refs_dropped"] == 2 and report["mirrors"][0]["repacked"]
+    assert report["mirrors"][0]["stale_locks"] == ["shallow.lock"]
+    refs = git("for-each-ref", "--format=%(refname)", cwd=mirror).split()
+    assert refs == [f"refs/keep/{upstream.shas[2]}"]
+    assert_checkout_matches(paths[2], upstream.path, upstream.shas[2])
+    assert git("fsck", "--connectivity-only", cwd=paths[2]) == ""
+
+
+def test_overlapping_gcs_never_run_together(root, three_ready):
+    from checkoutcache import locks
+
+    with locks.try_lock(RootPaths(root).gc_lock):
+        report = gc(root, "--max-checkouts", "0", "--grace", "0")
+    assert report["skipped"] == "another gc is running" and report["removed"] == []
+
+
+def test_status_lists_checkouts_clones_failures_and_totals(root, upstream, tmp_path):
+    wait_ready(root, upstream.path, upstream.shas[0])
+    missing = "2" * 40
+    run_cli("ensure", upstream.path, missing, "--wait", "30", root=root)
+    code, status, _ = run_cli("status", upstream.path, root=root, env={"CHECKOUTCACHE_MAX_CHECKOUTS": "5"})
+    assert code == 0
+    (repo,) = status["repos"]
+    assert repo["repo"] == upstream.path and repo["scope"] == "default"
+    (checkout,) = repo["checkouts"]
+    assert checkout["commit"] == upstream.shas[0] and checkout["size"] > 0 and checkout["protected"] == "grace"
+    assert checkout["last_used"].endswith("Z") and checkout["held"] is False
+    (failure,) = repo["failures"]
+    assert failure["commit"] == missing and failure["error"] == "UNKNOWN_COMMIT" and failure["log"]
+    assert status["totals"]["checkouts"] == 1 and status["totals"]["max_checkouts"] == 5
+    assert status["totals"]["disk"]["total"] > 0
+    done = subprocess.run(["script", "-qec", f"{sys.executable} -m checkoutcache --root {root} status", "/dev/null"],
+                          capture_output=True, text=True, timeout=60)
+    assert upstream.shas[0][:12] in done.stdout and "UNKNOWN_COMMIT" in done.stdout and "{" not in done.stdout
+    code, other, _ = run_cli("status", str(tmp_path), root=root)
+    assert code == 0 and other["repos"] == []
+
+
+def test_gc_and_status_on_an_empty_root_write_nothing(tmp_path):
+    root = str(tmp_path / "none")
+    assert gc(root)["removed"] == []
+    assert run_cli("status", root=root)[1]["repos"] == []
+    assert not os.path.exists(root)
+
+
+@pytest.mark.parametrize("args", [["--max-checkouts", "-1"], ["--max-bytes", "lots"], ["--grace", "soon"],
+                                  ["--min-free", "150%"], ["--max-age", "1y"]])
+def test_gc_bad_limits_are_bad_input(root, three_ready, args):
+    code, answer, _ = run_cli("gc", *args, root=root)
+    assert code == 2 and answer["error"] == "BAD_ARGUMENT"
+    assert len(os.listdir(os.path.join(repo_base(root), "checkouts"))) == 3
+
+
+def test_limits_come_from_the_environment(root, three_ready):
+    upstream, paths = three_ready
+    for path in paths:
+        make_idle(path, 3600)
+    report = gc(root, env={"CHECKOUTCACHE_MAX_CHECKOUTS": "2", "CHECKOUTCACHE_GRACE": "10m"})
+    assert [r["name"] for r in report["removed"] if r["reason"] == "lru"] == [upstream.shas[0]]
+
+
+def test_cron_script_runs_gc_with_the_environments_limits(root, three_ready, tmp_path):
+    upstream, paths = three_ready
+    for path in paths:
+        make_idle(path, 3600)
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "checkoutcache-gc-cron")
+    log = tmp_path / "gc.log"
+    env = dict(os.environ, CHECKOUTCACHE_ROOT=root, CHECKOUTCACHE_MAX_CHECKOUTS="1", CHECKOUTCACHE_GRACE="1m",
+               CHECKOUTCACHE_GC_LOG=str(log), CHECKOUTCACHE=f"{sys.executable} -m checkoutcache")
+    done = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(os.listdir(os.path.join(repo_base(root), "checkouts"))) == 1
+    assert '"removed"' in log.read_text()
+
+
+def test_concurrent_ensure_during_gc_never_answers_a_missing_path(root, upstream):
+    import random
+
+    for sha in upstream.shas:
+        wait_ready(root, upstream.path, sha)
+    stop = time.time() + 8
+    gcs = subprocess.Popen(["bash", "-c", f"while [ $(date +%s) -lt {int(stop)} ]; do "
+                                          f"{sys.executable} -m checkoutcache --root {root} gc --max-checkouts 0 "
+                                          f"--grace 0.5 >/dev/null; done"])
+    cache = Cache(root)
+    rng = random.Random(7)
+    answers = 0
+    publications = set()  # (commit, published_at): a re-clone publishes anew
+    try:
+        while time.time() < stop:
+            sha = rng.choice(upstream.shas)
+            answer = cache.ensure(upstream.path, sha, wait=30)
+            assert answer.state == "ready", answer
+            assert os.path.isfile(os.path.join(answer.path, "README.md")), "ready path vanished"
+            answers += 1
+            try:
+                publications.add((sha, json.load(open(marker(answer.path)))["published_at"]))
+            except FileNotFoundError:
+                pass  # evicted right after our use: allowed once the answer is given
+            time.sleep(rng.uniform(0, 0.4))  # within the grace of the answer just given
+    finally:
+        gcs.wait(30)
+    assert answers > 10
+    assert len(publications) > len(upstream.shas), "gc evicted and ensure re-cloned during the run"
