@@ -51,10 +51,15 @@ class Hold:
 
 
 class Cache:
-    def __init__(self, root: str | None = None, config=None):
+    """fork_workers: start clone workers by forking this process (the CLI does:
+    cheaper by the cost of starting Python). Leave it off in a host process you
+    do not own entirely: the forked worker closes every inherited descriptor."""
+
+    def __init__(self, root: str | None = None, config=None, fork_workers: bool = False):
         self.root = os.path.realpath(os.path.expanduser(root)) if root else default_root()
         self.paths = RootPaths(self.root)
         self._config = config
+        self.fork_workers = fork_workers
 
     @property
     def config(self):
@@ -84,7 +89,7 @@ class Cache:
             return Answer(state=READY, commit=sha, repo=spec.url, path=paths.checkout(sha))
         from .coordinator import Coordinator
 
-        return Coordinator(self.paths, self.config, spec, sha).run(float(wait), on_progress)
+        return Coordinator(self.paths, self.config, spec, sha, self.fork_workers).run(float(wait), on_progress)
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
              on_progress: Callable[[Answer], None] | None = None) -> Hold:

@@ -23,7 +23,8 @@ class Context:
         self.as_json = wants_json(as_json)
 
     def cache(self) -> Cache:
-        return Cache(self.root)
+        # The CLI is a process of our own, single-threaded: clone workers are forked.
+        return Cache(self.root, fork_workers=True)
 
 
 pass_context = click.make_pass_decorator(Context)
@@ -149,7 +150,7 @@ def status(ctx: Context, repo: str | None, scope: str, **overrides) -> int:
     return 0
 
 
-@cli.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
 @click.argument("repo")
 @click.argument("commit")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -192,11 +193,21 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:
-        as_json = "--json" in (argv if argv is not None else sys.argv[1:]) or not sys.stdout.isatty()
         error = CheckoutCacheError("BAD_ARGUMENT", what=exc.format_message())
-        emit_answer(Answer.from_error(error), as_json)
+        emit_answer(Answer.from_error(error), _json_requested(argv))
         sys.exit(EXIT_BAD_INPUT)
+    except Exception as exc:  # a bug: still one answer a program can read, and the trace for a person
+        import traceback
+
+        traceback.print_exc()
+        error = CheckoutCacheError("INTERNAL_ERROR", detail=f"{type(exc).__name__}: {exc}"[:300])
+        emit_answer(Answer.from_error(error), _json_requested(argv), sys.stdout)
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _json_requested(argv: list[str] | None) -> bool:
+    return "--json" in (argv if argv is not None else sys.argv[1:]) or not sys.stdout.isatty()
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ class Config:
                                    "How long the first contact with a new repository may take.",
                                    parse_duration, "30s")
     transport: str = setting("auto", "CHECKOUTCACHE_TRANSPORT",
-                             "Fetch with the git CLI (cli), libgit2 (pygit2), or the CLI when installed (auto).",
+                             "Fetch and check out with the git CLI (cli), libgit2 (pygit2), or the CLI when installed (auto).",
                              _transport)
 
     @classmethod

@@ -25,20 +25,21 @@ from .repospec import RepoSpec, credential_from_env
 from .spawn import start_worker
 from .state import CommitFacts, Failure, State, state_of
 from .store import init_repo_store, store_exists
-from .transport import pick_transport
+from .gitbackend import pick_backend
 from .units import iso
 
-# Waiting polls cheaply (a stat and a non-blocking lock attempt), fast at first
-# so a small clone is seen as soon as it publishes, then every 100 ms.
-POLL_FIRST, POLL_MAX = 0.01, 0.1
+# Waiting polls cheaply (a stat and a non-blocking lock attempt): every 5 ms at
+# first, so a fast clone is seen as soon as it publishes, then every 10 ms.
+POLL_FIRST, POLL_MAX = 0.005, 0.01
 # How long an asker that finds the clone lock held waits for the owner's record
 # to appear (the starter writes it within milliseconds of taking the lock).
 RECORD_GRACE = 0.5
 
 
 class Coordinator:
-    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str):
+    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, fork_workers: bool = False):
         self.root_paths = root_paths
+        self.fork_workers = fork_workers
         self.config = config
         self.spec = spec
         self.sha = sha
@@ -78,8 +79,7 @@ class Coordinator:
         """Reach a repository never seen before, before writing anything for it."""
         if store_exists(self.paths):
             return
-        transport = pick_transport(self.config.transport)
-        transport.probe(self.spec.url, self.spec.is_local, self.credential, self.config.probe_timeout)
+        pick_backend(self.config.transport).probe(self.spec.url, self.spec.is_local, self.credential, self.config.probe_timeout)
         init_repo_store(self.root_paths, self.paths, self.spec)
 
     def step(self) -> Answer:
@@ -104,13 +104,13 @@ class Coordinator:
 
     def start_clone(self, clone_lock: locks.Lock) -> Answer:
         try:
-            proc = start_worker(self.root_paths.root, self.paths, self.sha, clone_lock.fileno(),
-                                self.config, self.credential)
+            pid = start_worker(self.root_paths.root, self.paths, self.sha, clone_lock.fileno(),
+                               self.config, self.credential, fork=self.fork_workers)
         except OSError as exc:
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
         from .liveness import process_start_time  # psutil only off the ready path
 
-        record = {"pid": proc.pid, "pid_start": process_start_time(proc.pid), "started_at": time.time(),
+        record = {"pid": pid, "pid_start": process_start_time(pid), "started_at": time.time(),
                   "commit": self.sha, "progress": {"phase": "starting"}}
         records.write_json(self.paths.clone_record(self.sha), record)
         return self.cloning(record)

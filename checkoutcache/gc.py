@@ -31,6 +31,7 @@ import attrs
 from . import locks, mirror, records
 from .config import Config
 from .eviction import Disk, Entry, Limits, plan_eviction
+from .gitbackend import pick_backend
 from .gitenv import git_env
 from .inventory import RepoInfo, disk_usage, inventory
 from .layout import RepoPaths, RootPaths
@@ -189,7 +190,7 @@ def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool) -> s
 
 
 def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float) -> None:
-    if not mirror.is_usable(paths.mirror):
+    if not pick_backend(config.transport).is_usable(paths.mirror):
         return
     entry = {"repo": paths.key, "refs_dropped": 0, "stale_locks": [], "repacked": False}
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import shutil
 import sys
@@ -24,19 +25,21 @@ import threading
 import time
 
 from . import locks, mirror, records
-from .checkout import build_checkout
 from .config import Config
 from .errors import CheckoutCacheError, describe
 from .layout import RepoPaths, RootPaths
 from .liveness import own_identity
 from .redact import redact
-from .repospec import credential_from_env
+from .repospec import Credential, credential_from_env
 from .scratch import Scratch, create_scratch
 from .state import Failure, next_failure
 from .testhooks import checkpoint
-from .transport import RUNNING, TransportError, pick_transport
+from .gitbackend import RUNNING, TransportError, pick_backend
 
 PROGRESS_INTERVAL = 0.25
+# Observability hook: when set, every clone appends one JSON line per event
+# (started, published, discarded, failed) to this file, outside the root.
+JOURNAL = "CHECKOUTCACHE_CLONE_JOURNAL"
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
 
 
@@ -68,15 +71,15 @@ def write_ready_marker(marker: str, sha: str) -> None:
 
 
 class Worker:
-    def __init__(self, paths: RepoPaths, sha: str, config: Config):
+    def __init__(self, paths: RepoPaths, sha: str, config: Config, credential: Credential | None):
         self.paths = paths
         self.sha = sha
         self.config = config
-        self.credential = credential_from_env(os.environ)
+        self.credential = credential
         self.secrets = self.credential.secrets() if self.credential else []
         info = records.read_json(paths.repo_json) or {}
         self.url = info.get("url", "")
-        self.transport = pick_transport(config.transport)
+        self.backend = pick_backend(config.transport)
         self.pid, self.pid_start = own_identity()
         self.started_at = time.time()
         self.progress: dict = {}
@@ -87,12 +90,26 @@ class Worker:
 
     # ------------------------------------------------------------ bookkeeping
     def log(self, line: str) -> None:
-        self._log.write(f"{time.strftime('%H:%M:%S')} {redact(line, self.secrets)}\n")
+        now = time.time()
+        stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+        self._log.write(f"{stamp} {redact(line, self.secrets)}\n")
+
+    def journal(self, event: str, **fields) -> None:
+        path = os.environ.get(JOURNAL)
+        if not path:
+            return
+        line = json.dumps({"event": event, "commit": self.sha, "repo": self.paths.key, "pid": self.pid,
+                           "at": time.time(), **fields})
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())  # one O_APPEND write: lines never interleave
+        finally:
+            os.close(fd)
 
     def write_record(self) -> None:
         records.write_json(self.paths.clone_record(self.sha), {
             "pid": self.pid, "pid_start": self.pid_start, "started_at": self.started_at,
-            "commit": self.sha, "progress": self.progress, "transport": self.transport.name})
+            "commit": self.sha, "progress": self.progress, "transport": self.backend.name})
         self._last_write = time.monotonic()
 
     def on_progress(self, update: dict) -> None:
@@ -107,6 +124,7 @@ class Worker:
         failure = next_failure(previous, code, redact(message, self.secrets), next_step, time.time(),
                                self.config.backoff, self.config.backoff_max)
         records.write_json(self.paths.failure_record(self.sha), failure.to_record())
+        self.journal("failed", error=code, seconds=round(time.time() - self.started_at, 3))
         self.log(f"failed: {code}: {failure.message} (attempt {failure.attempts}, retry in "
                  f"{failure.retry_at - failure.failed_at:.0f}s)")
 
@@ -117,8 +135,9 @@ class Worker:
 
     # ------------------------------------------------------------ the clone
     def run(self) -> int:
-        self.log(f"clone of {self.sha} from {self.url} by pid {self.pid} ({self.transport.name})")
+        self.log(f"clone of {self.sha} from {self.url} by pid {self.pid} ({self.backend.name})")
         self.write_record()
+        self.journal("started")
         timer = threading.Timer(self.config.clone_timeout, self.on_timeout)
         timer.daemon = True
         timer.start()
@@ -144,39 +163,56 @@ class Worker:
         self.fetch_into_mirror()
         checkpoint("before-checkout")
         self.on_progress({"phase": "checking out"})
-        build_checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress)
+        self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress, self.log)
+        self.log("checked out")
         checkpoint("after-checkout")
         with self._finishing:
             published = publish(self.paths, self.scratch.tree, self.sha)
             records.remove_quietly(self.paths.failure_record(self.sha))
             self.log("published" if published else "another clone published first; discarded ours")
+            self.journal("published" if published else "discarded", seconds=round(time.time() - self.started_at, 3))
             self.cleanup()
+
+    def ensure_mirror(self) -> None:
+        """Create the mirror if missing (built in our scratch, renamed into place).
+
+        A mirror damaged beyond opening is moved to trash and rebuilt; the
+        checkouts that borrowed from it are found broken by `verify` and re-made.
+        """
+        if os.path.isdir(self.paths.mirror) and not self.backend.is_usable(self.paths.mirror):
+            self.log("the mirror is damaged: moving it aside and fetching anew")
+            os.rename(self.paths.mirror, self.paths.trash_slot("broken-mirror"))
+        if not os.path.isdir(self.paths.mirror):
+            build = os.path.join(self.scratch.path, "mirror.git")
+            self.backend.init_mirror(build)
+            os.rename(build, self.paths.mirror)
 
     def fetch_into_mirror(self) -> None:
         remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
         with locks.lock(self.paths.mirror_lock, timeout=remaining) as mirror_lock:
-            repo = mirror.open_or_create(self.paths, os.path.join(self.scratch.path, "mirror.git"))
-            if not mirror.has_commit(repo, self.sha):
-                for stale in mirror.remove_stale_git_locks(self.paths.mirror):
+            self.ensure_mirror()
+            keep_fds = (mirror_lock.fileno(),)
+            mirror_dir = self.paths.mirror
+            if not self.backend.has_commit(mirror_dir, self.sha):
+                for stale in mirror.remove_stale_git_locks(mirror_dir):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
-                keep_fds = (mirror_lock.fileno(),)
                 try:
-                    self.transport.fetch(self.paths.mirror, self.url, [self.sha], self.credential,
-                                         self.on_progress, self.log, keep_fds)
+                    self.backend.fetch(mirror_dir, self.url, [self.sha], self.credential, self.on_progress,
+                                       self.log, keep_fds)
                 except TransportError as exc:
                     if exc.code == "DISK_FULL":
                         raise
                     self.log(f"fetch by id refused ({exc.detail}); fetching all refs")
-                    self.transport.fetch(self.paths.mirror, self.url,
-                                         ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
-                                         self.credential, self.on_progress, self.log, keep_fds)
+                    self.backend.fetch(mirror_dir, self.url,
+                                       ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
+                                       self.credential, self.on_progress, self.log, keep_fds)
                 checkpoint("after-fetch")
-                repo = mirror.open_or_create(self.paths, os.path.join(self.scratch.path, "mirror.git"))
-                if not mirror.has_commit(repo, self.sha):
+                if not self.backend.has_commit(mirror_dir, self.sha):
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
                                              detail="the server does not have it")
-            mirror.keep(repo, self.sha)
+            self.backend.keep(mirror_dir, self.sha, keep_fds)
+        self.log("mirror has the commit")
 
     def explain(self, exc: BaseException) -> tuple[str, str, str]:
         """(code, message, next step) for whatever stopped the clone."""
@@ -214,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The inherited descriptor carries the clone lock: keep it open until we exit.
     os.set_inheritable(args.lock_fd, False)
-    paths = RootPaths(args.root).repo(args.key)
-    return Worker(paths, args.commit, Config.from_env()).run()
+    return run_worker(args.root, args.key, args.commit, Config.from_env(), credential_from_env(os.environ))
+
+
+def run_worker(root: str, key: str, sha: str, config: Config, credential: Credential | None) -> int:
+    return Worker(RootPaths(root).repo(key), sha, config, credential).run()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ def test_readme_starts_with_the_two_commands():
 
 
 def test_readme_has_the_settings_table():
+    # Refresh with: python scripts/render_readme.py
     assert options_table() in README
 
 
