@@ -150,6 +150,32 @@ def status(ctx: Context, repo: str | None, scope: str, **overrides) -> int:
     return 0
 
 
+@cli.command()
+@click.argument("repo", required=False)
+@click.argument("commit", required=False)
+@click.option("--scope", default="default", metavar="NAME", help="The owner scope of REPO.")
+@click.option("--remove-broken", is_flag=True, help="Move broken checkouts (not held by an exec) to trash.")
+@pass_context
+def verify(ctx: Context, repo: str | None, commit: str | None, scope: str, remove_broken: bool) -> int:
+    """Compare checkouts with their commits; exit 1 if any is broken."""
+    from .layout import RootPaths
+    from .output import emit_json, verify_text
+    from .repospec import parse_commit, parse_repo
+    from .verify import run_verify
+
+    try:
+        key = parse_repo(repo, scope).key if repo is not None else None
+        sha = parse_commit(commit) if commit is not None else None
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    report = run_verify(RootPaths(ctx.cache().root), key, sha, remove_broken)
+    if ctx.as_json:
+        emit_json(report)
+    else:
+        click.echo(verify_text(report))
+    return 1 if report["broken"] else 0
+
+
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True})
 @click.argument("repo")
 @click.argument("commit")

@@ -68,12 +68,16 @@ class Coordinator:
         return Failure.from_record(records.read_json(self.paths.failure_record(self.sha)))
 
     def owner_record(self) -> dict | None:
+        """The clone record of the live owner; waits briefly while it is being written,
+        never longer than the owner holds the lock (a finishing owner removes it)."""
         deadline = time.monotonic() + RECORD_GRACE
         while True:
             record = records.read_json(self.paths.clone_record(self.sha))
             if record and record.get("pid") or time.monotonic() >= deadline:
                 return record
-            time.sleep(0.01)
+            if not locks.is_locked(self.paths.clone_lock(self.sha)):
+                return record
+            time.sleep(0.005)
 
     def first_contact(self) -> None:
         """Reach a repository never seen before, before writing anything for it."""

@@ -36,6 +36,8 @@ from .gitenv import git_env
 from .inventory import RepoInfo, disk_usage, inventory
 from .layout import RepoPaths, RootPaths
 from .scratch import reap_dead_scratch
+from .store import make_dirs
+from .verify import move_aside
 from .testhooks import checkpoint
 
 MIRROR_LOCK_WAIT = 5.0
@@ -44,7 +46,7 @@ MIRROR_GC_STAMP = "mirror-gc.json"
 
 @attrs.frozen
 class Removed:
-    reason: str  # lru, age, dead-scratch, trash, dead-clone-record, unpublished
+    reason: str  # lru, age, dead-scratch, trash, unpublished, damaged
     repo: str
     name: str
     bytes: int = 0
@@ -110,9 +112,17 @@ def remove_tree(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
+
+
 def tidy(info: RepoInfo, report: GcReport) -> None:
-    """Leftovers of dead processes: scratch, clone records, unmarked checkouts."""
+    """Leftovers of dead processes: scratch, clone records, temp files, unmarked or damaged checkouts."""
     paths = info.paths
+    for directory in (paths.state_dir, paths.base):
+        for entry in os.scandir(directory) if os.path.isdir(directory) else []:
+            if entry.name.startswith(".") and entry.name.endswith(records.TMP_SUFFIX) and \
+                    time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_TMP_AGE and not report.dry_run:
+                records.remove_quietly(entry.path)
     for name in reap_dead_scratch(paths, dry_run=report.dry_run):
         report.removed.append(Removed("dead-scratch", paths.key, name))
     for clone in info.clones:
@@ -120,6 +130,10 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
             records.remove_quietly(paths.clone_record(clone.sha))
     for checkout in info.checkouts:
         if checkout.ready:
+            # Damaged (top-level entries gone): never served again; removed unless an exec holds it.
+            if not checkout.intact:
+                if report.dry_run or move_aside(paths, checkout.sha, "damaged"):
+                    report.removed.append(Removed("damaged", paths.key, checkout.sha, checkout.size))
             continue
         # No marker: a worker renamed it but died before the marker, or is about to
         # write it. Only a free clone lock (no live worker) makes it a leftover.
@@ -219,12 +233,19 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         due = now - last >= config.mirror_gc_interval
         git = shutil.which("git")
         if git and due and entry["refs_dropped"] and not report.dry_run:
-            checkpoint("gc-before-repack")
-            done = subprocess.run([git, "-C", paths.mirror, "gc", "--prune=now", "--quiet"],
-                                  env=git_env(), capture_output=True, text=True, pass_fds=(mirror_lock.fileno(),),
-                                  stdin=subprocess.DEVNULL, timeout=config.clone_timeout)
-            entry["repacked"] = done.returncode == 0
-            if done.returncode == 0:
+            # git inherits the mirror lock: if gc dies during the repack, the lock stays
+            # held until git finishes, so no fetch ever meets a half-repacked mirror.
+            repack = subprocess.Popen([git, "-C", paths.mirror, "gc", "--prune=now", "--quiet"], env=git_env(),
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      pass_fds=(mirror_lock.fileno(),))
+            checkpoint("gc-during-repack")
+            try:
+                code = repack.wait(timeout=config.clone_timeout)
+            except subprocess.TimeoutExpired:
+                repack.kill()
+                code = repack.wait()
+            entry["repacked"] = code == 0
+            if code == 0:
                 records.write_json(stamp, {"at": now})
     report.mirrors.append(entry)
 
@@ -233,7 +254,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
     report = GcReport(dry_run=dry_run)
     if not os.path.isdir(root_paths.repos_dir):
         return report
-    os.makedirs(root_paths.locks_dir, exist_ok=True)
+    make_dirs(root_paths.locks_dir)
     gc_lock = locks.try_lock(root_paths.gc_lock)
     if gc_lock is None:
         report.skipped = "another gc is running"
@@ -247,7 +268,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         repos = inventory(root_paths)
         by_key = {info.key: info for info in repos}
         entries = [Entry(repo=info.key, sha=c.sha, last_used=c.last_used, size=c.size, held=c.held)
-                   for info in repos for c in info.checkouts if c.ready]
+                   for info in repos for c in info.checkouts if c.ready and c.intact]
         limits = Limits.from_config(config)
         now = time.time()
         plan = plan_eviction(entries, limits, before, now)

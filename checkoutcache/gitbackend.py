@@ -71,6 +71,16 @@ class TransportError(Exception):
         self.detail = detail
 
 
+_CORRUPT = re.compile(r"corrupt|bad object|unable to read|inflate|packfile .* (truncated|cannot be accessed)"
+                      r"|invalid object|missing (blob|tree|commit)|object file .* is empty|loose object .* is corrupt"
+                      r"|object not found|could not parse object|fatal: reference is not a tree", re.I)
+
+
+def looks_corrupt(text: str) -> bool:
+    """Whether git's complaint says the object store is damaged."""
+    return bool(_CORRUPT.search(text))
+
+
 def classify(text: str) -> str:
     if _DISK_FULL.search(text):
         return "DISK_FULL"

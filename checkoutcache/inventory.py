@@ -15,6 +15,7 @@ import attrs
 
 from . import locks, records
 from .layout import RepoPaths, RootPaths
+from .ready import looks_intact
 from .scratch import ScratchFacts, scratch_facts
 from .state import Failure
 
@@ -24,6 +25,7 @@ class CheckoutInfo:
     sha: str
     path: str
     ready: bool
+    intact: bool
     last_used: float | None
     size: int
     held: bool
@@ -79,7 +81,8 @@ def checkout_info(paths: RepoPaths, sha: str, with_size: bool = True) -> Checkou
         ready = True
     except (FileNotFoundError, NotADirectoryError):
         last_used, ready = None, False
-    return CheckoutInfo(sha=sha, path=path, ready=ready, last_used=last_used,
+    intact = ready and looks_intact(path, records.read_json(marker) or {})
+    return CheckoutInfo(sha=sha, path=path, ready=ready, intact=intact, last_used=last_used,
                         size=disk_usage(path) if with_size else 0,
                         held=ready and locks.is_locked(marker))
 

@@ -32,11 +32,13 @@ def open_existing(mirror: str):
     return pygit2.Repository(mirror)
 
 
-def remove_stale_git_locks(mirror: str, now: float | None = None) -> list[str]:
+def remove_stale_git_locks(mirror: str, now: float | None = None, min_age: float = STALE_GIT_LOCK_AGE) -> list[str]:
     """Delete git *.lock files left in the mirror by killed git processes.
 
     Safe only with the mirror lock held: every writer we start holds it (git
     children inherit it), so no live writer of ours can own these files.
+    min_age spares a very young lock that an operator's own git may hold; a
+    fetch that then fails on a lock clears them all (min_age=0) and retries.
     """
     now = time.time() if now is None else now
     removed = []
@@ -49,7 +51,7 @@ def remove_stale_git_locks(mirror: str, now: float | None = None) -> list[str]:
                     continue
                 path = os.path.join(directory, name)
                 try:
-                    if now - os.lstat(path).st_mtime >= STALE_GIT_LOCK_AGE:
+                    if now - os.lstat(path).st_mtime >= min_age:
                         os.unlink(path)
                         removed.append(os.path.relpath(path, mirror))
                 except FileNotFoundError:

@@ -102,3 +102,14 @@ class ProgressBar:
         if self.drawn:
             self.stream.write("\r" + " " * (self.WIDTH + 64) + "\r")
             self.stream.flush()
+
+
+def verify_text(report: dict) -> str:
+    lines = []
+    for c in report["checkouts"]:
+        verdict = "ok" if c["ok"] else "BROKEN: " + "; ".join(c["problems"])
+        if c.get("removed"):
+            verdict += " (moved to trash)"
+        lines.append(f"{c['commit'][:12]}  {verdict}")
+    lines.append(f"{len(report['checkouts'])} checkout(s), {report['broken']} broken")
+    return "\n".join(lines)

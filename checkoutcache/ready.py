@@ -17,6 +17,7 @@ path gone and answer not-ready, so the caller re-clones).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 
@@ -61,12 +62,44 @@ def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | Non
         raise
 
 
+# The marker records up to this many of the checkout's top-level names; a
+# checkout missing any of them was damaged (`rm -rf checkout/*`) and is not
+# served. Extra names (build outputs of a review) are fine.
+TOP_NAMES = 64
+
+
+def top_names(checkout_dir: str) -> list[str]:
+    return sorted(n for n in os.listdir(checkout_dir) if n != ".git")[:TOP_NAMES]
+
+
+def marker_record(marker_fd: int) -> dict:
+    try:
+        data = json.loads(os.pread(marker_fd, 1 << 16, 0) or b"{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def looks_intact(checkout_dir: str, record: dict) -> bool:
+    """The cheap check every ready answer makes: the recorded top-level names exist."""
+    names = record.get("top")
+    if not isinstance(names, list):
+        return False
+    try:
+        present = set(os.listdir(checkout_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return ".git" in present and present.issuperset(names)
+
+
 def touch_if_ready(marker: str) -> bool:
     """True if the checkout is published; its last use is then now."""
     fd = open_marker_shared(marker)
     if fd is None:
         return False
     try:
+        if not looks_intact(os.path.dirname(os.path.dirname(marker)), marker_record(fd)):
+            return False
         os.utime(fd)
         return True
     finally:

@@ -2,7 +2,8 @@
 directory, then os.replace), read as None when missing or unreadable.
 
 A reader never sees half a record: a process killed mid-write leaves at most
-a stray temp file (`.<name>.<pid>.tmp`), which gc removes.
+a stray temp file (`.<name>.<pid>.<random>.tmp`). Temp names are unique per
+write, not per process: threads share a pid.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ TMP_SUFFIX = ".tmp"
 
 def write_json(path: str, value: dict) -> None:
     directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}{TMP_SUFFIX}")
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}{TMP_SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         with os.fdopen(fd, "w") as handle:

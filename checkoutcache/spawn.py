@@ -57,7 +57,8 @@ def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: C
            "--commit", sha, "--lock-fd", str(lock_fd)]
     # The worker's stderr goes to the commit's log (appended: the history of attempts),
     # so even a crash before the worker sets up its own logging leaves a trace.
-    with open(paths.clone_log(sha), "ab") as log:
+    log_fd = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env)
     _STARTED.append(proc)

@@ -23,7 +23,7 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     for c in info.checkouts:
         entry = Entry(repo=info.key, sha=c.sha, last_used=c.last_used or 0.0, size=c.size, held=c.held)
         checkouts.append({
-            "commit": c.sha, "path": c.path, "ready": c.ready, "size": c.size,
+            "commit": c.sha, "path": c.path, "ready": c.ready, "intact": c.intact, "size": c.size,
             "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(now - c.last_used),
             "held": c.held, "protected": protection(entry, config.grace, now) if c.ready else None,
         })
@@ -63,6 +63,8 @@ def status_text(status: dict) -> str:
             lines.append(f"  {'COMMIT':<12}  {'SIZE':>8}  {'IDLE':>6}  {'STATE':<10}  PATH")
             for c in sorted(repo["checkouts"], key=lambda c: c["idle_seconds"] or 0):
                 state = "held" if c["held"] else ("ready" if c["ready"] else "unmarked")
+                if c["ready"] and not c["intact"]:
+                    state = "DAMAGED"
                 if c["ready"] and c["protected"] == "grace":
                     state += "*"
                 lines.append(f"  {c['commit'][:12]:<12}  {format_bytes(c['size']):>8}  "

@@ -19,6 +19,23 @@ from .layout import LAYOUT_VERSION, ROOT_README, RepoPaths, RootPaths
 from .repospec import RepoSpec
 
 
+def make_dirs(path: str) -> None:
+    """Like os.makedirs, but every level it creates gets mode 0755 (os.makedirs
+    gives the intermediate ones 0777 minus the umask: world-writable under umask 0)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            pass
+
+
 def root_error(root: str, exc: OSError) -> CheckoutCacheError:
     why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
     return CheckoutCacheError("ROOT_UNUSABLE", root=root, why=why)
@@ -27,11 +44,12 @@ def root_error(root: str, exc: OSError) -> CheckoutCacheError:
 def init_root(root_paths: RootPaths) -> None:
     root = root_paths.root
     try:
-        os.makedirs(root_paths.repos_dir, mode=0o755, exist_ok=True)
-        os.makedirs(root_paths.locks_dir, mode=0o755, exist_ok=True)
+        make_dirs(root_paths.repos_dir)
+        make_dirs(root_paths.locks_dir)
         if not os.path.exists(root_paths.readme):
-            tmp = f"{root_paths.readme}.{os.getpid()}.tmp"
-            with open(tmp, "w") as handle:
+            tmp = f"{root_paths.readme}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "w") as handle:
                 handle.write(ROOT_README.format(version=LAYOUT_VERSION))
             os.replace(tmp, root_paths.readme)
         if not os.access(root, os.W_OK | os.X_OK):
@@ -43,13 +61,13 @@ def init_root(root_paths: RootPaths) -> None:
 def init_repo_store(root_paths: RootPaths, paths: RepoPaths, spec: RepoSpec) -> None:
     init_root(root_paths)
     try:
-        os.makedirs(paths.base, mode=0o755, exist_ok=True)
+        make_dirs(paths.base)
         if not os.path.exists(paths.repo_json):
             records.write_json(paths.repo_json, {
                 "url": spec.url, "scope": spec.scope, "is_local": spec.is_local,
                 "layout_version": LAYOUT_VERSION, "created_at": time.time()})
         for directory in paths.all_dirs():
-            os.makedirs(directory, mode=0o755, exist_ok=True)
+            make_dirs(directory)
     except OSError as exc:
         raise root_error(root_paths.root, exc) from None
 

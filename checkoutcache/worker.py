@@ -29,12 +29,13 @@ from .config import Config
 from .errors import CheckoutCacheError, describe
 from .layout import RepoPaths, RootPaths
 from .liveness import own_identity
+from .ready import looks_intact, top_names
 from .redact import redact
 from .repospec import Credential, credential_from_env
 from .scratch import Scratch, create_scratch
 from .state import Failure, next_failure
 from .testhooks import checkpoint
-from .gitbackend import RUNNING, TransportError, pick_backend
+from .gitbackend import RUNNING, TransportError, looks_corrupt, pick_backend
 
 PROGRESS_INTERVAL = 0.25
 # Observability hook: when set, every clone appends one JSON line per event
@@ -48,13 +49,16 @@ def publish(paths: RepoPaths, tree: str, sha: str) -> bool:
 
     Returns False if another clone had already published (ours is discarded).
     Runs under the commit's clone lock, so a target without a marker can only be
-    a dead worker's interrupted publish: it is moved aside and replaced.
+    a dead worker's interrupted publish, and one that fails the integrity check
+    was damaged: either is moved aside and replaced.
     """
     target = paths.checkout(sha)
+    top = top_names(tree)
     if os.path.lexists(target):
-        if os.path.exists(paths.ready_marker(sha)):
+        record = records.read_json(paths.ready_marker(sha))
+        if record is not None and looks_intact(target, record):
             return False
-        os.rename(target, paths.trash_slot(f"unpublished-{sha}"))
+        os.rename(target, paths.trash_slot(f"replaced-{sha}"))
     try:
         os.rename(tree, target)
     except OSError as exc:
@@ -62,12 +66,12 @@ def publish(paths: RepoPaths, tree: str, sha: str) -> bool:
             return False
         raise
     checkpoint("after-rename")
-    write_ready_marker(paths.ready_marker(sha), sha)
+    write_ready_marker(paths.ready_marker(sha), sha, top)
     return True
 
 
-def write_ready_marker(marker: str, sha: str) -> None:
-    records.write_json(marker, {"commit": sha, "published_at": time.time(), "pid": os.getpid()})
+def write_ready_marker(marker: str, sha: str, top: list[str]) -> None:
+    records.write_json(marker, {"commit": sha, "published_at": time.time(), "pid": os.getpid(), "top": top})
 
 
 class Worker:
@@ -92,7 +96,10 @@ class Worker:
     def log(self, line: str) -> None:
         now = time.time()
         stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
-        self._log.write(f"{stamp} {redact(line, self.secrets)}\n")
+        try:
+            self._log.write(f"{stamp} {redact(line, self.secrets)}\n")
+        except OSError:
+            pass  # a full disk must not turn a clean failure into a crash
 
     def journal(self, event: str, **fields) -> None:
         path = os.environ.get(JOURNAL)
@@ -145,8 +152,9 @@ class Worker:
             self.clone()
         except BaseException as exc:  # every failure is recorded; SIGKILL is the only exception
             with self._finishing:
-                self.record_failure(*self.explain(exc))
-                self.cleanup()
+                explained = self.explain(exc)
+                self.cleanup()  # first: on a full disk, removing our scratch makes room for the record
+                self.record_failure(*explained)
             return EXIT_FAILED
         finally:
             timer.cancel()
@@ -163,7 +171,19 @@ class Worker:
         self.fetch_into_mirror()
         checkpoint("before-checkout")
         self.on_progress({"phase": "checking out"})
-        self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress, self.log)
+        try:
+            self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
+                                  self.log)
+        except TransportError as exc:
+            if not looks_corrupt(exc.detail):
+                raise
+            # The mirror opened but its objects cannot be read (a truncated pack, a
+            # lost object): rebuild it once, restoring what other checkouts borrow.
+            self.log(f"the mirror is corrupt ({exc.detail}); rebuilding it")
+            shutil.rmtree(self.scratch.tree, ignore_errors=True)
+            self.fetch_into_mirror(rebuild=True)
+            self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
+                                  self.log)
         self.log("checked out")
         checkpoint("after-checkout")
         with self._finishing:
@@ -173,45 +193,83 @@ class Worker:
             self.journal("published" if published else "discarded", seconds=round(time.time() - self.started_at, 3))
             self.cleanup()
 
-    def ensure_mirror(self) -> None:
+    def ensure_mirror(self, rebuild: bool = False) -> bool:
         """Create the mirror if missing (built in our scratch, renamed into place).
 
-        A mirror damaged beyond opening is moved to trash and rebuilt; the
-        checkouts that borrowed from it are found broken by `verify` and re-made.
+        A mirror damaged beyond opening is moved to trash and rebuilt. Returns True
+        when the mirror is new, so the caller restores the objects existing
+        checkouts borrow.
         """
-        if os.path.isdir(self.paths.mirror) and not self.backend.is_usable(self.paths.mirror):
+        if os.path.isdir(self.paths.mirror) and (rebuild or not self.backend.is_usable(self.paths.mirror)):
             self.log("the mirror is damaged: moving it aside and fetching anew")
             os.rename(self.paths.mirror, self.paths.trash_slot("broken-mirror"))
-        if not os.path.isdir(self.paths.mirror):
-            build = os.path.join(self.scratch.path, "mirror.git")
-            self.backend.init_mirror(build)
-            os.rename(build, self.paths.mirror)
+        if os.path.isdir(self.paths.mirror):
+            return False
+        build = os.path.join(self.scratch.path, "mirror.git")
+        self.backend.init_mirror(build)
+        os.rename(build, self.paths.mirror)
+        return True
 
-    def fetch_into_mirror(self) -> None:
+    def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...]) -> None:
+        """Fetch into the mirror; a fetch stopped by a git lock file clears the locks once and retries.
+
+        Every git writer we start holds the mirror lock we hold now, so a lock file
+        seen here belongs to a killed process, however young it is.
+        """
+        try:
+            self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential, self.on_progress,
+                               self.log, keep_fds)
+        except TransportError as exc:
+            if ".lock" not in exc.detail:
+                raise
+            for stale in mirror.remove_stale_git_locks(self.paths.mirror, min_age=0.0):
+                self.log(f"removed git lock {stale} left by a killed process")
+            self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential, self.on_progress,
+                               self.log, keep_fds)
+
+    def restore_borrowed_objects(self, keep_fds: tuple[int, ...]) -> None:
+        """After a rebuild, fetch back the commits existing checkouts borrow from the mirror."""
+        shas = [sha for sha in self.paths.checkout_shas() if sha != self.sha]
+        if not shas:
+            return
+        self.log(f"restoring the objects of {len(shas)} existing checkout(s)")
+        try:
+            self.fetch(shas, keep_fds)
+        except TransportError as exc:
+            self.log(f"could not fetch them by id ({exc.detail}); fetching all refs")
+            self.fetch(["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"], keep_fds)
+        for sha in shas:
+            if self.backend.has_commit(self.paths.mirror, sha):
+                self.backend.keep(self.paths.mirror, sha, keep_fds)
+            else:  # it can no longer be served whole: move it aside, it is cloned again when asked
+                self.log(f"checkout {sha} lost its objects; removing it")
+                os.rename(self.paths.checkout(sha), self.paths.trash_slot(f"orphaned-{sha}"))
+
+    def fetch_into_mirror(self, rebuild: bool = False) -> None:
         remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
         with locks.lock(self.paths.mirror_lock, timeout=remaining) as mirror_lock:
-            self.ensure_mirror()
             keep_fds = (mirror_lock.fileno(),)
+            rebuilt = self.ensure_mirror(rebuild)
             mirror_dir = self.paths.mirror
             if not self.backend.has_commit(mirror_dir, self.sha):
                 for stale in mirror.remove_stale_git_locks(mirror_dir):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
+                checkpoint("before-fetch")
                 try:
-                    self.backend.fetch(mirror_dir, self.url, [self.sha], self.credential, self.on_progress,
-                                       self.log, keep_fds)
+                    self.fetch([self.sha], keep_fds)
                 except TransportError as exc:
                     if exc.code == "DISK_FULL":
                         raise
                     self.log(f"fetch by id refused ({exc.detail}); fetching all refs")
-                    self.backend.fetch(mirror_dir, self.url,
-                                       ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
-                                       self.credential, self.on_progress, self.log, keep_fds)
+                    self.fetch(["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"], keep_fds)
                 checkpoint("after-fetch")
                 if not self.backend.has_commit(mirror_dir, self.sha):
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
                                              detail="the server does not have it")
             self.backend.keep(mirror_dir, self.sha, keep_fds)
+            if rebuilt:
+                self.restore_borrowed_objects(keep_fds)
         self.log("mirror has the commit")
 
     def explain(self, exc: BaseException) -> tuple[str, str, str]:
@@ -254,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_worker(root: str, key: str, sha: str, config: Config, credential: Credential | None) -> int:
+    # Whatever umask the caller had (0 in some containers), nothing we create is world-writable.
+    os.umask(0o022)
     return Worker(RootPaths(root).repo(key), sha, config, credential).run()
 
 
