@@ -123,8 +123,11 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
             if entry.name.startswith(".") and entry.name.endswith(records.TMP_SUFFIX) and \
                     time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_TMP_AGE and not report.dry_run:
                 records.remove_quietly(entry.path)
-    for name in reap_dead_scratch(paths, dry_run=report.dry_run):
-        report.removed.append(Removed("dead-scratch", paths.key, name))
+    for name, slot in reap_dead_scratch(paths, dry_run=report.dry_run):
+        size = 0 if report.dry_run else disk_usage(slot)
+        if not report.dry_run:
+            remove_tree(slot)
+        report.removed.append(Removed("dead-scratch", paths.key, name, size))
     for clone in info.clones:
         if not clone.alive and not report.dry_run:
             records.remove_quietly(paths.clone_record(clone.sha))
@@ -132,7 +135,10 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
         if checkout.ready:
             # Damaged (top-level entries gone): never served again; removed unless an exec holds it.
             if not checkout.intact:
-                if report.dry_run or move_aside(paths, checkout.sha, "damaged"):
+                slot = None if report.dry_run else move_aside(paths, checkout.sha, "damaged")
+                if slot is not None:
+                    remove_tree(slot)
+                if report.dry_run or slot is not None:
                     report.removed.append(Removed("damaged", paths.key, checkout.sha, checkout.size))
             continue
         # No marker: a worker renamed it but died before the marker, or is about to
@@ -144,10 +150,12 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
             if os.path.exists(paths.ready_marker(checkout.sha)):
                 continue
             if not report.dry_run:
+                slot = paths.trash_slot(f"unpublished-{checkout.sha}")
                 try:
-                    os.rename(checkout.path, paths.trash_slot(f"unpublished-{checkout.sha}"))
+                    os.rename(checkout.path, slot)
                 except FileNotFoundError:
                     continue
+                remove_tree(slot)
             report.removed.append(Removed("unpublished", paths.key, checkout.sha, checkout.size))
 
 

@@ -64,11 +64,18 @@ CHECKOUT_CONFIG = {k: v for k, v in SAFE_CONFIG.items() if k != "protocol.ext.al
 CHECKOUT_CONFIG.update({"core.symlinks": "true", "core.filemode": "true"})
 
 
+_GIT_LOCK = re.compile(r"unable to create '[^']*\.lock'|cannot lock ref|\.lock': file exists", re.I)
+
+
 class TransportError(Exception):
-    def __init__(self, code: str, detail: str):
+    """A failed git operation: a code from the error table, one redacted line of
+    detail, and whether a git lock file stopped it (judged on git's whole output)."""
+
+    def __init__(self, code: str, detail: str, output: str = ""):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+        self.stopped_by_git_lock = bool(_GIT_LOCK.search(output or detail))
 
 
 _CORRUPT = re.compile(r"corrupt|bad object|unable to read|inflate|packfile .* (truncated|cannot be accessed)"
@@ -114,8 +121,8 @@ def parse_progress(line: str) -> dict | None:
     return update
 
 
-def _fail(code: str, detail: str, secrets: list[str]) -> TransportError:
-    return TransportError(code, redact(detail, secrets))
+def _fail(code: str, detail: str, secrets: list[str], output: str = "") -> TransportError:
+    return TransportError(code, redact(detail, secrets), output)
 
 
 # ---------------------------------------------------------------- the git CLI
@@ -201,7 +208,7 @@ class GitCliBackend:
     def init_mirror(self, path: str) -> None:
         done = self._run(["init", "-q", "--bare", "--template=", path])
         if done.returncode != 0:
-            raise TransportError(classify(done.stderr), last_meaningful_line(done.stderr))
+            raise TransportError(classify(done.stderr), last_meaningful_line(done.stderr), done.stderr)
         write_git_config(path, MIRROR_CONFIG)
 
     def is_usable(self, mirror: str) -> bool:
@@ -216,7 +223,7 @@ class GitCliBackend:
     def keep(self, mirror: str, sha: str, keep_fds: tuple[int, ...] = ()) -> None:
         done = self._run(["-C", mirror, "update-ref", f"refs/keep/{sha}", sha], keep_fds)
         if done.returncode != 0:
-            raise TransportError(classify(done.stderr), last_meaningful_line(done.stderr))
+            raise TransportError(classify(done.stderr), last_meaningful_line(done.stderr), done.stderr)
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
               on_progress: Progress, log: Callable[[str], None], keep_fds: tuple[int, ...] = ()) -> None:
@@ -225,13 +232,13 @@ class GitCliBackend:
         log("$ git " + redact(" ".join(cmd[2:]), secrets))
         code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets, keep_fds)
         if code != 0:
-            raise _fail(classify(output), last_meaningful_line(output), secrets)
+            raise _fail(classify(output), last_meaningful_line(output), secrets, output)
 
     def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress,
                  log: Callable[[str], None]) -> None:
         done = self._run(["init", "-q", "--template=", tree_dir])
         if done.returncode != 0:
-            raise TransportError(classify(done.stderr), last_meaningful_line(done.stderr))
+            raise TransportError(classify(done.stderr), last_meaningful_line(done.stderr), done.stderr)
         write_alternates(tree_dir, mirror_objects)
         write_git_config(os.path.join(tree_dir, ".git"), CHECKOUT_CONFIG)
         # Parallel checkout (one writer per core): measured 30% faster than the
@@ -372,7 +379,7 @@ class Pygit2Backend:
         except (pygit2.GitError, OSError, KeyError) as exc:
             text = str(exc) or type(exc).__name__
             log(redact(text, secrets))
-            raise _fail(classify(text), text, secrets) from None
+            raise _fail(classify(text), text, secrets, text) from None
         log(f"received {stats.received_objects} objects, {stats.received_bytes} bytes")
 
     def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress,

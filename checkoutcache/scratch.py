@@ -97,8 +97,8 @@ def _owner_alive(pid: int | None, owner: dict, path: str) -> bool:
     return False
 
 
-def reap_dead_scratch(paths: RepoPaths, dry_run: bool = False) -> list[str]:
-    """Move every dead owner's scratch to trash/; return their names."""
+def reap_dead_scratch(paths: RepoPaths, dry_run: bool = False) -> list[tuple[str, str]]:
+    """Move every dead owner's scratch to trash/; return (name, trash path) of each."""
     reaped = []
     if not os.path.isdir(paths.scratch_dir):
         return reaped
@@ -106,10 +106,11 @@ def reap_dead_scratch(paths: RepoPaths, dry_run: bool = False) -> list[str]:
         for fact in scratch_facts(paths):
             if not fact.dead:
                 continue
+            slot = paths.trash_slot("scratch")
             if not dry_run:
                 try:
-                    os.rename(os.path.join(paths.scratch_dir, fact.name), paths.trash_slot("scratch"))
+                    os.rename(os.path.join(paths.scratch_dir, fact.name), slot)
                 except FileNotFoundError:
                     continue
-            reaped.append(fact.name)
+            reaped.append((fact.name, slot))
     return reaped

@@ -71,17 +71,18 @@ def verify_checkout(paths: RepoPaths, sha: str) -> dict:
             "held": locks.is_locked(paths.ready_marker(sha))}
 
 
-def move_aside(paths: RepoPaths, sha: str, why: str) -> bool:
-    """Rename a checkout into trash unless an exec holds it; the caller deletes trash."""
+def move_aside(paths: RepoPaths, sha: str, why: str) -> str | None:
+    """Rename a checkout into trash unless an exec holds it; returns its trash path."""
     marker = paths.ready_marker(sha)
     exclusive = locks.try_lock(marker, shared=False, create=False) if os.path.exists(marker) else None
     if exclusive is None and os.path.exists(marker):
-        return False  # held: never pulled from under a running command
+        return None  # held: never pulled from under a running command
+    slot = paths.trash_slot(f"{why}-{sha}")
     try:
-        os.rename(paths.checkout(sha), paths.trash_slot(f"{why}-{sha}"))
-        return True
+        os.rename(paths.checkout(sha), slot)
+        return slot
     except FileNotFoundError:
-        return False
+        return None
     finally:
         if exclusive is not None:
             exclusive.release()
@@ -100,6 +101,9 @@ def run_verify(root_paths: RootPaths, key: str | None = None, sha: str | None = 
             result = verify_checkout(paths, commit)
             result["repo"] = repo_key
             if not result["ok"] and remove_broken:
-                result["removed"] = move_aside(paths, commit, "broken")
+                slot = move_aside(paths, commit, "broken")
+                result["removed"] = slot is not None
+                if slot is not None:
+                    shutil.rmtree(slot, ignore_errors=True)
             results.append(result)
     return {"checkouts": results, "broken": sum(1 for r in results if not r["ok"])}

@@ -161,7 +161,8 @@ class Worker:
         return EXIT_OK
 
     def clone(self) -> None:
-        if os.path.exists(self.paths.ready_marker(self.sha)):
+        record = records.read_json(self.paths.ready_marker(self.sha))
+        if record is not None and looks_intact(self.paths.checkout(self.sha), record):
             self.log("already published by another clone")  # double-check under our lock
             with self._finishing:
                 self.cleanup()
@@ -210,22 +211,27 @@ class Worker:
         os.rename(build, self.paths.mirror)
         return True
 
-    def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...]) -> None:
-        """Fetch into the mirror; a fetch stopped by a git lock file clears the locks once and retries.
+    def write_mirror(self, operation):
+        """Run one write to the mirror; if a git lock file stops it, clear the locks once and retry.
 
         Every git writer we start holds the mirror lock we hold now, so a lock file
         seen here belongs to a killed process, however young it is.
         """
         try:
-            self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential, self.on_progress,
-                               self.log, keep_fds)
+            return operation()
         except TransportError as exc:
-            if ".lock" not in exc.detail:
+            if not exc.stopped_by_git_lock:
                 raise
             for stale in mirror.remove_stale_git_locks(self.paths.mirror, min_age=0.0):
                 self.log(f"removed git lock {stale} left by a killed process")
-            self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential, self.on_progress,
-                               self.log, keep_fds)
+            return operation()
+
+    def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...]) -> None:
+        self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential,
+                                                     self.on_progress, self.log, keep_fds))
+
+    def keep(self, sha: str, keep_fds: tuple[int, ...]) -> None:
+        self.write_mirror(lambda: self.backend.keep(self.paths.mirror, sha, keep_fds))
 
     def restore_borrowed_objects(self, keep_fds: tuple[int, ...]) -> None:
         """After a rebuild, fetch back the commits existing checkouts borrow from the mirror."""
@@ -240,7 +246,7 @@ class Worker:
             self.fetch(["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"], keep_fds)
         for sha in shas:
             if self.backend.has_commit(self.paths.mirror, sha):
-                self.backend.keep(self.paths.mirror, sha, keep_fds)
+                self.keep(sha, keep_fds)
             else:  # it can no longer be served whole: move it aside, it is cloned again when asked
                 self.log(f"checkout {sha} lost its objects; removing it")
                 os.rename(self.paths.checkout(sha), self.paths.trash_slot(f"orphaned-{sha}"))
@@ -267,7 +273,7 @@ class Worker:
                 if not self.backend.has_commit(mirror_dir, self.sha):
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
                                              detail="the server does not have it")
-            self.backend.keep(mirror_dir, self.sha, keep_fds)
+            self.keep(self.sha, keep_fds)
             if rebuilt:
                 self.restore_borrowed_objects(keep_fds)
         self.log("mirror has the commit")

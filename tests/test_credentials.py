@@ -42,7 +42,10 @@ def test_token_used_by_a_worker_leaves_no_trace(root):
     code, answer, out = run_cli("ensure", url, "a" * 40, "--wait", "30", root=root)
     assert code == 1 and answer["error"] == "UNREACHABLE", answer
     assert "127.0.0.1" in answer["message"]
-    assert_no_trace(root, out)
+    status_code, _, status_out = run_cli("status", root=root)
+    human = run_cli("status", root=root, env={"TERM": "dumb"})[2]
+    assert status_code == 0
+    assert_no_trace(root, out, status_out, human)
 
 
 def test_token_from_the_environment_leaves_no_trace(root):

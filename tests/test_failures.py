@@ -71,26 +71,6 @@ def test_repeated_failures_back_off_longer(root, served_upstream):
     assert retry == [0.5, 1.0, 2.0]
 
 
-@pytest.mark.parametrize("step", ["after-scratch", "during-fetch", "after-fetch", "before-checkout",
-                                  "during-checkout", "after-checkout", "after-rename"])
-def test_worker_killed_at_any_step_leaves_a_commit_that_is_cloned_again(root, served_upstream, step):
-    upstream, url = served_upstream
-    sha = upstream.shas[2]
-    kill = {"CHECKOUTCACHE_TEST_KILL_AT": step}
-    # Every worker started with the hook dies at that step; a waiting asker sees
-    # each death turn the commit absent and starts the next clone itself.
-    code, answer, _ = run_cli("ensure", url, sha, "--wait", "1", root=root, env=kill)
-    if step != "after-fetch":  # after the first fetch the mirror has the commit: no fetch, no kill
-        assert code == 75 and answer["state"] == "cloning"
-    answer = wait_ready(root, url, sha)
-    assert_checkout_matches(answer["path"], upstream.path, sha)
-    # Nothing half-made is left behind except dead scratch, which gc reaps.
-    base = repo_dir(root)
-    assert not os.path.exists(os.path.join(base, "state", f"{sha}.failed.json"))
-    assert not os.listdir(os.path.join(base, "scratch")) or all(
-        name.startswith(".clone-") for name in os.listdir(os.path.join(base, "scratch")))
-
-
 def test_a_dead_owner_never_answers_cloning(root, upstream):
     sha = upstream.shas[0]
     kill = {"CHECKOUTCACHE_TEST_KILL_AT": "before-checkout"}

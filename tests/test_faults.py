@@ -1,0 +1,397 @@
+"""The fault suite (pytest -m faults): crashes at every step, a full disk, a
+damaged store, hostile repositories, permissions and load. Each test injects
+one fault and checks that the store recovers by itself. tests/FAULTS.md maps
+every fault to its test."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from checkoutcache import Cache
+
+from .conftest import Upstream, assert_checkout_matches, git, run_cli, wait_ready
+
+pytestmark = pytest.mark.faults
+
+WORKER_STEPS = ["after-scratch", "before-fetch", "during-fetch", "after-fetch", "before-checkout",
+                "during-checkout", "after-checkout", "after-rename"]
+
+
+def repo_base(root: str) -> str:
+    (key,) = os.listdir(os.path.join(root, "repos"))
+    return os.path.join(root, "repos", key)
+
+
+def snapshot(path: str) -> dict:
+    """Every file's content and mode under a checkout, the marker excepted (its mtime is the last use)."""
+    found = {}
+    for directory, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(directory, name)
+            if name == "checkoutcache-ready" or os.path.islink(full):
+                continue
+            found[os.path.relpath(full, path)] = (open(full, "rb").read(), os.stat(full).st_mode)
+    return found
+
+
+def assert_recovered(root: str, upstream: Upstream, sha: str, bystander: str, before: dict) -> None:
+    """The next ensure serves a correct checkout; one gc leaves no scratch; no lock blocks; others untouched."""
+    answer = wait_ready(root, upstream.path, sha)
+    assert_checkout_matches(answer["path"], upstream.path, sha)
+    code, report, _ = run_cli("gc", root=root)
+    assert code == 0 and report["skipped"] is None
+    base = repo_base(root)
+    assert os.listdir(os.path.join(base, "scratch")) == []
+    assert os.listdir(os.path.join(base, "trash")) == []
+    assert snapshot(bystander) == before
+    assert_checkout_matches(bystander, upstream.path, upstream.shas[0])
+    assert run_cli("verify", root=root)[0] == 0
+
+
+@pytest.fixture
+def store_with_bystander(root, upstream):
+    """A store holding one checkout (shas[0]) that no fault may touch."""
+    bystander = wait_ready(root, upstream.path, upstream.shas[0])["path"]
+    return upstream, bystander, snapshot(bystander)
+
+
+@pytest.mark.parametrize("step", WORKER_STEPS)
+def test_worker_killed_at_each_step(root, store_with_bystander, step):
+    upstream, bystander, before = store_with_bystander
+    sha = upstream.commit({"new.txt": "a commit the mirror lacks"})  # so every fetch step runs
+    code, answer, _ = run_cli("ensure", upstream.path, sha, "--wait", "1", root=root,
+                              env={"CHECKOUTCACHE_TEST_KILL_AT": step})
+    assert code in (0, 75), answer  # a killed owner is never reported as a failure or as cloning forever
+    assert_recovered(root, upstream, sha, bystander, before)
+
+
+def test_gc_killed_between_rename_and_delete(root, store_with_bystander):
+    upstream, bystander, before = store_with_bystander
+    victim = wait_ready(root, upstream.path, upstream.shas[1])["path"]
+    then = time.time() - 3600
+    os.utime(os.path.join(victim, ".git", "checkoutcache-ready"), (then, then))
+    os.utime(os.path.join(bystander, ".git", "checkoutcache-ready"))
+    code, _, _ = run_cli("gc", "--max-checkouts", "1", "--grace", "10m", root=root,
+                         env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-evict-rename"})
+    assert code == -9 and not os.path.exists(victim)
+    assert_recovered(root, upstream, upstream.shas[1], bystander, before)
+
+
+def test_gc_killed_during_a_mirror_repack(root, store_with_bystander):
+    upstream, bystander, before = store_with_bystander
+    victim = wait_ready(root, upstream.path, upstream.shas[2])["path"]
+    then = time.time() - 3600
+    os.utime(os.path.join(victim, ".git", "checkoutcache-ready"), (then, then))
+    code, _, _ = run_cli("gc", "--max-checkouts", "1", "--grace", "10m", root=root,
+                         env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-during-repack"})
+    assert code == -9
+    # The orphaned git gc still holds the mirror lock it inherited: a clone waits for it, then proceeds.
+    assert_recovered(root, upstream, upstream.shas[2], bystander, before)
+    assert git("fsck", "--connectivity-only", cwd=os.path.join(repo_base(root), "mirror.git")) == ""
+
+
+def test_random_kills_of_clones_and_gcs(root, tmp_path):
+    """Many clones and gcs, SIGKILLed at random steps and random instants, then everything still works."""
+    upstream = Upstream(str(tmp_path / "many"))
+    for number in range(8):
+        upstream.commit({f"f{number}.txt": f"{number}\n" * 100, "README.md": f"{number}\n"})
+    rng = random.Random(1234)
+    steps = WORKER_STEPS + ["gc-after-evict-rename", "gc-during-repack", None, None]
+    deadline = time.monotonic() + 20
+    procs = []
+    rounds = 0
+    while time.monotonic() < deadline and rounds < 40:
+        rounds += 1
+        step = rng.choice(steps)
+        env = dict(os.environ, **({"CHECKOUTCACHE_TEST_KILL_AT": step} if step else {}))
+        if rng.random() < 0.3:
+            args = ["gc", "--max-checkouts", "2", "--grace", "0"]
+        else:
+            args = ["ensure", upstream.path, rng.choice(upstream.shas), "--wait", str(rng.choice([0, 0.5, 2]))]
+        proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, *args], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        if rng.random() < 0.3:  # and sometimes the caller itself dies at a random instant
+            time.sleep(rng.uniform(0, 0.3))
+            proc.kill()
+        time.sleep(rng.uniform(0, 0.2))
+    for proc in procs:
+        proc.wait(60)
+    for sha in upstream.shas:
+        answer = wait_ready(root, upstream.path, sha, timeout=120)
+        assert_checkout_matches(answer["path"], upstream.path, sha)
+    code, report, _ = run_cli("gc", root=root)
+    assert code == 0
+    base = repo_base(root)
+    assert os.listdir(os.path.join(base, "scratch")) == [] and os.listdir(os.path.join(base, "trash")) == []
+    assert run_cli("verify", root=root)[0] == 0
+    assert git("fsck", "--connectivity-only", cwd=os.path.join(base, "mirror.git")) == ""
+
+
+# ---------------------------------------------------------------- a full disk
+
+def can_mount_tmpfs(path: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    os.makedirs(path, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", path],
+                          capture_output=True).returncode == 0
+
+
+def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
+    upstream = Upstream(str(tmp_path / "up"))
+    for number in range(3):
+        upstream.commit({"big.bin": os.urandom(1 << 20), "README.md": f"{number}\n"})
+    mount = str(tmp_path / "small")
+    real = can_mount_tmpfs(mount)
+    root = os.path.join(mount, "cache")
+    env = {"CHECKOUTCACHE_BACKOFF": "0.1", "CHECKOUTCACHE_BACKOFF_MAX": "0.1"}
+    try:
+        first = wait_ready(root, upstream.path, upstream.shas[0], env=env)["path"]
+        second = wait_ready(root, upstream.path, upstream.shas[1], env=env)["path"]
+        if real:  # fill the filesystem until less than the next checkout fits
+            free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+            with open(os.path.join(mount, "balloon"), "wb") as balloon:
+                balloon.write(b"\0" * max(0, free - (512 << 10)))
+            fault = {}
+        else:
+            fault = {"CHECKOUTCACHE_TEST_ENOSPC_AT": "before-checkout"}
+        code, answer, _ = run_cli("ensure", upstream.path, upstream.shas[2], "--wait", "30", root=root,
+                                  env={**env, **fault})
+        assert code == 1 and answer["error"] == "DISK_FULL", answer
+        base = repo_base(root)
+        assert os.listdir(os.path.join(base, "scratch")) == []
+        assert_checkout_matches(first, upstream.path, upstream.shas[0])
+        assert_checkout_matches(second, upstream.path, upstream.shas[1])
+        assert git("cat-file", "-e", upstream.shas[2], cwd=os.path.join(base, "mirror.git")) == ""
+        for path in (first, second):
+            then = time.time() - 3600
+            os.utime(os.path.join(path, ".git", "checkoutcache-ready"), (then, then))
+        code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "1m", root=root)
+        assert code == 0 and report["bytes_freed"] >= 2 << 20
+        time.sleep(0.2)
+        answer = wait_ready(root, upstream.path, upstream.shas[2])
+        assert_checkout_matches(answer["path"], upstream.path, upstream.shas[2])
+    finally:
+        if real:
+            subprocess.run(["umount", "-l", mount])
+
+
+# ---------------------------------------------------------------- a damaged store
+
+def test_stale_git_locks_from_a_killed_fetch_do_not_block_the_next(root, store_with_bystander):
+    upstream, bystander, before = store_with_bystander
+    mirror = os.path.join(repo_base(root), "mirror.git")
+    sha = upstream.commit({"after-crash.txt": "x"})
+    for name in ("shallow.lock", "HEAD.lock", "packed-refs.lock", f"refs/keep/{sha}.lock"):
+        os.makedirs(os.path.dirname(os.path.join(mirror, name)), exist_ok=True)
+        open(os.path.join(mirror, name), "w").close()  # fresh, as a just-killed git leaves them
+    assert_recovered(root, upstream, sha, bystander, before)
+    assert not os.path.exists(os.path.join(mirror, f"refs/keep/{sha}.lock"))
+
+
+@pytest.mark.parametrize("damage", ["missing HEAD", "truncated pack", "mirror deleted"])
+def test_a_damaged_mirror_is_rebuilt_and_checkouts_keep_working(root, store_with_bystander, damage):
+    upstream, bystander, before = store_with_bystander
+    mirror = os.path.join(repo_base(root), "mirror.git")
+    if damage == "missing HEAD":
+        os.unlink(os.path.join(mirror, "HEAD"))
+    elif damage == "mirror deleted":
+        subprocess.run(["rm", "-rf", mirror], check=True)
+    else:
+        git("repack", "-a", "-d", "-q", cwd=mirror)
+        (pack,) = [f for f in os.listdir(os.path.join(mirror, "objects", "pack")) if f.endswith(".pack")]
+        pack = os.path.join(mirror, "objects", "pack", pack)
+        with open(pack, "r+b") as handle:
+            handle.truncate(os.path.getsize(pack) // 3)
+    sha = upstream.commit({"after-damage.txt": "y"})
+    answer = wait_ready(root, upstream.path, sha)
+    assert_checkout_matches(answer["path"], upstream.path, sha)
+    # The checkout that borrowed from the old mirror still works: its objects were fetched back.
+    assert_checkout_matches(bystander, upstream.path, upstream.shas[0])
+    assert snapshot(bystander) == before
+    assert run_cli("verify", root=root)[0] == 0
+
+
+def test_a_checkout_emptied_by_rm_is_not_served_and_is_remade(root, store_with_bystander):
+    upstream, bystander, before = store_with_bystander
+    path = wait_ready(root, upstream.path, upstream.shas[1])["path"]
+    subprocess.run(f"rm -rf {path}/*", shell=True, check=True)  # .git and the marker survive the glob
+    status = run_cli("status", root=root)[1]
+    (damaged,) = [c for c in status["repos"][0]["checkouts"] if c["commit"] == upstream.shas[1]]
+    assert damaged["intact"] is False
+    assert Cache(root).ensure(upstream.path, upstream.shas[1]).state != "ready"
+    answer = wait_ready(root, upstream.path, upstream.shas[1])
+    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[1])
+    assert snapshot(bystander) == before
+
+
+def test_a_checkout_that_lost_its_marker_is_not_served_and_gc_removes_it(root, upstream):
+    path = wait_ready(root, upstream.path, upstream.shas[1])["path"]
+    os.unlink(os.path.join(path, ".git", "checkoutcache-ready"))
+    assert Cache(root).ensure(upstream.path, upstream.shas[1]).state != "ready" or os.path.exists(
+        os.path.join(path, ".git", "checkoutcache-ready"))  # either not served, or already re-made whole
+    time.sleep(0.5)
+    report = run_cli("gc", root=root)[1]
+    assert all(r["reason"] in ("unpublished", "trash") for r in report["removed"])
+    answer = wait_ready(root, upstream.path, upstream.shas[1])
+    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[1])
+
+
+def test_verify_finds_a_deep_damage_and_removes_it(root, store_with_bystander):
+    upstream, bystander, before = store_with_bystander
+    path = wait_ready(root, upstream.path, upstream.shas[2])["path"]
+    os.unlink(os.path.join(path, "src", "deep", "nested", "file.txt"))
+    code, report, _ = run_cli("verify", root=root)
+    assert code == 1 and report["broken"] == 1
+    (broken,) = [c for c in report["checkouts"] if not c["ok"]]
+    assert broken["commit"] == upstream.shas[2] and "differ" in broken["problems"][0]
+    code, report, _ = run_cli("verify", upstream.path, upstream.shas[2], "--remove-broken", root=root)
+    assert code == 1 and report["checkouts"][0]["removed"] is True
+    assert run_cli("verify", root=root)[0] == 0
+    answer = wait_ready(root, upstream.path, upstream.shas[2])
+    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[2])
+    assert snapshot(bystander) == before
+
+
+def test_untracked_build_outputs_are_not_damage(root, upstream):
+    path = wait_ready(root, upstream.path, upstream.shas[0])["path"]
+    os.makedirs(os.path.join(path, "build"))
+    open(os.path.join(path, "build", "out.o"), "w").close()
+    assert Cache(root).ensure(upstream.path, upstream.shas[0]).state == "ready"
+    assert run_cli("verify", root=root)[0] == 0
+
+
+def test_locks_unsupported_is_a_clear_error_at_once(root, upstream, monkeypatch):
+    import errno
+
+    import portalocker
+
+    def no_locks(*_args, **_kwargs):
+        raise portalocker.exceptions.LockException(OSError(errno.ENOLCK, "No locks available"))
+
+    monkeypatch.setattr(portalocker, "lock", no_locks)
+    started = time.monotonic()
+    answer = Cache(root).ensure(upstream.path, upstream.shas[0], wait=30)
+    assert answer.error == "ROOT_UNUSABLE" and "lock" in answer.message
+    assert time.monotonic() - started < 10
+
+
+# ---------------------------------------------------------------- hostile repositories
+
+def test_symlinks_pointing_outside_stay_links_and_gc_never_follows_them(root, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("must survive")
+    upstream = Upstream(str(tmp_path / "evil"))
+    sha = upstream.commit({"README.md": "x"}, symlinks={"escape": str(outside), "up": "../../../../..",
+                                                       "abs-file": str(outside / "precious.txt")})
+    path = wait_ready(root, upstream.path, sha)["path"]
+    assert_checkout_matches(path, upstream.path, sha)
+    assert os.path.islink(os.path.join(path, "escape"))
+    assert sorted(os.listdir(outside)) == ["precious.txt"]
+    then = time.time() - 3600
+    os.utime(os.path.join(path, ".git", "checkoutcache-ready"), (then, then))
+    report = run_cli("gc", "--max-checkouts", "0", "--grace", "1m", root=root)[1]
+    assert [r["reason"] for r in report["removed"]] == ["lru"]
+    assert (outside / "precious.txt").read_text() == "must survive"
+
+
+def test_a_tree_with_a_dot_git_entry_is_refused_and_writes_nothing_outside(root, tmp_path):
+    upstream = Upstream(str(tmp_path / "trick"))
+    upstream.commit({"README.md": "x"})
+    hook = tmp_path / "pwned"
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=upstream.path, check=True, text=True,
+                          input=f"#!/bin/sh\ntouch {hook}\n", capture_output=True).stdout.strip()
+    hooks = git("mktree", cwd=upstream.path) if False else subprocess.run(
+        ["git", "mktree"], cwd=upstream.path, input=f"100755 blob {blob}\tpost-checkout\n", text=True,
+        capture_output=True, check=True).stdout.strip()
+    dotgit = subprocess.run(["git", "mktree"], cwd=upstream.path, input=f"040000 tree {hooks}\thooks\n",
+                            text=True, capture_output=True, check=True).stdout.strip()
+    top = subprocess.run(["git", "mktree", "--missing"], cwd=upstream.path,
+                         input=f"040000 tree {dotgit}\t.git\n", text=True, capture_output=True,
+                         check=True).stdout.strip()
+    sha = git("commit-tree", top, "-m", "evil", cwd=upstream.path)
+    git("update-ref", "refs/heads/evil", sha, cwd=upstream.path)
+    code, answer, _ = run_cli("ensure", upstream.path, sha, "--wait", "30", root=root)
+    assert code == 1 and answer["state"] == "failed"
+    assert not hook.exists()
+    base = repo_base(root)
+    assert os.listdir(os.path.join(base, "scratch")) == []
+    assert not os.path.exists(os.path.join(base, "checkouts", sha))
+
+
+def test_a_large_file_is_checked_out_whole(root, tmp_path):
+    upstream = Upstream(str(tmp_path / "large"))
+    data = os.urandom(24 << 20)
+    sha = upstream.commit({"large.bin": data})
+    path = wait_ready(root, upstream.path, sha, timeout=120)["path"]
+    assert os.path.getsize(os.path.join(path, "large.bin")) == len(data)
+    assert_checkout_matches(path, upstream.path, sha)
+
+
+# ---------------------------------------------------------------- permissions
+
+def test_nothing_is_world_writable_even_with_umask_zero(root, upstream):
+    done = subprocess.run(["sh", "-c", f"umask 000 && {sys.executable} -m checkoutcache --root {root} "
+                                       f"ensure {upstream.path} {upstream.shas[0]} --wait 60"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loose = []
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            full = os.path.join(directory, name)
+            mode = os.lstat(full).st_mode
+            if not stat.S_ISLNK(mode) and mode & stat.S_IWOTH:
+                loose.append(full)
+    assert loose == []
+
+
+# ---------------------------------------------------------------- load
+
+def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
+    upstream = Upstream(str(tmp_path / "load"))
+    for number in range(6):
+        upstream.commit({f"f{number}.txt": "x" * 1000, "README.md": f"{number}\n"})
+    grace = 1.0
+    stop = time.monotonic() + 10
+    problems: list[str] = []
+    answers = [0]
+    gc_loop = subprocess.Popen(["bash", "-c", f"end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do "
+                                              f"{sys.executable} -m checkoutcache --root {root} gc --max-checkouts 1 "
+                                              f"--grace {grace} >/dev/null || echo GCFAIL; done"],
+                               stdout=subprocess.PIPE, text=True)
+
+    def asker(index: int) -> None:
+        rng = random.Random(index)
+        while time.monotonic() < stop:
+            sha = rng.choice(upstream.shas)
+            done = subprocess.run([sys.executable, "-m", "checkoutcache", "--root", root, "ensure", upstream.path,
+                                   sha, "--wait", "30"], capture_output=True, text=True)
+            if done.returncode != 0:
+                problems.append(f"exit {done.returncode}: {done.stdout[-200:]} {done.stderr[-300:]}")
+                continue
+            path = json.loads(done.stdout)["path"]
+            time.sleep(rng.uniform(0, grace / 2))  # still inside the grace window of our answer
+            if not os.path.isfile(os.path.join(path, "README.md")):
+                problems.append(f"{path} vanished inside the grace window")
+            answers[0] += 1
+
+    threads = [threading.Thread(target=asker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    out, _ = gc_loop.communicate(timeout=60)
+    assert problems == []
+    assert "GCFAIL" not in out
+    assert answers[0] > 20
