@@ -45,10 +45,10 @@ import make_repo  # noqa: E402
 PY = sys.executable
 CC = [PY, "-m", "checkoutcache"]
 
-QUICK = dict(ready_n=40, library_n=3000, new_commits=4, first_clones=2, reviewers=16, commits=8,
+QUICK = dict(ready_n=40, library_n=3000, serve_per_client=50, new_commits=4, first_clones=2, reviewers=16, commits=8,
              review_seconds=15, tool_calls=5, think=(0.4, 1.2), gc_every=2.0, max_checkouts=4,
              repo=dict(commits=300, files=3000, file_size=8192, depth=4, changes=12))
-FULL = dict(ready_n=200, library_n=20000, new_commits=10, first_clones=5, reviewers=64, commits=24,
+FULL = dict(ready_n=200, library_n=20000, serve_per_client=200, new_commits=10, first_clones=5, reviewers=64, commits=24,
             review_seconds=90, tool_calls=8, think=(0.5, 2.0), gc_every=3.0, max_checkouts=4,
             repo=dict(commits=600, files=6000, file_size=8192, depth=5, changes=20))
 
@@ -129,6 +129,57 @@ def bench_ready(work: str, url: str, sha: str, n: int, library_n: int) -> dict:
             "ratio_cli_to_python": mine["median"] / base["median"],
             "cli_peak_rss_kib": peak_rss_kib(CC + ["--root", root, "ensure", url, sha]),
             "python_peak_rss_kib": peak_rss_kib([PY, "-c", "pass"])}
+
+
+def bench_serve(work: str, url: str, sha: str, per_client: int, cli_median: float) -> dict:
+    """Ready answers from `serve` with 1, 16 and 64 concurrent clients, against the CLI."""
+    import http.client
+
+    import psutil
+
+    root = os.path.join(work, "ready-root")
+    port = free_port()
+    ready_file = os.path.join(work, "serve-ready")
+    proc = subprocess.Popen(CC + ["--root", root, "serve", "--listen", f"127.0.0.1:{port}", "--gc-interval", "0",
+                                  "--ready-file", ready_file], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not os.path.exists(ready_file):
+            time.sleep(0.05)
+        body = json.dumps({"repo": url, "commit": sha}).encode()
+        result = {}
+        for clients in (1, 16, 64):
+            samples: list[float] = []
+            lock = threading.Lock()
+
+            def client() -> None:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                mine = []
+                for _ in range(per_client):
+                    started = time.perf_counter()
+                    conn.request("POST", "/v1/ensure", body=body, headers={"Content-Type": "application/json"})
+                    response = conn.getresponse()
+                    response.read()
+                    assert response.status == 200
+                    mine.append(time.perf_counter() - started)
+                conn.close()
+                with lock:
+                    samples.extend(mine)
+
+            threads = [threading.Thread(target=client) for _ in range(clients)]
+            started = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            elapsed = time.perf_counter() - started
+            latency = stats(samples)
+            result[f"clients_{clients}"] = {"latency": latency, "answers_per_second": len(samples) / elapsed,
+                                            "ratio_to_cli": latency["median"] / cli_median}
+        result["serve_peak_rss_kib"] = psutil.Process(proc.pid).memory_info().rss // 1024
+        return result
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 # ---------------------------------------------------------------- 2. new commit, mirror warm
@@ -374,6 +425,10 @@ def print_report(r: dict) -> None:
     print_latency("checkoutcache ensure (CLI)", ready["cli_ensure"])
     print_latency("Cache.ensure (library)", ready["library_ensure"])
     print(f"  ratio CLI / python3 -c pass: {ready['ratio_cli_to_python']:.2f}  (bar: <= 3)")
+    for clients in (1, 16, 64):
+        entry = r["serve"][f"clients_{clients}"]
+        print_latency(f"serve, {clients} concurrent client(s)", entry["latency"])
+        print(f"  {'':<36} {entry['answers_per_second']:.0f} answers/s; median {entry['ratio_to_cli']:.4f} x the CLI")
     new = r["new_commit"]
     print("\n2. new commit, mirror warm")
     print_latency("git worktree add --detach (baseline)", new["git_worktree_add"])
@@ -407,7 +462,8 @@ def print_report(r: dict) -> None:
             print(f"  [{c}] {problem}")
     print("\n6. memory (peak RSS)")
     print(f"  python3 -c pass {ready['python_peak_rss_kib'] / 1024:.1f} MiB; CLI ready answer "
-          f"{ready['cli_peak_rss_kib'] / 1024:.1f} MiB; clone worker {new['worker_peak_rss_kib'] / 1024:.1f} MiB")
+          f"{ready['cli_peak_rss_kib'] / 1024:.1f} MiB; clone worker {new['worker_peak_rss_kib'] / 1024:.1f} MiB; "
+          f"serve {r['serve']['serve_peak_rss_kib'] / 1024:.1f} MiB")
 
 
 def main() -> None:
@@ -451,6 +507,8 @@ def main() -> None:
     started = time.monotonic()
     try:
         report["ready"] = bench_ready(work, url, shas[-1], cfg["ready_n"], cfg["library_n"])
+        report["serve"] = bench_serve(work, url, shas[-1], cfg["serve_per_client"],
+                                      report["ready"]["cli_ensure"]["median"])
         report["new_commit"] = bench_new_commit(work, url, shas, cfg["new_commits"])
         report["first_clone"] = bench_first_clone(work, url, shas[-1], cfg["first_clones"])
         think_min = cfg["think"][0]

@@ -204,6 +204,36 @@ def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...],
 
 
 @cli.command()
+@click.option("--listen", default="127.0.0.1:8787", metavar="HOST:PORT", show_default=True,
+              help="TCP address; loopback only unless --allow-remote.")
+@click.option("--unix", "unix_socket", default=None, metavar="PATH", help="Listen on a Unix socket instead.")
+@click.option("--allow-remote", is_flag=True, help="Allow --listen on a non-loopback address.")
+@click.option("--gc-interval", default="5m", metavar="DURATION", show_default=True,
+              help="Run gc this often (0: never).")
+@click.option("--ready-file", default=None, metavar="PATH", help="Write the listening address here once serving.")
+@config_options("max_checkouts", "max_bytes", "min_free", "free_headroom", "max_age", "grace", "mirror_gc_interval")
+@pass_context
+def serve(ctx: Context, listen: str, unix_socket: str | None, allow_remote: bool, gc_interval: str,
+          ready_file: str | None, **overrides) -> int:
+    """Run the sidecar: an HTTP JSON API (/v1/...), /healthz, /metrics, and gc on a schedule."""
+    import logging
+
+    from .serve import parse_listen, serve as run_server
+    from .units import parse_duration
+
+    try:
+        config = load_config(overrides)
+        address = None if unix_socket else parse_listen(listen, allow_remote)
+        interval = parse_duration(gc_interval, "--gc-interval")
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    # Multi-threaded: workers are spawned, never forked from here.
+    return run_server(Cache(ctx.root, config=config), config, address, unix_socket, interval,
+                      ready_file=ready_file)
+
+
+@cli.command()
 @click.option("--keep/--no-keep", default=True, help="Keep the demo's directory to look at afterwards.")
 @pass_context
 def demo(ctx: Context, keep: bool) -> int:

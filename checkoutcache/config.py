@@ -82,6 +82,12 @@ class Config:
                 values[field.name] = field.metadata["parse"](raw)
         return cls(**values)
 
+    def with_overrides(self, **raw: Any) -> "Config":
+        """This config with some settings replaced, each parsed from its human form."""
+        fields = attrs.fields_dict(type(self))
+        parsed = {name: fields[name].metadata["parse"](value) for name, value in raw.items() if value is not None}
+        return attrs.evolve(self, **parsed)
+
     def to_env(self) -> dict[str, str]:
         """The environment that makes a child process (the clone worker) see this config."""
         env = {}

@@ -1,0 +1,221 @@
+"""serve: the sidecar's HTTP API, health, metrics, holds, load and shutdown,
+against a real serve process and real repositories."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from .conftest import _free_port, assert_checkout_matches, run_cli, wait_ready
+
+
+class Server:
+    def __init__(self, root: str, tmp_path, *extra: str, env: dict | None = None, unix: str | None = None):
+        self.port = _free_port()
+        self.unix = unix
+        ready = tmp_path / f"ready-{self.port}"
+        where = ["--unix", unix] if unix else ["--listen", f"127.0.0.1:{self.port}"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "serve", *where,
+                                      "--ready-file", str(ready), *extra],
+                                     env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert self.proc.poll() is None, self.proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    def connection(self) -> http.client.HTTPConnection:
+        if self.unix:
+            conn = http.client.HTTPConnection("localhost", timeout=60)
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(self.unix)
+            conn.sock = sock
+            return conn
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+
+    def request(self, method: str, path: str, body: dict | None = None, conn=None) -> tuple[int, dict | str]:
+        own = conn is None
+        conn = conn or self.connection()
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+            response = conn.getresponse()
+            text = response.read().decode()
+            kind = response.getheader("Content-Type", "")
+            return response.status, json.loads(text) if kind.startswith("application/json") else text
+        finally:
+            if own:
+                conn.close()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(30)
+
+
+@pytest.fixture
+def server(root, tmp_path):
+    running = Server(root, tmp_path, "--gc-interval", "0")
+    yield running
+    running.stop()
+
+
+def test_ensure_over_http_answers_like_the_cli(server, root, upstream):
+    sha = upstream.shas[1]
+    status, first = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": sha})
+    assert (status, first["state"]) in ((202, "cloning"), (200, "ready"))
+    status, ready = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": sha, "wait": 60})
+    assert status == 200 and ready["state"] == "ready"
+    assert_checkout_matches(ready["path"], upstream.path, sha)
+    # Same store, same answer, side by side with the CLI.
+    code, cli_answer, _ = run_cli("ensure", upstream.path, sha, root=root)
+    assert code == 0 and cli_answer == ready
+    status, by_get = server.request("GET", f"/v1/ensure?repo={upstream.path}&commit={sha}")
+    assert status == 200 and by_get == ready
+
+
+def test_bad_input_and_failures_over_http(server, upstream):
+    status, body = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": "main"})
+    assert status == 400 and body["error"] == "BAD_COMMIT" and body["next"]
+    status, body = server.request("POST", "/v1/ensure", {"repo": "ext::sh", "commit": "a" * 40})
+    assert status == 400 and body["error"] == "UNSAFE_TRANSPORT"
+    status, body = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": "1" * 40, "wait": 30})
+    assert status == 503 and body["error"] == "UNKNOWN_COMMIT" and body["retry_after"] > 0
+    conn = server.connection()
+    conn.request("POST", "/v1/ensure", body=b"{not json", headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 400 and json.loads(response.read())["error"] == "BAD_ARGUMENT"
+    assert server.request("GET", "/v1/nothing")[0] == 404
+
+
+def test_health_status_gc_and_metrics(server, upstream):
+    status, health = server.request("GET", "/healthz")
+    assert status == 200 and health["ok"] and health["checks"]["locks_work"]
+    server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[0], "wait": 60})
+    server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[0]})
+    status, report = server.request("GET", "/v1/status")
+    assert status == 200 and report["totals"]["checkouts"] == 1
+    status, gc = server.request("POST", "/v1/gc", {"max_checkouts": 0, "grace": "0"})
+    assert status == 200 and [r["reason"] for r in gc["removed"]] == ["lru"]
+    status, bad = server.request("POST", "/v1/gc", {"max_checkouts": "lots"})
+    assert status == 400 and bad["error"] == "BAD_ARGUMENT"
+    time.sleep(1.2)  # the journal follower's period
+    status, metrics = server.request("GET", "/metrics")
+    assert status == 200
+    assert 'checkoutcache_answers_total{error="",state="ready"} 2.0' in metrics
+    assert 'checkoutcache_evictions_total{reason="lru"} 1.0' in metrics
+    assert 'checkoutcache_clones_total{error="",outcome="published"} 1.0' in metrics
+    assert "checkoutcache_clone_seconds_bucket" in metrics and 'checkoutcache_gc_runs_total{result="ok"} 1.0' in metrics
+
+
+def test_hold_and_release_protect_a_checkout_from_gc(server, root, upstream):
+    sha = upstream.shas[2]
+    status, held = server.request("POST", "/v1/hold", {"repo": upstream.path, "commit": sha, "wait": 60})
+    assert status == 200 and held["hold"] and held["state"] == "ready"
+    code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)
+    assert [k["why"] for k in report["kept_over_limit"]] == ["held"] and os.path.isdir(held["path"])
+    status, released = server.request("POST", "/v1/release", {"hold": held["hold"]})
+    assert status == 200 and released["released"]
+    assert server.request("POST", "/v1/release", {"hold": held["hold"]})[0] == 404
+    code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)
+    assert [r["reason"] for r in report["removed"]] == ["lru"] and not os.path.exists(held["path"])
+
+
+def test_a_hold_expires_after_its_ttl(server, root, upstream):
+    status, held = server.request("POST", "/v1/hold", {"repo": upstream.path, "commit": upstream.shas[0],
+                                                        "wait": 60, "ttl": 1})
+    assert status == 200
+    time.sleep(2.5)
+    code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)
+    assert [r["reason"] for r in report["removed"]] == ["lru"]
+
+
+def test_sixty_four_concurrent_clients_while_a_slow_clone_runs(root, tmp_path, upstream, fake_git):
+    ready_sha, slow_sha = upstream.shas[0], upstream.shas[2]
+    wait_ready(root, upstream.path, ready_sha)
+    running = Server(root, tmp_path, "--gc-interval", "0",
+                     env=fake_git('case "$*" in *" checkout "*) sleep 4;; esac'))
+    try:
+        status, slow = running.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": slow_sha})
+        assert slow["state"] == "cloning"
+        results: list[tuple[int, float]] = []
+        lock = threading.Lock()
+
+        def client() -> None:
+            conn = running.connection()
+            for _ in range(10):
+                started = time.monotonic()
+                code, body = running.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": ready_sha},
+                                             conn=conn)
+                with lock:
+                    results.append((code, time.monotonic() - started))
+            conn.close()
+
+        threads = [threading.Thread(target=client) for _ in range(64)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(results) == 640 and all(code == 200 for code, _ in results)
+        assert max(seconds for _, seconds in results) < 3.5, "a slow clone must not block ready answers"
+        status, still = running.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": slow_sha})
+        assert still["state"] == "cloning"
+    finally:
+        running.stop()
+
+
+def test_sigterm_lets_in_flight_requests_finish_and_leaves_clones_running(root, tmp_path, upstream, fake_git):
+    running = Server(root, tmp_path, "--gc-interval", "0", env=fake_git('case "$*" in *" checkout "*) sleep 3;; esac'))
+    answers = []
+    waiter = threading.Thread(target=lambda: answers.append(running.request(
+        "POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[1], "wait": 1.5})))
+    waiter.start()
+    time.sleep(0.5)
+    assert running.stop() == 0
+    waiter.join(10)
+    assert answers and answers[0][1]["state"] == "cloning"  # answered, not cut off
+    answer = wait_ready(root, upstream.path, upstream.shas[1])  # the detached worker published on its own
+    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[1])
+
+
+def test_serve_on_a_unix_socket(root, tmp_path, upstream):
+    sock = str(tmp_path / "cc.sock")
+    running = Server(root, tmp_path, "--gc-interval", "0", unix=sock)
+    try:
+        status, ready = running.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[0],
+                                                                "wait": 60})
+        assert status == 200 and ready["state"] == "ready"
+        assert oct(os.stat(sock).st_mode & 0o777) == "0o660"
+    finally:
+        running.stop()
+    assert not os.path.exists(sock)
+
+
+def test_scheduled_gc_runs(root, tmp_path, upstream):
+    path = wait_ready(root, upstream.path, upstream.shas[0])["path"]
+    then = time.time() - 3600
+    os.utime(os.path.join(path, ".git", "checkoutcache-ready"), (then, then))
+    running = Server(root, tmp_path, "--gc-interval", "1", "--max-checkouts", "0", "--grace", "1m")
+    try:
+        deadline = time.monotonic() + 15
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(path)
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:8787", "10.1.2.3:80", "example.com:80", "127.0.0.1:99999", "nope"])
+def test_serve_refuses_non_loopback_or_bad_addresses(root, listen):
+    code, answer, _ = run_cli("serve", "--listen", listen, root=root, timeout=30)
+    assert code == 2 and answer["error"] == "BAD_ARGUMENT"
