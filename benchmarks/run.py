@@ -25,7 +25,6 @@ import platform
 import random
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,12 +40,13 @@ from checkoutcache.inventory import disk_usage  # noqa: E402
 
 sys.path.insert(0, HERE)
 import make_repo  # noqa: E402
+from gitdaemon import GitDaemon, free_port  # noqa: E402
 
 PY = sys.executable
 CC = [PY, "-m", "checkoutcache"]
 
-QUICK = dict(ready_n=40, library_n=3000, serve_per_client=50, new_commits=4, first_clones=2, reviewers=16, commits=8,
-             review_seconds=15, tool_calls=5, think=(0.4, 1.2), gc_every=2.0, max_checkouts=4,
+QUICK = dict(ready_n=30, library_n=3000, serve_per_client=50, new_commits=4, first_clones=2, reviewers=16, commits=8,
+             review_seconds=12, tool_calls=5, think=(0.4, 1.2), gc_every=2.0, max_checkouts=4,
              repo=dict(commits=300, files=3000, file_size=8192, depth=4, changes=12))
 FULL = dict(ready_n=200, library_n=20000, serve_per_client=200, new_commits=10, first_clones=5, reviewers=64, commits=24,
             review_seconds=90, tool_calls=8, think=(0.5, 2.0), gc_every=3.0, max_checkouts=4,
@@ -75,33 +75,6 @@ def peak_rss_kib(cmd: list[str]) -> int:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _pid, _status, usage = os.wait4(proc.pid, 0)
     return usage.ru_maxrss
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Daemon:
-    def __init__(self, base: str):
-        self.port = free_port()
-        self.proc = subprocess.Popen(["git", "daemon", "--reuseaddr", f"--base-path={base}", "--export-all",
-                                      "--listen=127.0.0.1", f"--port={self.port}", base],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("git daemon did not start")
-
-    def url(self, name: str) -> str:
-        return f"git://127.0.0.1:{self.port}/{name}"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 def git_out(*args: str, cwd: str | None = None) -> str:
@@ -348,7 +321,6 @@ def read_checkout(path: str, sha: str, files: list[str]) -> tuple[bool, str]:
 
 
 def run_reviews(impl, shas: list[str], paths: list[str], cfg: dict, seed: int) -> dict:
-    rng = random.Random(seed)
     commits = shas[-cfg["commits"] - 1:-1]
     hot = commits[:2]
     stop_at = time.monotonic() + cfg["review_seconds"]
@@ -492,7 +464,7 @@ def main() -> None:
     shas = git_out("rev-list", "--reverse", "HEAD", cwd=upstream).split()
     paths = git_out("ls-tree", "-r", "--name-only", shas[-1], cwd=upstream).split("\n")
     pack_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(upstream) for f in fs)
-    daemon = Daemon(served)
+    daemon = GitDaemon(served)
     url = daemon.url("upstream")
     import pygit2
 

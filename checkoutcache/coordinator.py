@@ -19,7 +19,7 @@ from . import locks, records
 from .answers import CLONING, FAILED, READY, Answer
 from .config import Config
 from .errors import CheckoutCacheError
-from .layout import RepoPaths, RootPaths
+from .layout import RootPaths
 from .ready import touch_if_ready
 from .repospec import RepoSpec, credential_from_env
 from .spawn import start_worker

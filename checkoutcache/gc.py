@@ -34,7 +34,7 @@ from .eviction import Disk, Entry, Limits, plan_eviction
 from .gitbackend import pick_backend
 from .gitenv import git_env
 from .inventory import RepoInfo, disk_usage, inventory
-from .layout import RepoPaths, RootPaths
+from .layout import RepoPaths, RootPaths, entries
 from .scratch import reap_dead_scratch
 from .store import make_dirs
 from .verify import move_aside
@@ -92,11 +92,7 @@ def disk_of(path: str) -> Disk:
 
 
 def empty_trash(paths: RepoPaths, report: GcReport) -> None:
-    try:
-        names = sorted(os.listdir(paths.trash_dir))
-    except FileNotFoundError:
-        return
-    for name in names:
+    for name in entries(paths.trash_dir):
         path = os.path.join(paths.trash_dir, name)
         size = disk_usage(path) if os.path.isdir(path) and not os.path.islink(path) else 0
         if not report.dry_run:
@@ -168,11 +164,7 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
     """
     if report.dry_run:
         return
-    try:
-        names = os.listdir(paths.locks_dir)
-    except FileNotFoundError:
-        return
-    for name in names:
+    for name in entries(paths.locks_dir):
         if not (name.startswith("clone-") and name.endswith(".lock")):
             continue
         sha = name[len("clone-"):-len(".lock")]

@@ -14,7 +14,7 @@ import os
 import attrs
 
 from . import locks, records
-from .layout import RepoPaths, RootPaths
+from .layout import RepoPaths, RootPaths, entries
 from .ready import looks_intact
 from .scratch import ScratchFacts, scratch_facts
 from .state import Failure
@@ -89,11 +89,7 @@ def checkout_info(paths: RepoPaths, sha: str, with_size: bool = True) -> Checkou
 
 def clone_infos(paths: RepoPaths) -> list[CloneInfo]:
     clones = []
-    try:
-        names = sorted(os.listdir(paths.state_dir))
-    except FileNotFoundError:
-        return clones
-    for name in names:
+    for name in entries(paths.state_dir):
         if not name.endswith(".clone.json"):
             continue
         sha = name[: -len(".clone.json")]
@@ -105,11 +101,7 @@ def clone_infos(paths: RepoPaths) -> list[CloneInfo]:
 
 def failures(paths: RepoPaths) -> dict[str, Failure]:
     found = {}
-    try:
-        names = sorted(os.listdir(paths.state_dir))
-    except FileNotFoundError:
-        return found
-    for name in names:
+    for name in entries(paths.state_dir):
         if name.endswith(".failed.json"):
             failure = Failure.from_record(records.read_json(os.path.join(paths.state_dir, name)))
             if failure is not None:

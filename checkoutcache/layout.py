@@ -70,6 +70,14 @@ Run `checkoutcache status` to see what it holds and `checkoutcache gc` to trim i
 """
 
 
+def entries(directory: str) -> list[str]:
+    """The sorted names in a directory of the store; none if it does not exist (yet, or any more)."""
+    try:
+        return sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def default_root() -> str:
     """$CHECKOUTCACHE_ROOT, else $XDG_CACHE_HOME/checkoutcache, else ~/.cache/checkoutcache."""
     explicit = os.environ.get("CHECKOUTCACHE_ROOT")
@@ -107,10 +115,7 @@ class RootPaths:
         return RepoPaths(os.path.join(self.root, "repos", key))
 
     def repo_keys(self) -> list[str]:
-        try:
-            return sorted(name for name in os.listdir(self.repos_dir) if not name.startswith("."))
-        except FileNotFoundError:
-            return []
+        return [name for name in entries(self.repos_dir) if not name.startswith(".")]
 
 
 class RepoPaths:
@@ -228,7 +233,4 @@ class RepoPaths:
                 self.state_dir, self.logs_dir, self.locks_dir]
 
     def checkout_shas(self) -> list[str]:
-        try:
-            return sorted(n for n in os.listdir(self.checkouts_dir) if len(n) in (40, 64))
-        except FileNotFoundError:
-            return []
+        return [name for name in entries(self.checkouts_dir) if len(name) in (40, 64)]

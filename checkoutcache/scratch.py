@@ -18,7 +18,7 @@ import time
 import attrs
 
 from . import locks, records
-from .layout import RepoPaths
+from .layout import RepoPaths, entries
 from .liveness import is_alive, own_identity
 
 SCRATCH_LOCK_WAIT = 30.0
@@ -72,11 +72,7 @@ class ScratchFacts:
 def scratch_facts(paths: RepoPaths) -> list[ScratchFacts]:
     """A snapshot of every scratch directory and whether its owner lives (no lock taken)."""
     facts = []
-    try:
-        names = sorted(os.listdir(paths.scratch_dir))
-    except FileNotFoundError:
-        return facts
-    for name in names:
+    for name in entries(paths.scratch_dir):
         pid = RepoPaths.scratch_pid(name)
         path = os.path.join(paths.scratch_dir, name)
         owner = records.read_json(RepoPaths.scratch_owner_json(path)) or {}

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import locks
-from .answers import CLONING, FAILED, READY, Answer
+from .answers import CLONING, READY, Answer
 from .cache import Cache, Hold
 from .config import Config
 from .errors import CheckoutCacheError, is_input_error
@@ -216,7 +216,7 @@ class Service:
 
         checks["git"] = shutil.which("git") is not None
         try:
-            import pygit2  # noqa: F401
+            import pygit2  # noqa: F401  (importable is the check)
 
             checks["pygit2"] = True
         except ImportError:

@@ -35,6 +35,7 @@ from .repospec import Credential, credential_from_env
 from .scratch import Scratch, create_scratch
 from .state import Failure, next_failure
 from .testhooks import checkpoint
+from .verify import move_aside
 from .gitbackend import RUNNING, TransportError, looks_corrupt, pick_backend
 
 PROGRESS_INTERVAL = 0.25
@@ -58,7 +59,10 @@ def publish(paths: RepoPaths, tree: str, sha: str) -> bool:
         record = records.read_json(paths.ready_marker(sha))
         if record is not None and looks_intact(target, record):
             return False
-        os.rename(target, paths.trash_slot(f"replaced-{sha}"))
+        if move_aside(paths, sha, "replaced") is None and os.path.lexists(target):
+            # Damaged, but a running exec holds it: never pulled from under a command.
+            raise CheckoutCacheError("CLONE_FAILED", detail="a damaged checkout of this commit is held by a "
+                                                            "running exec; it is replaced once that ends")
     try:
         os.rename(tree, target)
     except OSError as exc:

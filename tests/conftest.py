@@ -8,12 +8,13 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from gitdaemon import GitDaemon, free_port  # noqa: E402,F401  (one helper for tests and benchmarks)
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
@@ -74,36 +75,6 @@ def upstream(tmp_path) -> Upstream:
     repo = Upstream(str(tmp_path / "upstream"))
     repo.standard_history()
     return repo
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class GitDaemon:
-    def __init__(self, base: str):
-        self.base = base
-        self.port = _free_port()
-        self.proc = subprocess.Popen(
-            ["git", "daemon", "--reuseaddr", f"--base-path={base}", "--export-all", "--listen=127.0.0.1",
-             f"--port={self.port}", base],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("git daemon did not start")
-
-    def url(self, name: str) -> str:
-        return f"git://127.0.0.1:{self.port}/{name}"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(5)
 
 
 @pytest.fixture(scope="session")

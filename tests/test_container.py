@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from .conftest import _free_port
+from .conftest import free_port
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
 DOCKERFILE = open(os.path.join(os.path.dirname(__file__), "..", "Dockerfile")).read()
@@ -42,7 +42,7 @@ def test_entrypoint_refuses_to_start_without_a_root(tmp_path):
 
 
 def test_entrypoint_and_healthcheck_against_a_real_server(tmp_path):
-    listen = f"127.0.0.1:{_free_port()}"
+    listen = f"127.0.0.1:{free_port()}"
     env = {"PATH": os.environ["PATH"], "CHECKOUTCACHE_ROOT": str(tmp_path / "cache"),
            "CHECKOUTCACHE_LISTEN": listen, "CHECKOUTCACHE_BIN": f"{sys.executable} -m checkoutcache",
            "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..")}

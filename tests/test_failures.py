@@ -7,8 +7,6 @@ import json
 import os
 import time
 
-import pytest
-
 from checkoutcache import Cache
 
 from .conftest import Upstream, assert_checkout_matches, files_under, git, run_cli, wait_ready

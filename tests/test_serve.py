@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from .conftest import _free_port, assert_checkout_matches, run_cli, wait_ready
+from .conftest import free_port, assert_checkout_matches, run_cli, wait_ready
 
 
 class Server:
     def __init__(self, root: str, tmp_path, *extra: str, env: dict | None = None, unix: str | None = None):
-        self.port = _free_port()
+        self.port = free_port()
         self.unix = unix
         ready = tmp_path / f"ready-{self.port}"
         where = ["--unix", unix] if unix else ["--listen", f"127.0.0.1:{self.port}"]
