@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import socketserver
+import sys
 import tempfile
 import threading
 import time
@@ -402,6 +403,9 @@ def make_server(service: Service, listen: tuple[str, int] | None, unix: str | No
 def serve(cache: Cache, config: Config, listen: tuple[str, int] | None, unix: str | None,
           gc_interval: float, journal: str | None = None, ready_file: str | None = None) -> int:
     journal = journal or os.path.join(tempfile.gettempdir(), f"checkoutcache-serve-{os.getpid()}.journal")
+    # Many threads, each a short burst of work between socket waits: the default 5 ms
+    # GIL switch interval convoys them (measured: 64 clients fell to ~300 answers/s).
+    sys.setswitchinterval(0.0005)
     init_root(cache.paths)
     os.environ["CHECKOUTCACHE_CLONE_JOURNAL"] = journal  # workers we spawn report to us
     service = Service(cache, config, gc_interval, journal)
