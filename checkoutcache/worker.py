@@ -111,11 +111,14 @@ class Worker:
             return
         line = json.dumps({"event": event, "commit": self.sha, "repo": self.paths.key, "pid": self.pid,
                            "at": time.time(), **fields})
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, (line + "\n").encode())  # one O_APPEND write: lines never interleave
-        finally:
-            os.close(fd)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())  # one O_APPEND write: lines never interleave
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # observability only: never the reason a clone fails
 
     def write_record(self) -> None:
         records.write_json(self.paths.clone_record(self.sha), {
@@ -127,7 +130,10 @@ class Worker:
         phase_changed = update.get("phase") != self.progress.get("phase")
         self.progress.update(update)
         if phase_changed or time.monotonic() - self._last_write >= PROGRESS_INTERVAL:
-            self.write_record()
+            try:
+                self.write_record()
+            except OSError:
+                pass  # a progress report lost to a full disk; git itself reports the failure
             checkpoint("during-" + ("checkout" if update.get("phase") == "checking out" else "fetch"))
 
     def record_failure(self, code: str, message: str, next_step: str) -> None:
