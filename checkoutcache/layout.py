@@ -7,7 +7,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     <root>/
     ├── README                     says which tool maintains this directory
     ├── locks/
-    │   └── gc.lock                exclusive for one gc run (two crons never overlap)
+    │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
+    │   └── health.lock            taken and dropped by serve's /healthz probe
     └── repos/
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
@@ -22,7 +23,7 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   └── <sha>/         a published checkout: work tree plus a .git whose
             │       │              objects/info/alternates points at mirror.git/objects.
             │       │              Appears by one rename from scratch; leaves by one rename to
-            │       │              trash/. Never modified by checkoutcache in between.
+            │       │              trash/. Only its marker's mtime changes in between.
             │       └── .git/checkoutcache-ready
             │                      the ready marker. Written (whole) last, checked first; a
             │                      checkout without it is not ready. Its mtime is the last use.
@@ -32,6 +33,7 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   └── .clone-<pid>/  a clone in the making, owned by process <pid>:
             │       ├── owner.lock held exclusive by the owner for its whole life
             │       ├── owner.json pid, process start time, commit (written under the lock)
+            │       ├── mirror.git/  a first mirror being made; renamed to mirror.git
             │       └── tree/      the checkout being built; published by rename to checkouts/
             │                      Created and reaped only under locks/scratch.lock; reaped only
             │                      when owner.lock is free and <pid> is gone or another process.
@@ -42,7 +44,7 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
             │   └── <sha>.failed.json  the last failure: code, message, attempts, retry time.
-            ├── logs/<sha>.log     the last clone's log: git's output, credentials redacted.
+            ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted.
             └── locks/
                 ├── mirror.lock    exclusive for every write to mirror.git
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
@@ -137,10 +139,6 @@ class RepoPaths:
     @property
     def mirror(self) -> str:
         return os.path.join(self.base, "mirror.git")
-
-    def mirror_building(self, pid: int) -> str:
-        """Where a first mirror is initialised before it is renamed to mirror.git."""
-        return os.path.join(self.base, "trash", f"mirror-init-{pid}.git")
 
     @property
     def mirror_objects(self) -> str:
