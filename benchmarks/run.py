@@ -71,10 +71,30 @@ def timed(cmd: list[str], **kw) -> float:
     return time.perf_counter() - started
 
 
+HWM_REPORTER = """
+import atexit, runpy, sys
+def report():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            sys.stderr.write("VMHWM " + line.split()[1] + "\\n")
+atexit.register(report)
+sys.argv = sys.argv[1:]
+if sys.argv[0] == "-c":
+    exec(sys.argv[1])
+else:
+    runpy.run_module(sys.argv[1], run_name="__main__", alter_sys=True)
+"""
+
+
 def peak_rss_kib(cmd: list[str]) -> int:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _pid, _status, usage = os.wait4(proc.pid, 0)
-    return usage.ru_maxrss
+    """The peak resident memory of one Python command, as the process itself saw it.
+
+    Not wait4's ru_maxrss: that keeps the pages a child inherits from this (large)
+    process between fork and exec. VmHWM belongs to the process's own memory map.
+    """
+    assert cmd[0] == PY and cmd[1] in ("-c", "-m")
+    done = subprocess.run([PY, "-c", HWM_REPORTER, *cmd[1:]], capture_output=True, text=True)
+    return int(done.stderr.rsplit("VMHWM ", 1)[1].split()[0])
 
 
 def git_out(*args: str, cwd: str | None = None) -> str:
