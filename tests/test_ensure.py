@@ -147,3 +147,19 @@ def test_demo_runs_without_setup(tmp_path):
     import json
     states = [json.loads(s)["answer"]["state"] for s in steps]
     assert states[-1] == "ready" and states[1] == "ready"
+
+
+@pytest.mark.parametrize("transport", ["cli", "pygit2"])
+def test_a_callers_git_environment_cannot_redirect_git(root, served_upstream, tmp_path, transport):
+    # A review tool may run us with GIT_DIR and friends set for its own repository.
+    upstream, url = served_upstream
+    decoy = tmp_path / "decoy"
+    git("init", "-q", str(decoy))
+    env = {"GIT_DIR": str(decoy / ".git"), "GIT_WORK_TREE": str(decoy), "GIT_INDEX_FILE": str(decoy / "idx"),
+           "GIT_OBJECT_DIRECTORY": str(decoy / ".git" / "objects"),
+           "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(decoy / ".git" / "objects"),
+           "GIT_CONFIG_PARAMETERS": "'core.autocrlf'='true'", "CHECKOUTCACHE_TRANSPORT": transport}
+    answer = wait_ready(root, url, upstream.shas[1], env=env)
+    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[1])
+    assert git("count-objects", cwd=str(decoy)).startswith("0 objects")
+    assert not (decoy / "idx").exists()
