@@ -18,12 +18,12 @@ from typing import Callable
 from . import locks, records
 from .answers import CLONING, FAILED, READY, Answer
 from .config import Config
-from .errors import CheckoutCacheError
+from .errors import CheckoutCacheError, describe
 from .layout import RootPaths
 from .ready import touch_if_ready
 from .repospec import RepoSpec, credential_from_env
 from .spawn import start_worker
-from .state import CommitFacts, Failure, State, state_of
+from .state import CommitFacts, Failure, State, next_failure, state_of
 from .store import init_repo_store, store_exists
 from .gitbackend import pick_backend
 from .units import iso
@@ -34,6 +34,10 @@ POLL_FIRST, POLL_MAX = 0.005, 0.01
 # How long an asker that finds the clone lock held waits for the owner's record
 # to appear (the starter writes it within milliseconds of taking the lock).
 RECORD_GRACE = 0.5
+# A worker that dies records nothing, so the commit is simply absent and is
+# cloned again; but one that keeps dying (the OOM killer) must not be restarted
+# in a loop: after this many deaths in a row the commit fails and backs off.
+MAX_DEATHS = 3
 
 
 class Coordinator:
@@ -104,18 +108,31 @@ class Coordinator:
                                          failure=failure, now=now))
             if state is State.FAILED:
                 return self.failed(failure, now)
-            return self.start_clone(clone_lock)
+            # A clone record while we hold the lock is a dead owner's: count the deaths.
+            dead = records.read_json(self.paths.clone_record(self.sha))
+            deaths = int(dead.get("deaths", 0)) + 1 if dead else 0
+            if deaths >= MAX_DEATHS:
+                return self.failed(self.record_deaths(failure, deaths, now), now)
+            return self.start_clone(clone_lock, deaths)
 
-    def start_clone(self, clone_lock: locks.Lock) -> Answer:
+    def record_deaths(self, previous: Failure | None, deaths: int, now: float) -> Failure:
+        message, next_step = describe("WORKER_DIED", deaths=deaths)
+        failure = next_failure(previous, "WORKER_DIED", message, next_step, now,
+                               self.config.backoff, self.config.backoff_max)
+        records.write_json(self.paths.failure_record(self.sha), failure.to_record())
+        records.remove_quietly(self.paths.clone_record(self.sha))
+        return failure
+
+    def start_clone(self, clone_lock: locks.Lock, deaths: int = 0) -> Answer:
         try:
             pid = start_worker(self.root_paths.root, self.paths, self.sha, clone_lock.fileno(),
-                               self.config, self.credential, fork=self.fork_workers)
+                               self.config, self.credential, fork=self.fork_workers, deaths=deaths)
         except OSError as exc:
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
         from .liveness import process_start_time  # psutil only off the ready path
 
         record = {"pid": pid, "pid_start": process_start_time(pid), "started_at": time.time(),
-                  "commit": self.sha, "progress": {"phase": "starting"}}
+                  "commit": self.sha, "progress": {"phase": "starting"}, "deaths": deaths}
         records.write_json(self.paths.clone_record(self.sha), record)
         return self.cloning(record)
 

@@ -39,22 +39,22 @@ def reap_finished_workers() -> None:
 
 
 def start_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                 credential: Credential | None, fork: bool = False) -> int:
-    """Start the worker; returns its pid."""
+                 credential: Credential | None, fork: bool = False, deaths: int = 0) -> int:
+    """Start the worker; returns its pid. deaths: how many workers died on this commit in a row."""
     if fork:
-        return _fork_worker(root, paths, sha, lock_fd, config, credential)
-    return _spawn_worker(root, paths, sha, lock_fd, config, credential)
+        return _fork_worker(root, paths, sha, lock_fd, config, credential, deaths)
+    return _spawn_worker(root, paths, sha, lock_fd, config, credential, deaths)
 
 
 def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                  credential: Credential | None) -> int:
+                  credential: Credential | None, deaths: int) -> int:
     reap_finished_workers()
     env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
     env.update(config.to_env())
     env.update(credential_env(credential))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "checkoutcache.worker", "--root", root, "--key", paths.key,
-           "--commit", sha, "--lock-fd", str(lock_fd)]
+           "--commit", sha, "--lock-fd", str(lock_fd), "--deaths", str(deaths)]
     # The worker's stderr goes to the commit's log (appended: the history of attempts),
     # so even a crash before the worker sets up its own logging leaves a trace.
     log_fd = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -66,7 +66,7 @@ def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: C
 
 
 def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                 credential: Credential | None) -> int:
+                 credential: Credential | None, deaths: int) -> int:
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:  # the middle child: a new session, then the worker, then gone
@@ -76,7 +76,7 @@ def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
             worker = os.fork()
             if worker == 0:
                 os.close(write_end)
-                _become_worker(root, paths, sha, lock_fd, config, credential)
+                _become_worker(root, paths, sha, lock_fd, config, credential, deaths)
             os.write(write_end, str(worker).encode())
         finally:
             os._exit(0)
@@ -92,7 +92,7 @@ def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
 
 
 def _become_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                   credential: Credential | None) -> None:
+                   credential: Credential | None, deaths: int) -> None:
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -113,7 +113,7 @@ def _become_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: 
         os.environ.update(credential_env(credential))
         from .worker import run_worker
 
-        code = run_worker(root, paths.key, sha, config, credential)
+        code = run_worker(root, paths.key, sha, config, credential, deaths)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -79,11 +79,12 @@ def write_ready_marker(marker: str, sha: str, top: list[str]) -> None:
 
 
 class Worker:
-    def __init__(self, paths: RepoPaths, sha: str, config: Config, credential: Credential | None):
+    def __init__(self, paths: RepoPaths, sha: str, config: Config, credential: Credential | None, deaths: int = 0):
         self.paths = paths
         self.sha = sha
         self.config = config
         self.credential = credential
+        self.deaths = deaths  # kept in our record: if we die too, the next starter counts on
         self.secrets = self.credential.secrets() if self.credential else []
         info = records.read_json(paths.repo_json) or {}
         self.url = info.get("url", "")
@@ -123,7 +124,7 @@ class Worker:
     def write_record(self) -> None:
         records.write_json(self.paths.clone_record(self.sha), {
             "pid": self.pid, "pid_start": self.pid_start, "started_at": self.started_at,
-            "commit": self.sha, "progress": self.progress, "transport": self.backend.name})
+            "commit": self.sha, "progress": self.progress, "transport": self.backend.name, "deaths": self.deaths})
         self._last_write = time.monotonic()
 
     def on_progress(self, update: dict) -> None:
@@ -321,16 +322,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", required=True)
     parser.add_argument("--commit", required=True)
     parser.add_argument("--lock-fd", type=int, required=True)
+    parser.add_argument("--deaths", type=int, default=0)
     args = parser.parse_args(argv)
     # The inherited descriptor carries the clone lock: keep it open until we exit.
     os.set_inheritable(args.lock_fd, False)
-    return run_worker(args.root, args.key, args.commit, Config.from_env(), credential_from_env(os.environ))
+    return run_worker(args.root, args.key, args.commit, Config.from_env(), credential_from_env(os.environ),
+                      args.deaths)
 
 
-def run_worker(root: str, key: str, sha: str, config: Config, credential: Credential | None) -> int:
+def run_worker(root: str, key: str, sha: str, config: Config, credential: Credential | None,
+               deaths: int = 0) -> int:
     # Whatever umask the caller had (0 in some containers), nothing we create is world-writable.
     os.umask(0o022)
-    return Worker(RootPaths(root).repo(key), sha, config, credential).run()
+    return Worker(RootPaths(root).repo(key), sha, config, credential, deaths).run()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from .conftest import Upstream, assert_checkout_matches, git, run_cli, wait_read
 
 pytestmark = pytest.mark.faults
 
+SHORT_BACKOFF = {"CHECKOUTCACHE_BACKOFF": "0.1", "CHECKOUTCACHE_BACKOFF_MAX": "0.2"}
 WORKER_STEPS = ["after-scratch", "before-fetch", "during-fetch", "after-fetch", "before-checkout",
                 "during-checkout", "after-checkout", "after-rename"]
 
@@ -69,9 +70,25 @@ def test_worker_killed_at_each_step(root, store_with_bystander, step):
     upstream, bystander, before = store_with_bystander
     sha = upstream.commit({"new.txt": "a commit the mirror lacks"})  # so every fetch step runs
     code, answer, _ = run_cli("ensure", upstream.path, sha, "--wait", "1", root=root,
-                              env={"CHECKOUTCACHE_TEST_KILL_AT": step})
-    assert code in (0, 75), answer  # a killed owner is never reported as a failure or as cloning forever
+                              env={"CHECKOUTCACHE_TEST_KILL_AT": step, **SHORT_BACKOFF})
+    # Each death makes the commit absent and the waiter starts the next clone; after three deaths
+    # in a row the commit fails with WORKER_DIED and backs off instead of looping.
+    assert code in (0, 75) or answer["error"] == "WORKER_DIED", answer
+    time.sleep(0.3)  # past the (short) back-off
     assert_recovered(root, upstream, sha, bystander, before)
+
+
+def test_a_worker_that_keeps_dying_backs_off_instead_of_looping(root, upstream):
+    # The OOM killer takes every attempt: after three deaths in a row the commit fails and backs off.
+    sha = upstream.shas[1]
+    env = {"CHECKOUTCACHE_TEST_KILL_AT": "before-checkout", "CHECKOUTCACHE_BACKOFF": "60"}
+    code, answer, _ = run_cli("ensure", upstream.path, sha, "--wait", "20", root=root, env=env)
+    assert code == 1 and answer["error"] == "WORKER_DIED" and "3 times" in answer["message"]
+    assert answer["retry_after"] > 30
+    code, again, _ = run_cli("ensure", upstream.path, sha, root=root)  # no new attempt during the back-off
+    assert code == 1 and again["error"] == "WORKER_DIED"
+    log = open(os.path.join(repo_base(root), "logs", f"{sha}.log")).read()
+    assert log.count("clone of") == 3
 
 
 def test_gc_killed_between_rename_and_delete(root, store_with_bystander):
@@ -112,7 +129,7 @@ def test_random_kills_of_clones_and_gcs(root, tmp_path):
     while time.monotonic() < deadline and rounds < 40:
         rounds += 1
         step = rng.choice(steps)
-        env = dict(os.environ, **({"CHECKOUTCACHE_TEST_KILL_AT": step} if step else {}))
+        env = dict(os.environ, **SHORT_BACKOFF, **({"CHECKOUTCACHE_TEST_KILL_AT": step} if step else {}))
         if rng.random() < 0.3:
             args = ["gc", "--max-checkouts", "2", "--grace", "0"]
         else:
@@ -126,6 +143,7 @@ def test_random_kills_of_clones_and_gcs(root, tmp_path):
         time.sleep(rng.uniform(0, 0.2))
     for proc in procs:
         proc.wait(60)
+    time.sleep(0.5)  # past any (short) back-off a run of deaths left
     for sha in upstream.shas:
         answer = wait_ready(root, upstream.path, sha, timeout=120)
         assert_checkout_matches(answer["path"], upstream.path, sha)
