@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Callable
 
 from .answers import READY, Answer
@@ -98,8 +99,6 @@ class Cache:
         A checkout evicted between the answer and the hold is simply asked for
         again (it is re-cloned), within the same wait.
         """
-        import time
-
         deadline = time.monotonic() + (wait if isinstance(wait, (int, float)) else 0)
         while True:
             answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress)

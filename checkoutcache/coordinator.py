@@ -119,8 +119,10 @@ class Coordinator:
         message, next_step = describe("WORKER_DIED", deaths=deaths)
         failure = next_failure(previous, "WORKER_DIED", message, next_step, now,
                                self.config.backoff, self.config.backoff_max)
-        records.write_json(self.paths.failure_record(self.sha), failure.to_record())
+        # The dead owner's record goes first: killed in between, the commit is merely
+        # absent (a fresh count); the other order would fail it again after the back-off.
         records.remove_quietly(self.paths.clone_record(self.sha))
+        records.write_json(self.paths.failure_record(self.sha), failure.to_record())
         return failure
 
     def start_clone(self, clone_lock: locks.Lock, deaths: int = 0) -> Answer:
