@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from checkoutcache import Cache  # noqa: E402
-from checkoutcache.inventory import disk_usage  # noqa: E402
+from checkoutcache.store.inventory import disk_usage  # noqa: E402
 
 sys.path.insert(0, HERE)
 import make_repo  # noqa: E402

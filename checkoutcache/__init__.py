@@ -5,7 +5,7 @@ checkout), cloning, or failed. See README.md and layout.py for the on-disk
 contract. This module imports only the ready path's light modules.
 """
 
-from .answers import Answer
-from .cache import Cache
+from checkoutcache.answers import Answer
+from checkoutcache.cache import Cache
 
 __all__ = ["Answer", "Cache"]

@@ -7,13 +7,22 @@ command's status through and uses 125 when the command could not run.
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
-from .errors import CheckoutCacheError, is_input_error
+from checkoutcache.errors import CheckoutCacheError, is_input_error
 
-READY = "ready"
-CLONING = "cloning"
-FAILED = "failed"
+
+class State(enum.StrEnum):
+    """The states of one commit (DESIGN.md). ABSENT is never answered: an absent
+    commit starts a clone and is answered `cloning`."""
+
+    READY = "ready"
+    CLONING = "cloning"
+    FAILED = "failed"
+    ABSENT = "absent"
+
 
 EXIT_READY = 0
 EXIT_FAILED = 1
@@ -25,7 +34,7 @@ EXIT_EXEC_FAILED = 125
 
 @attrs.frozen
 class Answer:
-    state: str
+    state: State
     commit: str | None
     repo: str | None
     path: str | None = None
@@ -39,17 +48,17 @@ class Answer:
 
     @property
     def exit_code(self) -> int:
-        if self.state == READY:
+        if self.state == State.READY:
             return EXIT_READY
-        if self.state == CLONING:
+        if self.state == State.CLONING:
             return EXIT_CLONING
         return EXIT_BAD_INPUT if is_input_error(self.error) else EXIT_FAILED
 
     def to_json(self) -> dict:
-        return {k: v for k, v in attrs.asdict(self).items() if v is not None}
+        return {k: (str(v) if k == "state" else v) for k, v in attrs.asdict(self).items() if v is not None}
 
     @classmethod
     def from_error(cls, exc: CheckoutCacheError, commit: str | None = None,
                    repo: str | None = None, retry_after: int | None = None) -> "Answer":
-        return cls(state=FAILED, commit=commit, repo=repo, error=exc.code,
+        return cls(state=State.FAILED, commit=commit, repo=repo, error=exc.code,
                    message=exc.message, next=exc.next, retry_after=retry_after)

@@ -14,11 +14,11 @@ import os
 import time
 from typing import Callable
 
-from .answers import READY, Answer
-from .errors import CheckoutCacheError
-from .layout import RepoPaths, RootPaths, default_root
-from .ready import open_marker_shared, touch_if_ready
-from .repospec import DEFAULT_SCOPE, parse_commit, parse_repo
+from checkoutcache.answers import Answer, State
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.repospec import DEFAULT_SCOPE, parse_commit, parse_repo
+from checkoutcache.store.layout import RepoPaths, RootPaths, default_root
+from checkoutcache.store.ready import open_marker_shared, touch_if_ready
 
 MAX_WAIT = 24 * 3600.0
 
@@ -65,7 +65,7 @@ class Cache:
     @property
     def config(self):
         if self._config is None:
-            from .config import Config
+            from checkoutcache.config import Config
 
             self._config = Config.from_env()
         return self._config
@@ -87,8 +87,8 @@ class Cache:
             return Answer.from_error(exc)
         paths = self.paths.repo(spec.key)
         if touch_if_ready(paths.ready_marker(sha)):
-            return Answer(state=READY, commit=sha, repo=spec.url, path=paths.checkout(sha))
-        from .coordinator import Coordinator
+            return Answer(state=State.READY, commit=sha, repo=spec.url, path=paths.checkout(sha))
+        from checkoutcache.clone.coordinator import Coordinator
 
         return Coordinator(self.paths, self.config, spec, sha, self.fork_workers).run(float(wait), on_progress)
 
@@ -102,7 +102,7 @@ class Cache:
         deadline = time.monotonic() + (wait if isinstance(wait, (int, float)) else 0)
         while True:
             answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress)
-            if answer.state != READY:
+            if answer.state != State.READY:
                 return Hold(answer, None)
             fd = open_marker_shared(RepoPaths.ready_marker_in(answer.path))
             if fd is not None:

@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import attrs
 
-from .errors import CheckoutCacheError
-from .units import FreeTarget, parse_duration, parse_free, parse_size
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size
 
 
 def _count(value: str | int) -> int:

@@ -21,6 +21,11 @@ class ErrorCode:
     kind: str
     message: str
     next: str
+    http: int | None = None  # serve's HTTP status; default 400 for input, 503 for failure
+
+    @property
+    def http_status(self) -> int:
+        return self.http if self.http is not None else (400 if self.kind == INPUT else 503)
 
 
 _TABLE = [
@@ -69,18 +74,32 @@ _TABLE = [
     ErrorCode("WORKER_START_FAILED", FAILURE,
               "the clone worker could not be started: {detail}",
               "check that the Python running checkoutcache can start subprocesses"),
+    # The HTTP API's own answers (serve): no commit is involved.
+    ErrorCode("UNKNOWN_HOLD", INPUT,
+              "no such hold (released, expired, or never made)",
+              "hold again with POST /v1/hold", http=404),
+    ErrorCode("NOT_FOUND", INPUT,
+              "no such endpoint: {what}",
+              "see the README's endpoint table", http=404),
 ]
 
 CODES: dict[str, ErrorCode] = {e.code: e for e in _TABLE}
 
 
 class CheckoutCacheError(Exception):
-    """An error with a code from the table, carried to the answer or exit status."""
+    """An error with a code from the table, carried to the answer or exit status.
 
-    def __init__(self, code: str, **fields: object):
+    Every failure is this type, git's included: `detail` is the one redacted
+    line the message shows, `output` what the failing git printed (redacted;
+    kept for the log, never for a decision).
+    """
+
+    def __init__(self, code: str, output: str = "", **fields: object):
         entry = CODES[code]
         self.code = code
         self.kind = entry.kind
+        self.detail = str(fields.get("detail", ""))
+        self.output = output
         self.message = entry.message.format(**fields)
         self.next = entry.next
         super().__init__(f"{code}: {self.message}")

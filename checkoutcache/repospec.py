@@ -21,9 +21,9 @@ import urllib.parse
 
 import attrs
 
-from .errors import CheckoutCacheError
-from .layout import REPO_KEY_DOMAIN
-from .redact import strip_userinfo
+from checkoutcache.credentials import Credential, strip_userinfo
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.store.layout import REPO_KEY_DOMAIN
 
 MAX_REPO_LEN = 2048
 DEFAULT_SCOPE = "default"
@@ -36,17 +36,6 @@ _SCP_LIKE = re.compile(r"^(?:(?P<user>[^@/:\s]+)@)?(?P<host>[A-Za-z0-9.-]+|\[[0-
 _HOST = re.compile(r"^([A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:.]+\])$")
 _SCHEMES = {"https": 443, "ssh": 22, "git": 9418, "file": None}
 _SCHEME_ALIASES = {"git+ssh": "ssh", "ssh+git": "ssh"}
-
-
-@attrs.frozen
-class Credential:
-    """A username and secret for https fetches. Never written, never shown."""
-
-    username: str = attrs.field(repr=False)
-    password: str = attrs.field(repr=False)
-
-    def secrets(self) -> list[str]:
-        return [self.username, self.password]
 
 
 @attrs.frozen
@@ -183,10 +172,3 @@ def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None) 
     return RepoSpec(url=url, scope=scope, key=repo_key(scope, url), is_local=is_local,
                     credential=credential)
 
-
-def credential_from_env(environ: dict[str, str] | os._Environ) -> Credential | None:
-    """A credential given through the environment instead of the URL."""
-    password = environ.get("CHECKOUTCACHE_GIT_PASSWORD")
-    if not password:
-        return None
-    return Credential(environ.get("CHECKOUTCACHE_GIT_USERNAME", "x-access-token"), password)

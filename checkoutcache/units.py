@@ -12,7 +12,7 @@ import re
 
 import attrs
 
-from .errors import CheckoutCacheError
+from checkoutcache.errors import CheckoutCacheError
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -16,17 +16,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from checkoutcache.config import options_table  # noqa: E402
 from checkoutcache.errors import CODES  # noqa: E402
+from checkoutcache.store import layout  # noqa: E402
 
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
 
 
 def errors_table() -> str:
-    rows = ["| code | kind | exit | next step |", "| --- | --- | --- | --- |"]
-    rows += [f"| `{e.code}` | {e.kind} | {2 if e.kind == 'input' else 1} | {e.next} |" for e in CODES.values()]
+    rows = ["| code | kind | exit | HTTP (serve) | next step |", "| --- | --- | --- | --- | --- |"]
+    rows += [f"| `{e.code}` | {e.kind} | {2 if e.kind == 'input' else 1} | {e.http_status} | {e.next} |"
+             for e in CODES.values()]
     return "\n".join(rows)
 
 
-TABLES = {"settings": options_table, "errors": errors_table}
+def layout_contract() -> str:
+    """The layout docstring from its tree on: the tree, what a reader may assume, the locks."""
+    return "```\n" + "\n\n".join(layout.__doc__.split("\n\n")[2:]).rstrip() + "\n```"
+
+
+TABLES = {"settings": options_table, "errors": errors_table, "layout": layout_contract}
 
 
 def render(text: str) -> str:

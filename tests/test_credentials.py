@@ -6,9 +6,9 @@ from __future__ import annotations
 import base64
 import os
 
-from checkoutcache.layout import RootPaths
 from checkoutcache.repospec import parse_repo
-from checkoutcache.store import init_repo_store
+from checkoutcache.store.create import init_repo_store
+from checkoutcache.store.layout import RootPaths
 
 from .conftest import files_under, grep_tree, run_cli, wait_ready
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from checkoutcache import layout
 from checkoutcache.config import options_table
 from checkoutcache.errors import CODES
+from checkoutcache.store import layout
 
 README = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
 
@@ -31,6 +31,7 @@ def test_readme_lists_every_error_code_and_exit_status():
         assert status in README
 
 
-def test_readme_draws_the_layout_from_layout_py():
-    tree = layout.__doc__.split("\n\n")[2]
+def test_readme_draws_the_layout_and_locks_from_layout_py():
+    tree, *rest = layout.__doc__.split("\n\n")[2:]
     assert tree in README
+    assert any("Locks (flock" in part for part in rest) and all(part.strip() in README for part in rest)

@@ -7,8 +7,8 @@ import time
 import pytest
 from freezegun import freeze_time
 
-from checkoutcache.eviction import Disk, Entry, Limits, plan_eviction
 from checkoutcache.units import FreeTarget
+from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
 
 MIN = 60.0
 GRACE = 15 * MIN

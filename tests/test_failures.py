@@ -9,7 +9,14 @@ import time
 
 from checkoutcache import Cache
 
-from .conftest import Upstream, assert_checkout_matches, files_under, git, run_cli, wait_ready
+from .conftest import (
+    Upstream,
+    assert_checkout_matches,
+    files_under,
+    git,
+    run_cli,
+    wait_ready,
+)
 
 
 def repo_dir(root: str) -> str:

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from checkoutcache import Cache
-from checkoutcache.layout import RootPaths
-from checkoutcache.liveness import own_identity
+from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.liveness import own_identity
 
 from .conftest import assert_checkout_matches, git, run_cli, wait_ready
 
@@ -145,8 +145,8 @@ def test_a_pruned_checkout_is_cloned_again(root, upstream):
 
 HOLDER = """
 import sys, time
-from checkoutcache.layout import RootPaths
-from checkoutcache.scratch import create_scratch
+from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.scratch import create_scratch
 scratch = create_scratch(RootPaths(sys.argv[1]).repo(sys.argv[2]), "live")
 print(scratch.path, flush=True)
 time.sleep(60)
@@ -202,7 +202,7 @@ def test_mirror_maintenance_drops_refs_and_never_breaks_a_checkout(root, three_r
 
 
 def test_overlapping_gcs_never_run_together(root, three_ready):
-    from checkoutcache import locks
+    from checkoutcache.store import locks
 
     with locks.try_lock(RootPaths(root).gc_lock):
         report = gc(root, "--max-checkouts", "0", "--grace", "0")

@@ -9,12 +9,14 @@ import attrs
 import pytest
 from freezegun import freeze_time
 
+from checkoutcache.answers import State
+from checkoutcache.clone.decide import CommitFacts, backoff_seconds, next_failure, state_of
+from checkoutcache.store.records import Failure
 from checkoutcache.config import Config, options_table
+from checkoutcache.credentials import redact
 from checkoutcache.errors import CODES, CheckoutCacheError
-from checkoutcache.layout import RepoPaths, RootPaths, default_root
-from checkoutcache.redact import redact
 from checkoutcache.repospec import parse_commit, parse_repo, repo_key
-from checkoutcache.state import CommitFacts, Failure, State, backoff_seconds, next_failure, state_of
+from checkoutcache.store.layout import RepoPaths, RootPaths, default_root
 from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size
 
 

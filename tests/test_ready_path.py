@@ -11,11 +11,11 @@ from checkoutcache import Cache
 
 PROBE = """
 import json, sys
-from checkoutcache.cli import main
+from checkoutcache.cli.commands import main
 import checkoutcache.cache as cache
 answer = cache.Cache(sys.argv[1]).ensure(sys.argv[2], sys.argv[3])
-heavy = [m for m in ("pygit2", "portalocker", "psutil", "subprocess", "checkoutcache.coordinator",
-                     "checkoutcache.worker") if m in sys.modules]
+heavy = [m for m in ("pygit2", "portalocker", "psutil", "subprocess", "checkoutcache.clone.coordinator",
+                     "checkoutcache.clone.worker") if m in sys.modules]
 print(json.dumps({"state": answer.state, "heavy": heavy}))
 """
 

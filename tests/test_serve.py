@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from .conftest import free_port, assert_checkout_matches, run_cli, wait_ready
+from .conftest import assert_checkout_matches, free_port, run_cli, wait_ready
 
 
 class Server:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import json
 
 from .conftest import assert_checkout_matches, run_cli
 

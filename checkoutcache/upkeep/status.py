@@ -1,6 +1,7 @@
 """status: what the store holds, per repository, against the limits.
 
-Read-only: built from the same inventory gc plans from.
+Read-only: built from the same inventory gc plans from. How it reads to a
+person is cli/output.py's business.
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ import time
 
 import attrs
 
-from .config import Config
-from .eviction import Entry, protection
-from .gc import disk_of
-from .inventory import RepoInfo, inventory
-from .layout import RootPaths
-from .output import describe_progress
-from .units import format_bytes, format_duration, iso
+from checkoutcache.config import Config
+from checkoutcache.store.inventory import RepoInfo, inventory
+from checkoutcache.store.layout import RootPaths
+from checkoutcache.units import iso
+from checkoutcache.upkeep.eviction import Entry, protection
+from checkoutcache.upkeep.gc import disk_of
 
 
 def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
@@ -53,36 +53,3 @@ def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = N
     except FileNotFoundError:
         totals["disk"] = None
     return {"root": root_paths.root, "repos": repos, "totals": totals}
-
-
-def status_text(status: dict) -> str:
-    lines = [f"root {status['root']}"]
-    for repo in status["repos"]:
-        lines.append(f"\n{repo['repo']}  (scope {repo['scope']}, key {repo['key']})")
-        if repo["checkouts"]:
-            lines.append(f"  {'COMMIT':<12}  {'SIZE':>8}  {'IDLE':>6}  {'STATE':<10}  PATH")
-            for c in sorted(repo["checkouts"], key=lambda c: c["idle_seconds"] or 0):
-                state = "held" if c["held"] else ("ready" if c["ready"] else "unmarked")
-                if c["ready"] and not c["intact"]:
-                    state = "DAMAGED"
-                if c["ready"] and c["protected"] == "grace":
-                    state += "*"
-                lines.append(f"  {c['commit'][:12]:<12}  {format_bytes(c['size']):>8}  "
-                             f"{format_duration(c['idle_seconds']):>6}  {state:<10}  {c['path']}")
-        for c in repo["clones"]:
-            alive = "running" if c["alive"] else "dead"
-            lines.append(f"  clone {c['commit'][:12]} pid {c['pid']} {alive} since {c['started_at']}: "
-                         f"{describe_progress(c['progress'])}")
-        for f in repo["failures"]:
-            lines.append(f"  failed {f['commit'][:12]} {f['error']} (attempt {f['attempts']}, retry in "
-                         f"{f['retry_after']}s): {f['message']}")
-        for s in repo["scratch"]:
-            lines.append(f"  scratch {s['name']} ({'live' if s['owner_alive'] else 'dead'} owner)")
-    t = status["totals"]
-    limit = t["max_checkouts"] if t["max_checkouts"] is not None else "-"
-    disk = t["disk"]
-    free = f", disk free {format_bytes(disk['free'])} of {format_bytes(disk['total'])}" if disk else ""
-    lines.append(f"\ntotal {t['checkouts']} checkouts (limit {limit}), {format_bytes(t['bytes'])} "
-                 f"(limit {format_bytes(t['max_bytes'])}){free}; * = inside the "
-                 f"{format_duration(t['grace_seconds'])} grace window")
-    return "\n".join(lines)

@@ -1,5 +1,6 @@
 """Small JSON records on disk: always written whole (temp file in the same
-directory, then os.replace), read as None when missing or unreadable.
+directory, then os.replace), read as None when missing or unreadable; and the
+record a failed clone leaves (`Failure`, state/<sha>.failed.json).
 
 A reader never sees half a record: a process killed mid-write leaves at most
 a stray temp file (`.<name>.<pid>.<random>.tmp`). Temp names are unique per
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+
+import attrs
 
 TMP_SUFFIX = ".tmp"
 
@@ -41,3 +44,33 @@ def remove_quietly(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+@attrs.frozen
+class Failure:
+    """The last failure of a commit's clone: what to answer, and until when."""
+
+    code: str
+    message: str
+    next: str
+    attempts: int
+    failed_at: float
+    retry_at: float
+
+    @classmethod
+    def from_record(cls, record: dict | None) -> "Failure | None":
+        if not record:
+            return None
+        try:
+            return cls(code=str(record["code"]), message=str(record["message"]),
+                       next=str(record["next"]), attempts=int(record["attempts"]),
+                       failed_at=float(record["failed_at"]), retry_at=float(record["retry_at"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def to_record(self) -> dict:
+        return attrs.asdict(self)
+
+
+def read_failure(path: str) -> Failure | None:
+    return Failure.from_record(read_json(path))

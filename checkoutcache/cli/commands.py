@@ -11,10 +11,10 @@ import sys
 
 import click
 
-from .answers import EXIT_BAD_INPUT, EXIT_EXEC_FAILED, Answer
-from .cache import Cache
-from .errors import CheckoutCacheError
-from .output import ProgressBar, emit_answer, wants_json
+from checkoutcache.answers import EXIT_BAD_INPUT, EXIT_EXEC_FAILED, Answer
+from checkoutcache.cache import Cache
+from checkoutcache.cli.output import ProgressBar, emit_answer, wants_json
+from checkoutcache.errors import CheckoutCacheError
 
 
 class Context:
@@ -43,7 +43,7 @@ def cli(ctx: click.Context, root: str | None, as_json: bool) -> None:
 
 
 def parse_wait(value: str) -> float:
-    from .units import parse_duration
+    from checkoutcache.units import parse_duration
 
     return parse_duration(value, "--wait")
 
@@ -77,7 +77,7 @@ def config_options(*names: str):
     """click options for Config fields, from their one declaration (env, default, help)."""
     import attrs
 
-    from .config import Config
+    from checkoutcache.config import Config
 
     fields = attrs.fields_dict(Config)
 
@@ -92,7 +92,7 @@ def config_options(*names: str):
 
 
 def load_config(overrides: dict):
-    from .config import Config
+    from checkoutcache.config import Config
 
     return Config.from_env(**{k: v for k, v in overrides.items() if v is not None})
 
@@ -109,9 +109,9 @@ def fail(ctx: Context, exc: CheckoutCacheError) -> int:
 @pass_context
 def gc(ctx: Context, dry_run: bool, **overrides) -> int:
     """Evict least recently used checkouts over the limits, reap dead clones, tidy mirrors."""
-    from .gc import run_gc
-    from .layout import RootPaths
-    from .output import emit_json, gc_text
+    from checkoutcache.cli.output import emit_json, gc_text
+    from checkoutcache.store.layout import RootPaths
+    from checkoutcache.upkeep.gc import run_gc
 
     try:
         config = load_config(overrides)
@@ -132,10 +132,10 @@ def gc(ctx: Context, dry_run: bool, **overrides) -> int:
 @pass_context
 def status(ctx: Context, repo: str | None, scope: str, **overrides) -> int:
     """Show checkouts, clones in flight, failures and totals against the limits."""
-    from .layout import RootPaths
-    from .output import emit_json
-    from .repospec import parse_repo
-    from .status import build_status, status_text
+    from checkoutcache.cli.output import emit_json, status_text
+    from checkoutcache.repospec import parse_repo
+    from checkoutcache.store.layout import RootPaths
+    from checkoutcache.upkeep.status import build_status
 
     try:
         config = load_config(overrides)
@@ -158,17 +158,20 @@ def status(ctx: Context, repo: str | None, scope: str, **overrides) -> int:
 @pass_context
 def verify(ctx: Context, repo: str | None, commit: str | None, scope: str, remove_broken: bool) -> int:
     """Compare checkouts with their commits; exit 1 if any is broken."""
-    from .layout import RootPaths
-    from .output import emit_json, verify_text
-    from .repospec import parse_commit, parse_repo
-    from .verify import run_verify
+    from checkoutcache.cli.output import emit_json, verify_text
+    from checkoutcache.repospec import parse_commit, parse_repo
+    from checkoutcache.store.layout import RootPaths
+    from checkoutcache.upkeep.verify import run_verify
 
     try:
         key = parse_repo(repo, scope).key if repo is not None else None
         sha = parse_commit(commit) if commit is not None else None
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
-    report = run_verify(RootPaths(ctx.cache().root), key, sha, remove_broken)
+    from checkoutcache.git.backend import pick_backend
+
+    backend = pick_backend(load_config({}).transport)
+    report = run_verify(RootPaths(ctx.cache().root), backend, key, sha, remove_broken)
     if ctx.as_json:
         emit_json(report)
     else:
@@ -189,7 +192,7 @@ def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...],
     Use `--` before COMMAND. If the checkout cannot be made ready, the answer
     goes to stderr and the status is 125 (the command did not run).
     """
-    from .execute import run_held
+    from checkoutcache.cli.execute import run_held
 
     if command and command[0] == "--":  # click keeps the separator once arguments have started
         command = command[1:]
@@ -218,8 +221,9 @@ def serve(ctx: Context, listen: str, unix_socket: str | None, allow_remote: bool
     """Run the sidecar: an HTTP JSON API (/v1/...), /healthz, /metrics, and gc on a schedule."""
     import logging
 
-    from .serve import parse_listen, serve as run_server
-    from .units import parse_duration
+    from checkoutcache.serve.http import parse_listen
+    from checkoutcache.serve.http import serve as run_server
+    from checkoutcache.units import parse_duration
 
     try:
         config = load_config(overrides)
@@ -238,7 +242,7 @@ def serve(ctx: Context, listen: str, unix_socket: str | None, allow_remote: bool
 @pass_context
 def demo(ctx: Context, keep: bool) -> int:
     """Build a small repository locally and show the answers for one of its commits."""
-    from .demo import run_demo
+    from checkoutcache.cli.demo import run_demo
 
     return run_demo(ctx.root, ctx.as_json, keep)
 

@@ -13,11 +13,11 @@ import os
 
 import attrs
 
-from . import locks, records
-from .layout import RepoPaths, RootPaths, entries
-from .ready import looks_intact
-from .scratch import ScratchFacts, scratch_facts
-from .state import Failure
+from checkoutcache.store import locks, records
+from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.ready import looks_intact
+from checkoutcache.store.records import Failure, read_failure
+from checkoutcache.store.scratch import ScratchFacts, scratch_facts
 
 
 @attrs.frozen
@@ -84,28 +84,24 @@ def checkout_info(paths: RepoPaths, sha: str, with_size: bool = True) -> Checkou
     intact = ready and looks_intact(path, records.read_json(marker) or {})
     return CheckoutInfo(sha=sha, path=path, ready=ready, intact=intact, last_used=last_used,
                         size=disk_usage(path) if with_size else 0,
-                        held=ready and locks.is_locked(marker))
+                        held=ready and locks.checkout_held(marker))
 
 
 def clone_infos(paths: RepoPaths) -> list[CloneInfo]:
     clones = []
-    for name in entries(paths.state_dir):
-        if not name.endswith(".clone.json"):
-            continue
-        sha = name[: -len(".clone.json")]
-        record = records.read_json(os.path.join(paths.state_dir, name)) or {}
-        clones.append(CloneInfo(sha=sha, pid=record.get("pid"), alive=locks.is_locked(paths.clone_lock(sha)),
+    for sha in paths.clone_record_shas():
+        record = records.read_json(paths.clone_record(sha)) or {}
+        clones.append(CloneInfo(sha=sha, pid=record.get("pid"), alive=locks.clone_running(paths, sha),
                                 started_at=record.get("started_at"), progress=record.get("progress") or {}))
     return clones
 
 
 def failures(paths: RepoPaths) -> dict[str, Failure]:
     found = {}
-    for name in entries(paths.state_dir):
-        if name.endswith(".failed.json"):
-            failure = Failure.from_record(records.read_json(os.path.join(paths.state_dir, name)))
-            if failure is not None:
-                found[name[: -len(".failed.json")]] = failure
+    for sha in paths.failure_record_shas():
+        failure = read_failure(paths.failure_record(sha))
+        if failure is not None:
+            found[sha] = failure
     return found
 
 

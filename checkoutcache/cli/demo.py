@@ -16,8 +16,8 @@ import time
 
 import pygit2
 
-from .cache import Cache
-from .output import ProgressBar, answer_text, emit_json
+from checkoutcache.cache import Cache
+from checkoutcache.cli.output import ProgressBar, answer_text, emit_json
 
 
 def make_demo_repository(path: str) -> list[str]:

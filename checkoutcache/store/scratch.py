@@ -12,16 +12,14 @@ Removal is a rename into trash/ (instant, atomic) followed by deletion.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 import attrs
 
-from . import locks, records
-from .layout import RepoPaths, entries
-from .liveness import is_alive, own_identity
-
-SCRATCH_LOCK_WAIT = 30.0
+from checkoutcache.store import locks, records
+from checkoutcache.store.checkouts import remove_tree, to_trash
+from checkoutcache.store.layout import RepoPaths, entries
+from checkoutcache.store.liveness import is_alive, own_identity
 
 
 @attrs.define
@@ -35,17 +33,17 @@ class Scratch:
 
     def discard(self) -> None:
         """Remove our own scratch. Safe without scratch.lock: nobody else touches a live owner's."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_tree(self.path)
         self.owner_lock.release()
 
 
 def create_scratch(paths: RepoPaths, commit: str) -> Scratch:
     pid, start_time = own_identity()
-    with locks.lock(paths.scratch_lock, timeout=SCRATCH_LOCK_WAIT):
+    with locks.scratch_change(paths):
         path = paths.scratch_dir_for(pid)
         if os.path.lexists(path):
             # We are pid <pid> and alive, so whoever left this is dead.
-            os.rename(path, paths.trash_slot("scratch"))
+            to_trash(paths, path, "scratch")
         os.mkdir(path, 0o755)
         owner_lock = locks.try_lock(paths.scratch_owner_lock(path))
         if owner_lock is None:  # pragma: no cover - a fresh directory's lock cannot be held
@@ -98,15 +96,14 @@ def reap_dead_scratch(paths: RepoPaths, dry_run: bool = False) -> list[tuple[str
     reaped = []
     if not os.path.isdir(paths.scratch_dir):
         return reaped
-    with locks.lock(paths.scratch_lock, timeout=SCRATCH_LOCK_WAIT):
+    with locks.scratch_change(paths):
         for fact in scratch_facts(paths):
             if not fact.dead:
                 continue
-            slot = paths.trash_slot("scratch")
-            if not dry_run:
-                try:
-                    os.rename(os.path.join(paths.scratch_dir, fact.name), slot)
-                except FileNotFoundError:
-                    continue
-            reaped.append((fact.name, slot))
+            if dry_run:
+                reaped.append((fact.name, ""))
+                continue
+            slot = to_trash(paths, os.path.join(paths.scratch_dir, fact.name), "scratch")
+            if slot is not None:
+                reaped.append((fact.name, slot))
     return reaped

@@ -13,10 +13,10 @@ import errno
 import os
 import time
 
-from . import records
-from .errors import CheckoutCacheError
-from .layout import LAYOUT_VERSION, ROOT_README, RepoPaths, RootPaths
-from .repospec import RepoSpec
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.repospec import RepoSpec
+from checkoutcache.store import records
+from checkoutcache.store.layout import LAYOUT_VERSION, ROOT_README, RepoPaths, RootPaths
 
 
 def make_dirs(path: str) -> None:

@@ -13,7 +13,7 @@ Two ways to start it:
   for starting Python and importing what the worker needs (about 100 ms of
   a new commit's ~500). Only for a process we own: the child closes every
   descriptor but the lock, which is safe in the CLI and not in a host process.
-- spawn (the library, serve): a fresh `python -m checkoutcache.worker`.
+- spawn (the library, serve): a fresh `python -m checkoutcache.clone.worker`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,14 @@ import subprocess
 import sys
 import traceback
 
-from .config import Config
-from .gitenv import CREDENTIAL_VARS, credential_env
-from .layout import RepoPaths
-from .repospec import Credential
+from checkoutcache.config import Config
+from checkoutcache.credentials import (
+    CREDENTIAL_VARS,
+    Credential,
+    credential_env,
+    without_credentials,
+)
+from checkoutcache.store.layout import RepoPaths
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Workers started by a long-lived caller (serve, the library in a pipeline) must
@@ -49,11 +53,11 @@ def start_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
 def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
                   credential: Credential | None, deaths: int) -> int:
     reap_finished_workers()
-    env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
+    env = without_credentials(os.environ)
     env.update(config.to_env())
     env.update(credential_env(credential))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "checkoutcache.worker", "--root", root, "--key", paths.key,
+    cmd = [sys.executable, "-m", "checkoutcache.clone.worker", "--root", root, "--key", paths.key,
            "--commit", sha, "--lock-fd", str(lock_fd), "--deaths", str(deaths)]
     # The worker's stderr goes to the commit's log (appended: the history of attempts),
     # so even a crash before the worker sets up its own logging leaves a trace.
@@ -111,7 +115,7 @@ def _become_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: 
         for var in CREDENTIAL_VARS:
             os.environ.pop(var, None)
         os.environ.update(credential_env(credential))
-        from .worker import run_worker
+        from checkoutcache.clone.worker import run_worker
 
         code = run_worker(root, paths.key, sha, config, credential, deaths)
     except BaseException:

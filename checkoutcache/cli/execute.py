@@ -12,9 +12,9 @@ import signal
 import subprocess
 import sys
 
-from .answers import EXIT_EXEC_FAILED
-from .cache import Cache
-from .output import ProgressBar, emit_answer
+from checkoutcache.answers import EXIT_EXEC_FAILED
+from checkoutcache.cache import Cache
+from checkoutcache.cli.output import ProgressBar, emit_answer
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 
-from .units import FreeTarget
+from checkoutcache.units import FreeTarget
 
 LRU = "lru"
 AGE = "age"

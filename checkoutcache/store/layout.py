@@ -8,7 +8,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     ├── README                     says which tool maintains this directory
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
-    │   └── health.lock            taken and dropped by serve's /healthz probe
+    │   ├── health.lock            taken and dropped by serve's /healthz probe
+    │   └── .health-<pid>-<n>      a probe file /healthz writes and removes at once
     └── repos/
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
@@ -43,7 +44,9 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   ├── <sha>.clone.json   clone record: owner pid, start time, progress. Written
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
-            │   └── <sha>.failed.json  the last failure: code, message, attempts, retry time.
+            │   ├── <sha>.failed.json  the last failure: code, message, attempts, retry time.
+            │   └── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
+            │                          were dropped since (a repack is then due at the interval).
             ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted.
             └── locks/
                 ├── mirror.lock    exclusive for every write to mirror.git
@@ -54,6 +57,30 @@ A reader may assume: a checkout with its marker is complete and stays where it
 is for as long as the reader holds the marker's shared lock; records are
 always whole JSON (never half-written); nothing under scratch/ or trash/ is
 ever served.
+
+Locks (flock; all die with their holder; helpers named for their purpose in locks.py):
+
+    lock                      mode       taken by                          held for
+    locks/gc.lock             exclusive  gc (never waits: a second gc skips)  the whole run
+    <key>/locks/clone-<sha>   exclusive  the starter, then its clone worker   the clone's life
+                              (probe)    askers, gc (never wait)              a look
+    <key>/locks/scratch.lock  exclusive  a worker creating its scratch;       milliseconds
+                                         gc reaping dead scratch
+    scratch/.clone-*/owner.lock exclusive the scratch's owner                 the owner's life
+    <key>/locks/mirror.lock   exclusive  a worker's fetch and keep-ref;       the write (bounded
+                                         gc's keep-ref drop and repack        wait, then skip)
+    .git/checkoutcache-ready  shared     a ready answer (briefly); an exec    the answer / the
+                                         or /v1/hold (the command's run)      command
+                              exclusive  eviction, moving a checkout aside   one rename (never
+                                                                              waits)
+    locks/health.lock         exclusive  /healthz                            a probe
+
+Order in which locks may nest (outer first); an inner lock taken against this
+order is only ever tried without waiting, so no cycle can deadlock:
+
+    gc.lock -> mirror.lock -> clone-<sha> (try) -> marker exclusive (try)
+    clone-<sha> -> scratch.lock -> owner.lock (fresh) ; clone-<sha> -> mirror.lock
+    clone-<sha> -> marker exclusive (try: a damaged checkout moved aside)
 """
 
 from __future__ import annotations
@@ -64,6 +91,9 @@ LAYOUT_VERSION = 1
 REPO_KEY_DOMAIN = b"checkoutcache-repo-v1"
 READY_MARKER = "checkoutcache-ready"
 SCRATCH_PREFIX = ".clone-"
+CLONE_RECORD_SUFFIX = ".clone.json"
+FAILURE_RECORD_SUFFIX = ".failed.json"
+CLONE_LOCK_PREFIX = "clone-"
 
 ROOT_README = """\
 This directory is a checkoutcache store (layout version {version}).
@@ -78,6 +108,17 @@ def entries(directory: str) -> list[str]:
         return sorted(os.listdir(directory))
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def _commits_named(names: list[str], prefix: str, suffix: str) -> list[str]:
+    """The commit ids in names of the form <prefix><sha><suffix>."""
+    found = []
+    for name in names:
+        if name.startswith(prefix) and name.endswith(suffix):
+            sha = name[len(prefix):len(name) - len(suffix)]
+            if len(sha) in (40, 64) and all(c in "0123456789abcdef" for c in sha):
+                found.append(sha)
+    return found
 
 
 def default_root() -> str:
@@ -112,6 +153,13 @@ class RootPaths:
     @property
     def gc_lock(self) -> str:
         return os.path.join(self.root, "locks", "gc.lock")
+
+    @property
+    def health_lock(self) -> str:
+        return os.path.join(self.root, "locks", "health.lock")
+
+    def health_probe(self, token: str) -> str:
+        return os.path.join(self.root, "locks", f".health-{token}")
 
     def repo(self, key: str) -> "RepoPaths":
         return RepoPaths(os.path.join(self.root, "repos", key))
@@ -178,6 +226,10 @@ class RepoPaths:
         return os.path.join(scratch, "tree")
 
     @staticmethod
+    def scratch_mirror(scratch: str) -> str:
+        return os.path.join(scratch, "mirror.git")
+
+    @staticmethod
     def scratch_pid(name: str) -> int | None:
         """The owner pid of a scratch directory name, or None if it is not one."""
         if not name.startswith(SCRATCH_PREFIX):
@@ -198,10 +250,20 @@ class RepoPaths:
         return os.path.join(self.base, "state")
 
     def clone_record(self, sha: str) -> str:
-        return os.path.join(self.base, "state", f"{sha}.clone.json")
+        return os.path.join(self.base, "state", f"{sha}{CLONE_RECORD_SUFFIX}")
 
     def failure_record(self, sha: str) -> str:
-        return os.path.join(self.base, "state", f"{sha}.failed.json")
+        return os.path.join(self.base, "state", f"{sha}{FAILURE_RECORD_SUFFIX}")
+
+    def clone_record_shas(self) -> list[str]:
+        return _commits_named(entries(self.state_dir), "", CLONE_RECORD_SUFFIX)
+
+    def failure_record_shas(self) -> list[str]:
+        return _commits_named(entries(self.state_dir), "", FAILURE_RECORD_SUFFIX)
+
+    @property
+    def mirror_gc_stamp(self) -> str:
+        return os.path.join(self.base, "state", "mirror-gc.json")
 
     @property
     def logs_dir(self) -> str:
@@ -223,7 +285,10 @@ class RepoPaths:
         return os.path.join(self.base, "locks", "scratch.lock")
 
     def clone_lock(self, sha: str) -> str:
-        return os.path.join(self.base, "locks", f"clone-{sha}.lock")
+        return os.path.join(self.base, "locks", f"{CLONE_LOCK_PREFIX}{sha}.lock")
+
+    def clone_lock_shas(self) -> list[str]:
+        return _commits_named(entries(self.locks_dir), CLONE_LOCK_PREFIX, ".lock")
 
     def all_dirs(self) -> list[str]:
         """Directories a repository store needs, created together on first use."""

@@ -19,63 +19,43 @@ import argparse
 import errno
 import json
 import os
-import shutil
 import sys
 import threading
 import time
 
-from . import locks, mirror, records
-from .config import Config
-from .errors import CheckoutCacheError, describe
-from .layout import RepoPaths, RootPaths
-from .liveness import own_identity
-from .ready import looks_intact, top_names
-from .redact import redact
-from .repospec import Credential, credential_from_env
-from .scratch import Scratch, create_scratch
-from .state import Failure, next_failure
-from .testhooks import checkpoint
-from .verify import move_aside
-from .gitbackend import RUNNING, TransportError, looks_corrupt, pick_backend
+from checkoutcache.clone.decide import next_failure
+from checkoutcache.config import Config
+from checkoutcache.credentials import (
+    Credential,
+    credential_from_env,
+    redact,
+    secrets_of,
+)
+from checkoutcache.errors import CheckoutCacheError, describe
+from checkoutcache.git import mirror
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, pick_backend
+from checkoutcache.git.cli import RUNNING
+from checkoutcache.store import locks, records
+from checkoutcache.store.checkouts import (
+    GONE,
+    HELD,
+    is_published,
+    move_checkout_aside,
+    publish,
+    remove_tree,
+    to_trash,
+)
+from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.liveness import own_identity
+from checkoutcache.store.records import read_failure
+from checkoutcache.store.scratch import Scratch, create_scratch
+from checkoutcache.testhooks import checkpoint
 
 PROGRESS_INTERVAL = 0.25
 # Observability hook: when set, every clone appends one JSON line per event
 # (started, published, discarded, failed) to this file, outside the root.
 JOURNAL = "CHECKOUTCACHE_CLONE_JOURNAL"
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
-
-
-def publish(paths: RepoPaths, tree: str, sha: str) -> bool:
-    """Rename the built tree to checkouts/<sha>, then write the ready marker.
-
-    Returns False if another clone had already published (ours is discarded).
-    Runs under the commit's clone lock, so a target without a marker can only be
-    a dead worker's interrupted publish, and one that fails the integrity check
-    was damaged: either is moved aside and replaced.
-    """
-    target = paths.checkout(sha)
-    top = top_names(tree)
-    if os.path.lexists(target):
-        record = records.read_json(paths.ready_marker(sha))
-        if record is not None and looks_intact(target, record):
-            return False
-        if move_aside(paths, sha, "replaced") is None and os.path.lexists(target):
-            # Damaged, but a running exec holds it: never pulled from under a command.
-            raise CheckoutCacheError("CLONE_FAILED", detail="a damaged checkout of this commit is held by a "
-                                                            "running exec; it is replaced once that ends")
-    try:
-        os.rename(tree, target)
-    except OSError as exc:
-        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-            return False
-        raise
-    checkpoint("after-rename")
-    write_ready_marker(paths.ready_marker(sha), sha, top)
-    return True
-
-
-def write_ready_marker(marker: str, sha: str, top: list[str]) -> None:
-    records.write_json(marker, {"commit": sha, "published_at": time.time(), "pid": os.getpid(), "top": top})
 
 
 class Worker:
@@ -85,7 +65,7 @@ class Worker:
         self.config = config
         self.credential = credential
         self.deaths = deaths  # kept in our record: if we die too, the next starter counts on
-        self.secrets = self.credential.secrets() if self.credential else []
+        self.secrets = secrets_of(credential)
         info = records.read_json(paths.repo_json) or {}
         self.url = info.get("url", "")
         self.backend = pick_backend(config.transport)
@@ -138,7 +118,7 @@ class Worker:
             checkpoint("during-" + ("checkout" if update.get("phase") == "checking out" else "fetch"))
 
     def record_failure(self, code: str, message: str, next_step: str) -> None:
-        previous = Failure.from_record(records.read_json(self.paths.failure_record(self.sha)))
+        previous = read_failure(self.paths.failure_record(self.sha))
         failure = next_failure(previous, code, redact(message, self.secrets), next_step, time.time(),
                                self.config.backoff, self.config.backoff_max)
         records.write_json(self.paths.failure_record(self.sha), failure.to_record())
@@ -172,8 +152,7 @@ class Worker:
         return EXIT_OK
 
     def clone(self) -> None:
-        record = records.read_json(self.paths.ready_marker(self.sha))
-        if record is not None and looks_intact(self.paths.checkout(self.sha), record):
+        if is_published(self.paths, self.sha):
             self.log("already published by another clone")  # double-check under our lock
             with self._finishing:
                 self.cleanup()
@@ -186,13 +165,13 @@ class Worker:
         try:
             self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
                                   self.log)
-        except TransportError as exc:
-            if not looks_corrupt(exc.detail):
-                raise
-            # The mirror opened but its objects cannot be read (a truncated pack, a
-            # lost object): rebuild it once, restoring what other checkouts borrow.
+        except CheckoutCacheError as exc:
+            if exc.code == "DISK_FULL" or self.backend.objects_readable(self.paths.mirror, self.sha):
+                raise  # the tree itself cannot be checked out: no rebuild would help
+            # The mirror opened but the commit's objects cannot be read (a truncated
+            # pack, a lost object): rebuild it once, restoring what other checkouts borrow.
             self.log(f"the mirror is corrupt ({exc.detail}); rebuilding it")
-            shutil.rmtree(self.scratch.tree, ignore_errors=True)
+            remove_tree(self.scratch.tree)
             self.fetch_into_mirror(rebuild=True)
             self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
                                   self.log)
@@ -214,24 +193,24 @@ class Worker:
         """
         if os.path.isdir(self.paths.mirror) and (rebuild or not self.backend.is_usable(self.paths.mirror)):
             self.log("the mirror is damaged: moving it aside and fetching anew")
-            os.rename(self.paths.mirror, self.paths.trash_slot("broken-mirror"))
+            to_trash(self.paths, self.paths.mirror, "broken-mirror")
         if os.path.isdir(self.paths.mirror):
             return False
-        build = os.path.join(self.scratch.path, "mirror.git")
+        build = RepoPaths.scratch_mirror(self.scratch.path)
         self.backend.init_mirror(build)
         os.rename(build, self.paths.mirror)
         return True
 
     def write_mirror(self, operation):
-        """Run one write to the mirror; if a git lock file stops it, clear the locks once and retry.
+        """Run one write to the mirror; if it fails with git lock files present, clear them once and retry.
 
         Every git writer we start holds the mirror lock we hold now, so a lock file
         seen here belongs to a killed process, however young it is.
         """
         try:
             return operation()
-        except TransportError as exc:
-            if not exc.stopped_by_git_lock:
+        except CheckoutCacheError:
+            if not mirror.git_lock_files(self.paths.mirror):
                 raise
             for stale in mirror.remove_stale_git_locks(self.paths.mirror, min_age=0.0):
                 self.log(f"removed git lock {stale} left by a killed process")
@@ -252,19 +231,22 @@ class Worker:
         self.log(f"restoring the objects of {len(shas)} existing checkout(s)")
         try:
             self.fetch(shas, keep_fds)
-        except TransportError as exc:
+        except CheckoutCacheError as exc:
             self.log(f"could not fetch them by id ({exc.detail}); fetching all refs")
-            self.fetch(["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"], keep_fds)
+            self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds)
         for sha in shas:
             if self.backend.has_commit(self.paths.mirror, sha):
                 self.keep(sha, keep_fds)
             else:  # it can no longer be served whole: move it aside, it is cloned again when asked
-                self.log(f"checkout {sha} lost its objects; removing it")
-                os.rename(self.paths.checkout(sha), self.paths.trash_slot(f"orphaned-{sha}"))
+                moved = move_checkout_aside(self.paths, sha, "orphaned")
+                if moved.kept == HELD:  # verify and gc find it broken once the command ends
+                    self.log(f"checkout {sha} lost its objects; a running command holds it, kept for now")
+                elif moved.kept != GONE:
+                    self.log(f"checkout {sha} lost its objects; removed")
 
     def fetch_into_mirror(self, rebuild: bool = False) -> None:
         remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
-        with locks.lock(self.paths.mirror_lock, timeout=remaining) as mirror_lock:
+        with locks.mirror_write(self.paths, timeout=remaining) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
             rebuilt = self.ensure_mirror(rebuild)
             mirror_dir = self.paths.mirror
@@ -275,11 +257,11 @@ class Worker:
                 checkpoint("before-fetch")
                 try:
                     self.fetch([self.sha], keep_fds)
-                except TransportError as exc:
+                except CheckoutCacheError as exc:
                     if exc.code == "DISK_FULL":
                         raise
                     self.log(f"fetch by id refused ({exc.detail}); fetching all refs")
-                    self.fetch(["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"], keep_fds)
+                    self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds)
                 checkpoint("after-fetch")
                 if not self.backend.has_commit(mirror_dir, self.sha):
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
@@ -292,17 +274,14 @@ class Worker:
     def explain(self, exc: BaseException) -> tuple[str, str, str]:
         """(code, message, next step) for whatever stopped the clone."""
         if isinstance(exc, CheckoutCacheError):
-            return exc.code, exc.message, exc.next
-        if isinstance(exc, TransportError):
-            code, detail = exc.code, exc.detail
-        elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return exc.code, redact(exc.message, self.secrets), exc.next
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             code, detail = "DISK_FULL", str(exc)
         elif isinstance(exc, locks.LockTimeout):
             return ("TIMEOUT", *describe("TIMEOUT", limit=f"{self.config.clone_timeout:g}s"))
         else:
             self.log(f"unexpected {type(exc).__name__}: {exc}")
-            code = "DISK_FULL" if "No space left" in str(exc) else "CLONE_FAILED"
-            detail = f"{type(exc).__name__}: {exc}"
+            code, detail = "CLONE_FAILED", f"{type(exc).__name__}: {exc}"
         return (code, *describe(code, detail=redact(detail, self.secrets), commit=self.sha))
 
     def on_timeout(self) -> None:
@@ -312,7 +291,7 @@ class Worker:
         self.record_failure("TIMEOUT", *describe("TIMEOUT", limit=f"{self.config.clone_timeout:g}s"))
         records.remove_quietly(self.paths.clone_record(self.sha))
         if self.scratch is not None:
-            shutil.rmtree(self.scratch.path, ignore_errors=True)
+            remove_tree(self.scratch.path)
         os._exit(EXIT_TIMEOUT)
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .answers import CLONING, READY, Answer
+from checkoutcache.answers import Answer, State
+from checkoutcache.units import format_bytes, format_duration
 
 
 def wants_json(flag: bool) -> bool:
@@ -42,9 +43,9 @@ def fraction(progress: dict | None) -> float:
 
 
 def answer_text(answer: Answer) -> str:
-    if answer.state == READY:
+    if answer.state == State.READY:
         return f"ready {answer.path}"
-    if answer.state == CLONING:
+    if answer.state == State.CLONING:
         return (f"cloning {answer.commit} (pid {answer.pid}, since {answer.started_at}): "
                 f"{describe_progress(answer.progress)}")
     lines = [f"failed: {answer.error}: {answer.message}", f"next: {answer.next}"]
@@ -62,8 +63,6 @@ def emit_answer(answer: Answer, as_json: bool, stream=None) -> None:
 
 
 def gc_text(report: dict) -> str:
-    from .units import format_bytes
-
     if report["skipped"]:
         return f"gc skipped: {report['skipped']}"
     lines = []
@@ -112,4 +111,37 @@ def verify_text(report: dict) -> str:
             verdict += " (moved to trash)"
         lines.append(f"{c['commit'][:12]}  {verdict}")
     lines.append(f"{len(report['checkouts'])} checkout(s), {report['broken']} broken")
+    return "\n".join(lines)
+
+
+def status_text(status: dict) -> str:
+    lines = [f"root {status['root']}"]
+    for repo in status["repos"]:
+        lines.append(f"\n{repo['repo']}  (scope {repo['scope']}, key {repo['key']})")
+        if repo["checkouts"]:
+            lines.append(f"  {'COMMIT':<12}  {'SIZE':>8}  {'IDLE':>6}  {'STATE':<10}  PATH")
+            for c in sorted(repo["checkouts"], key=lambda c: c["idle_seconds"] or 0):
+                state = "held" if c["held"] else ("ready" if c["ready"] else "unmarked")
+                if c["ready"] and not c["intact"]:
+                    state = "DAMAGED"
+                if c["ready"] and c["protected"] == "grace":
+                    state += "*"
+                lines.append(f"  {c['commit'][:12]:<12}  {format_bytes(c['size']):>8}  "
+                             f"{format_duration(c['idle_seconds']):>6}  {state:<10}  {c['path']}")
+        for c in repo["clones"]:
+            alive = "running" if c["alive"] else "dead"
+            lines.append(f"  clone {c['commit'][:12]} pid {c['pid']} {alive} since {c['started_at']}: "
+                         f"{describe_progress(c['progress'])}")
+        for f in repo["failures"]:
+            lines.append(f"  failed {f['commit'][:12]} {f['error']} (attempt {f['attempts']}, retry in "
+                         f"{f['retry_after']}s): {f['message']}")
+        for s in repo["scratch"]:
+            lines.append(f"  scratch {s['name']} ({'live' if s['owner_alive'] else 'dead'} owner)")
+    t = status["totals"]
+    limit = t["max_checkouts"] if t["max_checkouts"] is not None else "-"
+    disk = t["disk"]
+    free = f", disk free {format_bytes(disk['free'])} of {format_bytes(disk['total'])}" if disk else ""
+    lines.append(f"\ntotal {t['checkouts']} checkouts (limit {limit}), {format_bytes(t['bytes'])} "
+                 f"(limit {format_bytes(t['max_bytes'])}){free}; * = inside the "
+                 f"{format_duration(t['grace_seconds'])} grace window")
     return "\n".join(lines)

@@ -15,18 +15,20 @@ import os
 import time
 from typing import Callable
 
-from . import locks, records
-from .answers import CLONING, FAILED, READY, Answer
-from .config import Config
-from .errors import CheckoutCacheError, describe
-from .layout import RootPaths
-from .ready import touch_if_ready
-from .repospec import RepoSpec, credential_from_env
-from .spawn import start_worker
-from .state import CommitFacts, Failure, State, next_failure, state_of
-from .store import init_repo_store, store_exists
-from .gitbackend import pick_backend
-from .units import iso
+from checkoutcache.answers import Answer, State
+from checkoutcache.clone.decide import Step, next_failure, next_step_for_not_ready
+from checkoutcache.clone.spawn import start_worker
+from checkoutcache.config import Config
+from checkoutcache.credentials import credential_from_env
+from checkoutcache.errors import CheckoutCacheError, describe
+from checkoutcache.git.backend import pick_backend
+from checkoutcache.repospec import RepoSpec
+from checkoutcache.store import locks, records
+from checkoutcache.store.create import init_repo_store, store_exists
+from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.ready import touch_if_ready
+from checkoutcache.store.records import Failure, read_failure
+from checkoutcache.units import iso
 
 # Waiting polls cheaply (a stat and a non-blocking lock attempt): every 5 ms at
 # first, so a fast clone is seen as soon as it publishes, then every 10 ms.
@@ -34,10 +36,6 @@ POLL_FIRST, POLL_MAX = 0.005, 0.01
 # How long an asker that finds the clone lock held waits for the owner's record
 # to appear (the starter writes it within milliseconds of taking the lock).
 RECORD_GRACE = 0.5
-# A worker that dies records nothing, so the commit is simply absent and is
-# cloned again; but one that keeps dying (the OOM killer) must not be restarted
-# in a loop: after this many deaths in a row the commit fails and backs off.
-MAX_DEATHS = 3
 
 
 class Coordinator:
@@ -52,16 +50,16 @@ class Coordinator:
 
     # ------------------------------------------------------------ answers
     def ready(self) -> Answer:
-        return Answer(state=READY, commit=self.sha, repo=self.spec.url, path=self.paths.checkout(self.sha))
+        return Answer(state=State.READY, commit=self.sha, repo=self.spec.url, path=self.paths.checkout(self.sha))
 
     def failed(self, failure: Failure, now: float) -> Answer:
-        return Answer(state=FAILED, commit=self.sha, repo=self.spec.url, error=failure.code,
+        return Answer(state=State.FAILED, commit=self.sha, repo=self.spec.url, error=failure.code,
                       message=failure.message, next=failure.next,
                       retry_after=max(1, int(failure.retry_at - now + 0.999)))
 
     def cloning(self, record: dict | None) -> Answer:
         record = record or {}
-        return Answer(state=CLONING, commit=self.sha, repo=self.spec.url, pid=record.get("pid"),
+        return Answer(state=State.CLONING, commit=self.sha, repo=self.spec.url, pid=record.get("pid"),
                       started_at=iso(record.get("started_at")), progress=record.get("progress") or {})
 
     def error(self, exc: CheckoutCacheError) -> Answer:
@@ -69,7 +67,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ steps
     def failure(self) -> Failure | None:
-        return Failure.from_record(records.read_json(self.paths.failure_record(self.sha)))
+        return read_failure(self.paths.failure_record(self.sha))
 
     def owner_record(self) -> dict | None:
         """The clone record of the live owner; waits briefly while it is being written,
@@ -79,7 +77,7 @@ class Coordinator:
             record = records.read_json(self.paths.clone_record(self.sha))
             if record and record.get("pid") or time.monotonic() >= deadline:
                 return record
-            if not locks.is_locked(self.paths.clone_lock(self.sha)):
+            if not locks.clone_running(self.paths, self.sha):
                 return record
             time.sleep(0.005)
 
@@ -95,25 +93,23 @@ class Coordinator:
         marker = self.paths.ready_marker(self.sha)
         if touch_if_ready(marker):
             return self.ready()
-        clone_lock = locks.try_lock(self.paths.clone_lock(self.sha))
+        clone_lock = locks.clone_of(self.paths, self.sha)
         if clone_lock is None:
             return self.cloning(self.owner_record())
-        with clone_lock:
-            # Double-checked: a worker may have published or failed since our first look.
-            if touch_if_ready(marker):
+        # A worker may have published since our first look: look again under the lock.
+        with locks.rechecked(clone_lock, lambda: not touch_if_ready(marker)) as still_absent:
+            if still_absent is None:
                 return self.ready()
             now = time.time()
             failure = self.failure()
-            state = state_of(CommitFacts(marker_present=False, clone_lock_held=False,
-                                         failure=failure, now=now))
-            if state is State.FAILED:
-                return self.failed(failure, now)
-            # A clone record while we hold the lock is a dead owner's: count the deaths.
+            # A clone record while we hold the lock is a dead owner's: it carries the deaths so far.
             dead = records.read_json(self.paths.clone_record(self.sha))
-            deaths = int(dead.get("deaths", 0)) + 1 if dead else 0
-            if deaths >= MAX_DEATHS:
-                return self.failed(self.record_deaths(failure, deaths, now), now)
-            return self.start_clone(clone_lock, deaths)
+            decision = next_step_for_not_ready(failure, _deaths(dead), now)
+            if decision.step is Step.BACK_OFF:
+                return self.failed(failure, now)
+            if decision.step is Step.GIVE_UP:
+                return self.failed(self.record_deaths(failure, decision.deaths, now), now)
+            return self.start_clone(clone_lock, decision.deaths)
 
     def record_deaths(self, previous: Failure | None, deaths: int, now: float) -> Failure:
         message, next_step = describe("WORKER_DIED", deaths=deaths)
@@ -131,7 +127,9 @@ class Coordinator:
                                self.config, self.credential, fork=self.fork_workers, deaths=deaths)
         except OSError as exc:
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
-        from .liveness import process_start_time  # psutil only off the ready path
+        from checkoutcache.store.liveness import (
+            process_start_time,  # psutil only off the ready path
+        )
 
         record = {"pid": pid, "pid_start": process_start_time(pid), "started_at": time.time(),
                   "commit": self.sha, "progress": {"phase": "starting"}, "deaths": deaths}
@@ -150,9 +148,18 @@ class Coordinator:
                 answer = self.step()
             except CheckoutCacheError as exc:
                 return self.error(exc)
-            if answer.state != CLONING or time.monotonic() >= deadline:
+            if answer.state != State.CLONING or time.monotonic() >= deadline:
                 return answer
             if on_progress is not None:
                 on_progress(answer)
             time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
             interval = min(interval * 1.5, POLL_MAX)
+
+
+def _deaths(dead_record: dict | None) -> int | None:
+    if dead_record is None:
+        return None
+    try:
+        return max(0, int(dead_record.get("deaths", 0)))
+    except (TypeError, ValueError):
+        return 0

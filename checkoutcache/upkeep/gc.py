@@ -4,8 +4,9 @@ One run, under locks/gc.lock (taken without waiting: two crons never
 overlap, the second reports that it skipped):
 
 1. finish interrupted deletions (everything in trash/ goes);
-2. reap scratch whose owner is dead (scratch.py), drop records of dead clones,
-   and move aside checkouts a killed worker renamed but never marked;
+2. reap scratch whose owner is dead (store/scratch.py), drop records of dead
+   clones, and move aside checkouts a killed worker renamed but never marked,
+   or damaged ones no command holds (store/checkouts.py);
 3. plan eviction (eviction.py, pure) from the inventory, then for each planned
    checkout: take its marker's exclusive lock without waiting, re-check its
    last use against the grace window, rename it into trash/, release, delete.
@@ -13,7 +14,8 @@ overlap, the second reports that it skipped):
 4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
    drop keep-refs of commits with neither a checkout nor a live clone,
    remove stale git lock files, and repack/prune at most every
-   mirror_gc_interval so objects no checkout needs go away.
+   mirror_gc_interval so objects no checkout needs go away (a repack stays due
+   when refs were dropped by an earlier run, until it is done).
 
 gc never holds a lock a ready answer waits on for longer than one rename.
 With dry_run nothing is changed: the report says what a real run would do.
@@ -23,25 +25,29 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 
 import attrs
 
-from . import locks, mirror, records
-from .config import Config
-from .eviction import Disk, Entry, Limits, plan_eviction
-from .gitbackend import pick_backend
-from .gitenv import git_env
-from .inventory import RepoInfo, disk_usage, inventory
-from .layout import RepoPaths, RootPaths, entries
-from .scratch import reap_dead_scratch
-from .store import make_dirs
-from .verify import move_aside
-from .testhooks import checkpoint
+from checkoutcache.config import Config
+from checkoutcache.git import mirror
+from checkoutcache.git.backend import pick_backend
+from checkoutcache.store import locks, records
+from checkoutcache.store.checkouts import (
+    GONE,
+    move_checkout_aside,
+    remove_tree,
+    trash_entries,
+)
+from checkoutcache.store.create import make_dirs
+from checkoutcache.store.inventory import RepoInfo, disk_usage, inventory
+from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.scratch import reap_dead_scratch
+from checkoutcache.testhooks import checkpoint
+from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
 
-MIRROR_LOCK_WAIT = 5.0
-MIRROR_GC_STAMP = "mirror-gc.json"
+USED_MEANWHILE = "used-meanwhile"
+STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
 
 
 @attrs.frozen
@@ -71,6 +77,10 @@ class GcReport:
     mirrors: list[dict] = attrs.Factory(list)
     disk_before: dict | None = None
     disk_after: dict | None = None
+    # What the store holds after this run (ready, intact checkouts): computed
+    # from the inventory gc already made, so callers need no second walk.
+    checkouts_after: int | None = None
+    bytes_after: int | None = None
 
     @property
     def bytes_freed(self) -> int:
@@ -83,6 +93,7 @@ class GcReport:
             "kept_over_limit": [attrs.asdict(k) for k in self.kept],
             "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
+            "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after},
         }
 
 
@@ -91,24 +102,23 @@ def disk_of(path: str) -> Disk:
     return Disk(total=usage.total, free=usage.free)
 
 
+def size_of(path: str) -> int:
+    return disk_usage(path) if os.path.isdir(path) and not os.path.islink(path) else 0
+
+
 def empty_trash(paths: RepoPaths, report: GcReport) -> None:
-    for name in entries(paths.trash_dir):
-        path = os.path.join(paths.trash_dir, name)
-        size = disk_usage(path) if os.path.isdir(path) and not os.path.islink(path) else 0
+    for path in trash_entries(paths):
+        size = size_of(path)
         if not report.dry_run:
             remove_tree(path)
-        report.removed.append(Removed("trash", paths.key, name, size))
+        report.removed.append(Removed("trash", paths.key, os.path.basename(path), size))
 
 
-def remove_tree(path: str) -> None:
-    """Delete a tree in trash/. shutil.rmtree never follows a symlink out of it."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        records.remove_quietly(path)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
+def remove_moved(slot: str | None, report: GcReport, removed: Removed) -> None:
+    """Delete what was moved to trash (a dry run moved nothing) and report it."""
+    if slot is not None:
+        remove_tree(slot)
+    report.removed.append(removed)
 
 
 def tidy(info: RepoInfo, report: GcReport) -> None:
@@ -120,133 +130,119 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                     time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_TMP_AGE and not report.dry_run:
                 records.remove_quietly(entry.path)
     for name, slot in reap_dead_scratch(paths, dry_run=report.dry_run):
-        size = 0 if report.dry_run else disk_usage(slot)
-        if not report.dry_run:
-            remove_tree(slot)
-        report.removed.append(Removed("dead-scratch", paths.key, name, size))
+        size = 0 if report.dry_run else size_of(slot)
+        remove_moved(slot or None, report, Removed("dead-scratch", paths.key, name, size))
     for clone in info.clones:
         if not clone.alive and not report.dry_run:
             records.remove_quietly(paths.clone_record(clone.sha))
     for checkout in info.checkouts:
         if checkout.ready:
-            # Damaged (top-level entries gone): never served again; removed unless an exec holds it.
+            # Damaged (top-level entries gone): never served again; removed unless a command holds it.
             if not checkout.intact:
-                slot = None if report.dry_run else move_aside(paths, checkout.sha, "damaged")
-                if slot is not None:
-                    remove_tree(slot)
-                if report.dry_run or slot is not None:
+                if report.dry_run:
                     report.removed.append(Removed("damaged", paths.key, checkout.sha, checkout.size))
+                    continue
+                moved = move_checkout_aside(paths, checkout.sha, "damaged")
+                if moved.slot is not None:
+                    remove_moved(moved.slot, report, Removed("damaged", paths.key, checkout.sha, checkout.size))
             continue
         # No marker: a worker renamed it but died before the marker, or is about to
         # write it. Only a free clone lock (no live worker) makes it a leftover.
-        clone_lock = locks.try_lock(paths.clone_lock(checkout.sha))
-        if clone_lock is None:
-            continue
-        with clone_lock:
-            if os.path.exists(paths.ready_marker(checkout.sha)):
+        unmarked = lambda sha=checkout.sha: not os.path.exists(paths.ready_marker(sha))  # noqa: E731
+        with locks.rechecked(locks.clone_of(paths, checkout.sha), unmarked) as clone_lock:
+            if clone_lock is None:
                 continue
+            slot = None
             if not report.dry_run:
-                slot = paths.trash_slot(f"unpublished-{checkout.sha}")
-                try:
-                    os.rename(checkout.path, slot)
-                except FileNotFoundError:
+                moved = move_checkout_aside(paths, checkout.sha, "unpublished", clone_lock_held=True)
+                if moved.slot is None:
                     continue
-                remove_tree(slot)
-            report.removed.append(Removed("unpublished", paths.key, checkout.sha, checkout.size))
+                slot = moved.slot
+            remove_moved(slot, report, Removed("unpublished", paths.key, checkout.sha, checkout.size))
 
 
 def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
     """Drop the clone lock file and log of commits with no checkout, clone or failure.
 
     The lock file is unlinked while we hold it; every acquirer re-checks that the
-    path still names the inode it locked (locks.py), so nobody is left holding a
-    lock on a file that no longer exists.
+    path still names the inode it locked (store/locks.py), so nobody is left
+    holding a lock on a file that no longer exists.
     """
     if report.dry_run:
         return
-    for name in entries(paths.locks_dir):
-        if not (name.startswith("clone-") and name.endswith(".lock")):
+    for sha in paths.clone_lock_shas():
+        def finished(sha: str = sha) -> bool:
+            return not os.path.lexists(paths.checkout(sha)) and not os.path.exists(paths.failure_record(sha))
+
+        if not finished():
             continue
-        sha = name[len("clone-"):-len(".lock")]
-        if os.path.lexists(paths.checkout(sha)) or os.path.exists(paths.failure_record(sha)):
-            continue
-        clone_lock = locks.try_lock(paths.clone_lock(sha), create=False)
-        if clone_lock is None:
-            continue  # a clone is running (or the file just went)
-        with clone_lock:
-            if os.path.lexists(paths.checkout(sha)) or os.path.exists(paths.failure_record(sha)):
-                continue
+        with locks.rechecked(locks.existing_clone_of(paths, sha), finished) as clone_lock:
+            if clone_lock is None:
+                continue  # a clone is running (or the file just went, or it is needed again)
             records.remove_quietly(paths.clone_record(sha))
             records.remove_quietly(paths.clone_log(sha))
             records.remove_quietly(paths.clone_lock(sha))
 
 
 def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool) -> str | None:
-    """Rename one checkout into trash/; returns why it was kept instead, or None."""
-    marker = paths.ready_marker(sha)
-    exclusive = locks.try_lock(marker, shared=False, create=False)
-    if exclusive is None:
-        return "held"
-    with exclusive:
-        try:
-            last_used = os.stat(marker).st_mtime
-        except FileNotFoundError:
-            return "gone"
-        if time.time() - last_used <= grace:
-            return "used-meanwhile"
-        if dry_run:
-            return None
-        slot = paths.trash_slot(f"evicted-{sha}")
-        os.rename(paths.checkout(sha), slot)
+    """Rename one checkout into trash/ and delete it; returns why it was kept instead, or None."""
+    def recheck(last_use: float) -> str | None:
+        if time.time() - last_use <= grace:
+            return USED_MEANWHILE
+        return "dry-run" if dry_run else None
+
+    moved = move_checkout_aside(paths, sha, "evicted", recheck)
+    if moved.kept == "dry-run":
+        return None
+    if moved.slot is None:
+        return moved.kept or GONE
     checkpoint("gc-after-evict-rename")
-    remove_tree(slot)
+    remove_tree(moved.slot)
     return None
 
 
 def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float) -> None:
-    if not pick_backend(config.transport).is_usable(paths.mirror):
+    backend = pick_backend(config.transport)
+    if not backend.is_usable(paths.mirror):
         return
     entry = {"repo": paths.key, "refs_dropped": 0, "stale_locks": [], "repacked": False}
     try:
-        mirror_lock = locks.lock(paths.mirror_lock, timeout=MIRROR_LOCK_WAIT)
+        mirror_lock = locks.mirror_write(paths, timeout=locks.MIRROR_WAIT_FOR_GC)
     except locks.LockTimeout:
         entry["skipped"] = "a clone is fetching"
         report.mirrors.append(entry)
         return
     with mirror_lock:
-        repo = mirror.open_existing(paths.mirror)
-        for sha in mirror.kept_shas(repo):
-            if os.path.lexists(paths.checkout(sha)):
+        for sha in backend.kept(paths.mirror):
+            def unused(sha: str = sha) -> bool:
+                return not os.path.lexists(paths.checkout(sha))
+
+            if not unused():
                 continue
-            clone_lock = locks.try_lock(paths.clone_lock(sha))
-            if clone_lock is None:
-                continue  # a worker is making it: its keep-ref protects what it reads
-            with clone_lock:
-                if not os.path.lexists(paths.checkout(sha)):
-                    if not report.dry_run:
-                        mirror.drop_keep(repo, sha)
-                    entry["refs_dropped"] += 1
-        if not report.dry_run:
-            entry["stale_locks"] = mirror.remove_stale_git_locks(paths.mirror)
-        stamp = os.path.join(paths.state_dir, MIRROR_GC_STAMP)
-        last = (records.read_json(stamp) or {}).get("at", 0.0)
-        due = now - last >= config.mirror_gc_interval
-        git = shutil.which("git")
-        if git and due and entry["refs_dropped"] and not report.dry_run:
-            # git inherits the mirror lock: if gc dies during the repack, the lock stays
-            # held until git finishes, so no fetch ever meets a half-repacked mirror.
-            repack = subprocess.Popen([git, "-C", paths.mirror, "gc", "--prune=now", "--quiet"], env=git_env(),
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      pass_fds=(mirror_lock.fileno(),))
-            checkpoint("gc-during-repack")
-            try:
-                code = repack.wait(timeout=config.clone_timeout)
-            except subprocess.TimeoutExpired:
-                repack.kill()
-                code = repack.wait()
-            entry["repacked"] = code == 0
-            if code == 0:
-                records.write_json(stamp, {"at": now})
+            # A worker making it holds the clone lock: its keep-ref protects what it reads.
+            with locks.rechecked(locks.clone_of(paths, sha), unused) as clone_lock:
+                if clone_lock is None:
+                    continue
+                if not report.dry_run:
+                    backend.drop_keep(paths.mirror, sha)
+                entry["refs_dropped"] += 1
+        if report.dry_run:
+            report.mirrors.append(entry)
+            return
+        entry["stale_locks"] = mirror.remove_stale_git_locks(paths.mirror)
+        stamp = records.read_json(paths.mirror_gc_stamp) or {}
+        pending = bool(entry["refs_dropped"] or stamp.get("pending"))
+        due = now - float(stamp.get("at", 0.0)) >= config.mirror_gc_interval
+        if pending and not due:
+            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": True})
+        elif pending:
+            repacked = backend.repack(paths.mirror, (mirror_lock.fileno(),), config.clone_timeout,
+                                      started=lambda: checkpoint("gc-during-repack"))
+            entry["repacked"] = bool(repacked)
+            if repacked is None:
+                entry["repack_skipped"] = f"the {backend.name} transport cannot repack"
+            records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
+                                                       "pending": not repacked})
     report.mirrors.append(entry)
 
 
@@ -255,7 +251,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
     if not os.path.isdir(root_paths.repos_dir):
         return report
     make_dirs(root_paths.locks_dir)
-    gc_lock = locks.try_lock(root_paths.gc_lock)
+    gc_lock = locks.gc_run(root_paths)
     if gc_lock is None:
         report.skipped = "another gc is running"
         return report
@@ -272,18 +268,22 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         limits = Limits.from_config(config)
         now = time.time()
         plan = plan_eviction(entries, limits, before, now)
+        evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry
             kept_why = evict_checkout(by_key[entry.repo].paths, entry.sha, limits.grace, dry_run)
             if kept_why is None:
+                evicted.add((entry.repo, entry.sha))
                 report.removed.append(Removed(eviction.reason, entry.repo, entry.sha, entry.size, eviction.limit))
-            elif kept_why != "gone":
+            elif kept_why != GONE:
                 report.kept.append(KeptOver(entry.repo, entry.sha, kept_why, eviction.limit))
         report.kept += [KeptOver(k.entry.repo, k.entry.sha, k.why, k.limit) for k in plan.kept]
         report.unmet = [attrs.asdict(u) for u in plan.unmet]
+        remaining = [e for e in entries if (e.repo, e.sha) not in evicted]
+        report.checkouts_after = len(remaining)
+        report.bytes_after = sum(e.size for e in remaining)
         for info in repos:
             maintain_mirror(info.paths, config, report, now)
             forget_finished_commits(info.paths, report)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
     return report
-

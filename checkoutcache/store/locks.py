@@ -9,18 +9,25 @@ mirror lock, so even an orphaned git fetch still "holds the mirror".
 Lock files may be deleted by gc while it holds them; every acquirer therefore
 checks, once it holds the lock, that the path still names the inode it locked,
 and retries if not. Every wait has a limit.
+
+Which lock guards what, its mode, who takes it and the order of nesting: the
+table in layout.py. The helpers at the end are named for those purposes; code
+outside this module takes locks through them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import time
+from typing import Callable, Iterator
 
 import portalocker
 
-from .errors import CheckoutCacheError
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.store.layout import RepoPaths, RootPaths
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +129,62 @@ def is_locked(path: str) -> bool:
         return os.path.exists(path)
     probe.release()
     return False
+
+
+@contextlib.contextmanager
+def rechecked(held: Lock | None, still_needed: Callable[[], bool]) -> Iterator[Lock | None]:
+    """Look, lock, look again: the caller looked without the lock and tried it;
+    this yields the lock only if still_needed() is still true under it (another
+    process may have done the work meanwhile), else None. The lock is released
+    on leaving the block either way."""
+    if held is None:
+        yield None
+        return
+    with held:
+        yield held if still_needed() else None
+
+
+# ------------------------------------------------------------------ by purpose
+
+MIRROR_WAIT_FOR_GC = 5.0
+SCRATCH_WAIT = 30.0
+
+
+def gc_run(root_paths: RootPaths) -> Lock | None:
+    """One gc at a time per root; a second one skips instead of waiting."""
+    return try_lock(root_paths.gc_lock)
+
+
+def clone_of(paths: RepoPaths, sha: str) -> Lock | None:
+    """The right to make (or to tidy after) this commit's clone; never waits."""
+    return try_lock(paths.clone_lock(sha))
+
+
+def existing_clone_of(paths: RepoPaths, sha: str) -> Lock | None:
+    """As clone_of, but only if the lock file exists (gc forgets finished commits)."""
+    return try_lock(paths.clone_lock(sha), create=False)
+
+
+def clone_running(paths: RepoPaths, sha: str) -> bool:
+    return is_locked(paths.clone_lock(sha))
+
+
+def mirror_write(paths: RepoPaths, timeout: float) -> Lock:
+    """Every write to mirror.git (fetch, keep-refs, repack, stale git locks)."""
+    return lock(paths.mirror_lock, timeout=timeout)
+
+
+def scratch_change(paths: RepoPaths, timeout: float = SCRATCH_WAIT) -> Lock:
+    """Creating or reaping scratch directories."""
+    return lock(paths.scratch_lock, timeout=timeout)
+
+
+def checkout_exclusive(marker: str) -> Lock | None:
+    """The marker's exclusive lock, to move a checkout away; never waits (a held
+    checkout is kept, not waited for). None too if the marker is gone."""
+    return try_lock(marker, shared=False, create=False)
+
+
+def checkout_held(marker: str) -> bool:
+    """Whether a ready answer, an exec or a hold has the checkout right now."""
+    return os.path.exists(marker) and is_locked(marker)

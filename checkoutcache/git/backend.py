@@ -1,0 +1,117 @@
+"""The git interface: every git operation the store needs, behind one small
+interface with two implementations (git/cli.py, git/libgit2.py), and the one
+place that decides which runs (`pick_backend`, from the transport setting).
+
+Operations: probe an upstream, create and check a mirror, fetch into it, test
+for a commit, keep a commit with a keep-ref (add, drop, list), tell whether a
+commit's objects are all readable, check a commit out of the mirror, repack
+the mirror, and the deep check `verify` makes of a checkout.
+
+Neither implementation ever sees a credential in a URL or argv; both report
+failures as CheckoutCacheError with a code from the error table and one
+redacted line of detail. Which code a failure gets (UNREACHABLE, DISK_FULL,
+CLONE_FAILED) is read from git's output under LC_ALL=C; what the store does
+next never is: it decides from exit codes, errno and what is on disk.
+
+A checkout made by either is a small repository of its own: its objects are
+borrowed from the mirror (objects/info/alternates), HEAD is detached at the
+commit, and the full tree and index are written, so `git status` is clean and
+`git log` works. Making it takes no lock on the mirror: the commit's keep-ref,
+made first, keeps every object it reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import Callable, Protocol
+
+from checkoutcache.credentials import Credential, redact
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.git.env import SAFE_CONFIG
+
+Progress = Callable[[dict], None]
+Log = Callable[[str], None]
+
+MIRROR_CONFIG = {
+    "gc.auto": "0",
+    "maintenance.auto": "false",
+    "core.logAllRefUpdates": "false",
+    "fetch.writeCommitGraph": "false",
+    "core.fsmonitor": "false",
+    "receive.autogc": "false",
+}
+CHECKOUT_CONFIG = {k: v for k, v in SAFE_CONFIG.items() if k != "protocol.ext.allow"}
+CHECKOUT_CONFIG.update({"core.symlinks": "true", "core.filemode": "true"})
+# Where the commits a mirror must keep are named: spelled here only.
+KEEP_PREFIX = "refs/keep/"
+# Fetched when an upstream refuses to hand out a commit by id.
+ALL_BRANCHES_AND_TAGS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
+
+
+def keep_ref(sha: str) -> str:
+    return KEEP_PREFIX + sha
+
+
+class GitBackend(Protocol):
+    name: str
+
+    def probe(self, url: str, is_local: bool, credential: Credential | None, timeout: float) -> None: ...
+    def init_mirror(self, path: str) -> None: ...
+    def is_usable(self, mirror: str) -> bool: ...
+    def has_commit(self, mirror: str, sha: str) -> bool: ...
+    def objects_readable(self, mirror: str, sha: str) -> bool: ...
+    def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None: ...
+    def keep(self, mirror: str, sha: str, keep_fds: tuple[int, ...] = ()) -> None: ...
+    def drop_keep(self, mirror: str, sha: str) -> None: ...
+    def kept(self, mirror: str) -> list[str]: ...
+    def repack(self, mirror: str, keep_fds: tuple[int, ...], timeout: float) -> bool | None: ...
+    def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log) -> None: ...
+    def deep_problems(self, checkout_dir: str, sha: str) -> list[str]: ...
+
+
+_UNREACHABLE = re.compile(
+    r"could not resolve|connection refused|timed out|unable to access|could not read from remote"
+    r"|repository not found|does not appear to be a git repository|authentication failed"
+    r"|could not read username|permission denied|early eof|unable to connect|failed to connect"
+    r"|ssl|http[^\n]*\b(401|403|404)\b|not found|unexpected http status|no such device or address"
+    r"|connection reset|network is unreachable|host key verification", re.I)
+_DISK_FULL = re.compile(r"no space left on device|disk quota exceeded", re.I)
+
+
+def classify(text: str) -> str:
+    """Which error code a failed git operation reports (its answer, not our next step)."""
+    if _DISK_FULL.search(text):
+        return "DISK_FULL"
+    if _UNREACHABLE.search(text):
+        return "UNREACHABLE"
+    return "CLONE_FAILED"
+
+
+def git_failure(text: str, detail: str, secrets: list[str]) -> CheckoutCacheError:
+    """The error for a git operation that failed, printing text (its whole output)."""
+    return CheckoutCacheError(classify(text), detail=redact(detail, secrets), output=redact(text, secrets))
+
+
+def probe_failure(url: str, is_local: bool, detail: str, secrets: list[str]) -> CheckoutCacheError:
+    if is_local:
+        return CheckoutCacheError("NOT_A_REPOSITORY", path=repr(url[:200]))
+    return CheckoutCacheError("UNREACHABLE", detail=redact(detail, secrets))
+
+
+def write_alternates(tree_dir: str, mirror_objects: str) -> None:
+    with open(os.path.join(tree_dir, ".git", "objects", "info", "alternates"), "w") as handle:
+        handle.write(mirror_objects + "\n")
+
+
+def pick_backend(transport: str) -> GitBackend:
+    """The one place that decides which implementation runs: the git CLI unless
+    the setting says pygit2, or it says auto and no git is installed."""
+    from checkoutcache.git.cli import GitCliBackend
+    from checkoutcache.git.libgit2 import Pygit2Backend
+
+    if transport == "pygit2" or (transport == "auto" and shutil.which("git") is None):
+        return Pygit2Backend()
+    return GitCliBackend()

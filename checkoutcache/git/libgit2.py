@@ -1,0 +1,188 @@
+"""The git interface on libgit2 (pygit2), in-process: for machines without
+git, or CHECKOUTCACHE_TRANSPORT=pygit2. pygit2 is imported by each method
+that needs it, so a process that never uses this backend never loads it.
+
+libgit2 has no repack: `repack` answers None (not done), and gc says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from checkoutcache.credentials import Credential, redact, secrets_of
+from checkoutcache.git.backend import (
+    CHECKOUT_CONFIG,
+    KEEP_PREFIX,
+    MIRROR_CONFIG,
+    Log,
+    Progress,
+    git_failure,
+    keep_ref,
+    probe_failure,
+    write_alternates,
+)
+
+
+def _errors():
+    import pygit2
+
+    return (pygit2.GitError, KeyError, ValueError)
+
+
+class Pygit2Backend:
+    name = "pygit2"
+
+    @staticmethod
+    def _callbacks(credential: Credential | None, on_progress: Progress | None):
+        import pygit2
+
+        class Callbacks(pygit2.RemoteCallbacks):
+            def __init__(self):
+                super().__init__()
+                self.asked = 0
+
+            def credentials(self, url, username_from_url, allowed_types):
+                self.asked += 1
+                if credential is None or self.asked > 1:
+                    return None  # no (more) credentials: fail instead of looping
+                return pygit2.UserPass(credential.username, credential.password)
+
+            def transfer_progress(self, stats):
+                if on_progress is not None:
+                    on_progress({"phase": "receiving objects", "objects": stats.received_objects,
+                                 "total_objects": stats.total_objects, "bytes": stats.received_bytes})
+
+        return Callbacks()
+
+    def probe(self, url: str, is_local: bool, credential: Credential | None, timeout: float) -> None:
+        import pygit2
+
+        secrets = secrets_of(credential)
+        pygit2.settings.server_connect_timeout = int(timeout * 1000)
+        pygit2.settings.server_timeout = int(timeout * 1000)
+        if is_local and not os.path.isdir(url):
+            raise probe_failure(url, is_local, "no such directory", secrets)
+        scratch = tempfile.mkdtemp(prefix="checkoutcache-probe-")
+        try:
+            repo = pygit2.init_repository(scratch, bare=True)
+            repo.remotes.create_anonymous(url).list_heads(callbacks=self._callbacks(credential, None))
+        except _errors() as exc:
+            raise probe_failure(url, is_local, str(exc), secrets) from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def init_mirror(self, path: str) -> None:
+        import pygit2
+
+        repo = pygit2.init_repository(path, bare=True)
+        for key, value in MIRROR_CONFIG.items():
+            repo.config[key] = value
+
+    def is_usable(self, mirror: str) -> bool:
+        import pygit2
+
+        if not os.path.isfile(os.path.join(mirror, "HEAD")):
+            return False
+        try:
+            pygit2.Repository(mirror)
+        except _errors():
+            return False
+        return True
+
+    def has_commit(self, mirror: str, sha: str) -> bool:
+        import pygit2
+
+        try:
+            obj = pygit2.Repository(mirror).get(sha)
+        except _errors():
+            return False
+        return obj is not None and obj.type == pygit2.enums.ObjectType.COMMIT
+
+    def objects_readable(self, mirror: str, sha: str) -> bool:
+        import pygit2
+
+        try:
+            repo = pygit2.Repository(mirror)
+            stack = [repo[sha].peel(pygit2.Tree)]
+            while stack:
+                for entry in stack.pop():
+                    obj = repo[entry.id] if entry.filemode != pygit2.enums.FileMode.COMMIT else None
+                    if isinstance(obj, pygit2.Tree):
+                        stack.append(obj)
+                    elif obj is not None:
+                        obj.read_raw()
+        except _errors():
+            return False
+        return True
+
+    def keep(self, mirror: str, sha: str, keep_fds: tuple[int, ...] = ()) -> None:
+        import pygit2
+
+        pygit2.Repository(mirror).references.create(keep_ref(sha), sha, force=True)
+
+    def drop_keep(self, mirror: str, sha: str) -> None:
+        import pygit2
+
+        try:
+            pygit2.Repository(mirror).references.delete(keep_ref(sha))
+        except _errors():
+            pass
+
+    def kept(self, mirror: str) -> list[str]:
+        import pygit2
+
+        return [name[len(KEEP_PREFIX):] for name in pygit2.Repository(mirror).references
+                if name.startswith(KEEP_PREFIX)]
+
+    def repack(self, mirror: str, keep_fds: tuple[int, ...], timeout: float, started=None) -> None:
+        return None
+
+    def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None:
+        import pygit2
+
+        secrets = secrets_of(credential)
+        log("libgit2 fetch " + redact(url, secrets) + " " + " ".join(refspecs))
+        try:
+            repo = pygit2.Repository(mirror)
+            stats = repo.remotes.create_anonymous(url).fetch(
+                refspecs, callbacks=self._callbacks(credential, on_progress))
+        except (pygit2.GitError, OSError, KeyError) as exc:
+            text = str(exc) or type(exc).__name__
+            log(redact(text, secrets))
+            raise git_failure(text, text, secrets) from None
+        log(f"received {stats.received_objects} objects, {stats.received_bytes} bytes")
+
+    def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log) -> None:
+        import pygit2
+
+        try:
+            repo = pygit2.init_repository(tree_dir, bare=False)
+            write_alternates(tree_dir, mirror_objects)
+            for key, value in CHECKOUT_CONFIG.items():
+                repo.config[key] = value
+            repo = pygit2.Repository(tree_dir)  # reopen so the alternates are read
+            commit = repo[sha].peel(pygit2.Commit)
+            repo.set_head(commit.id)
+
+            class Progress(pygit2.CheckoutCallbacks):
+                def checkout_progress(self, path, completed_steps, total_steps):
+                    on_progress({"phase": "checking out", "files": completed_steps, "total_files": total_steps})
+
+            repo.checkout_tree(commit.tree, strategy=pygit2.enums.CheckoutStrategy.FORCE, callbacks=Progress())
+        except _errors() as exc:
+            text = str(exc) or type(exc).__name__
+            raise git_failure(text, text, []) from None
+
+    def deep_problems(self, checkout_dir: str, sha: str) -> list[str]:
+        import pygit2
+
+        try:
+            repo = pygit2.Repository(checkout_dir)
+            repo[sha].peel(pygit2.Tree)
+            changed = [p for p, flags in repo.status(untracked_files="no").items() if flags]
+        except _errors() as exc:
+            return [f"the commit's objects cannot be read: {exc}"]
+        return [f"{len(changed)} tracked file(s) differ from the commit, e.g. {changed[0]}"] if changed else []

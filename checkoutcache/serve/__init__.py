@@ -1,0 +1,9 @@
+"""serve: the long-running sidecar.
+
+- http.py     the HTTP layer: parsing, routing, status codes, the listening
+              socket, and `serve()`, the process's main loop.
+- service.py  what each endpoint does (ensure, hold, release, gc, status,
+              health) and the background work (hold leases, scheduled gc,
+              the clone journal).
+- metrics.py  the Prometheus registry.
+"""

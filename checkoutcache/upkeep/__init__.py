@@ -1,0 +1,7 @@
+"""upkeep: keeping a root within its limits and telling what it holds.
+
+- eviction.py  the pure plan: which checkouts to evict, which to keep and why.
+- gc.py        one gc run: trash, dead leftovers, eviction, mirror maintenance.
+- verify.py    the deep check of published checkouts.
+- status.py    the status report (read-only).
+"""
