@@ -39,6 +39,8 @@ class Answer:
     repo: str | None
     path: str | None = None
     pid: int | None = None
+    # The owner's PID namespace: its pid names the owner only in that namespace.
+    pid_namespace: str | None = None
     started_at: str | None = None
     progress: dict | None = None
     error: str | None = None

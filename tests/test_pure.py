@@ -147,8 +147,8 @@ def test_layout_paths_and_default_root(fs, monkeypatch):
     sha = "a" * 40
     assert paths.checkout(sha) == f"/srv/cc/repos/{'k' * 32}/checkouts/{sha}"
     assert paths.ready_marker(sha).endswith(f"checkouts/{sha}/.git/checkoutcache-ready")
-    assert paths.scratch_dir_for(42).endswith("scratch/.clone-42")
-    assert RepoPaths.scratch_pid(".clone-42") == 42 and RepoPaths.scratch_pid("other") is None
+    assert paths.scratch_dir_for(42, "ab12").endswith("scratch/.clone-42-ab12")
+    assert RepoPaths.scratch_pid(".clone-42-ab12") == 42 and RepoPaths.scratch_pid("other") is None
     fs.create_dir(paths.checkout(sha))
     fs.create_dir(paths.checkout("b" * 40))
     fs.create_file(paths.checkouts_dir + "/stray.txt")

@@ -60,6 +60,7 @@ class Coordinator:
     def cloning(self, record: dict | None) -> Answer:
         record = record or {}
         return Answer(state=State.CLONING, commit=self.sha, repo=self.spec.url, pid=record.get("pid"),
+                      pid_namespace=record.get("pidns"),
                       started_at=iso(record.get("started_at")), progress=record.get("progress") or {})
 
     def error(self, exc: CheckoutCacheError) -> Answer:
@@ -127,11 +128,11 @@ class Coordinator:
                                self.config, self.credential, fork=self.fork_workers, deaths=deaths)
         except OSError as exc:
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
-        from checkoutcache.store.liveness import (
-            process_start_time,  # psutil only off the ready path
-        )
+        # psutil only off the ready path
+        from checkoutcache.store.liveness import pid_namespace, process_start_time
 
-        record = {"pid": pid, "pid_start": process_start_time(pid), "started_at": time.time(),
+        record = {"pid": pid, "pid_start": process_start_time(pid), "pidns": pid_namespace(),
+                  "started_at": time.time(),
                   "commit": self.sha, "progress": {"phase": "starting"}, "deaths": deaths}
         records.write_json(self.paths.clone_record(self.sha), record)
         return self.cloning(record)

@@ -46,7 +46,7 @@ from checkoutcache.store.checkouts import (
     to_trash,
 )
 from checkoutcache.store.layout import RepoPaths, RootPaths
-from checkoutcache.store.liveness import own_identity
+from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import Scratch, create_scratch
 from checkoutcache.testhooks import checkpoint
@@ -103,7 +103,7 @@ class Worker:
 
     def write_record(self) -> None:
         records.write_json(self.paths.clone_record(self.sha), {
-            "pid": self.pid, "pid_start": self.pid_start, "started_at": self.started_at,
+            "pid": self.pid, "pid_start": self.pid_start, "pidns": pid_namespace(), "started_at": self.started_at,
             "commit": self.sha, "progress": self.progress, "transport": self.backend.name, "deaths": self.deaths})
         self._last_write = time.monotonic()
 

@@ -31,17 +31,22 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │                      Readers flock it shared (briefly, or for an exec's whole
             │                      run); the evictor flocks it exclusive to rename the checkout.
             ├── scratch/
-            │   └── .clone-<pid>/  a clone in the making, owned by process <pid>:
-            │       ├── owner.lock held exclusive by the owner for its whole life
-            │       ├── owner.json pid, process start time, commit (written under the lock)
+            │   └── .clone-<pid>-<nonce>/  a clone in the making, owned by process <pid>
+            │       │              (pid in its own PID namespace; the nonce keeps equal pids
+            │       │              of different namespaces on one volume apart):
+            │       ├── owner.lock held exclusive by the owner for its whole life: THE proof
+            │       │              that the owner lives, whatever namespace asks
+            │       ├── owner.json pid, process start time, PID namespace, commit
             │       ├── mirror.git/  a first mirror being made; renamed to mirror.git
             │       └── tree/      the checkout being built; published by rename to checkouts/
             │                      Created and reaped only under locks/scratch.lock; reaped only
-            │                      when owner.lock is free and <pid> is gone or another process.
+            │                      when owner.lock is free (and, when the reaper shares the
+            │                      owner's PID namespace, <pid> is gone or another process).
             ├── trash/             checkouts and scratch renamed out of the way, being deleted.
             │                      Anything here may be deleted by anyone at any time.
             ├── state/
-            │   ├── <sha>.clone.json   clone record: owner pid, start time, progress. Written
+            │   ├── <sha>.clone.json   clone record: owner pid, its PID namespace, start time,
+            │   │                      progress, deaths so far. Written
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
             │   ├── <sha>.failed.json  the last failure: code, message, attempts, retry time.
@@ -210,8 +215,8 @@ class RepoPaths:
     def scratch_dir(self) -> str:
         return os.path.join(self.base, "scratch")
 
-    def scratch_dir_for(self, pid: int) -> str:
-        return os.path.join(self.base, "scratch", f"{SCRATCH_PREFIX}{pid}")
+    def scratch_dir_for(self, pid: int, nonce: str) -> str:
+        return os.path.join(self.base, "scratch", f"{SCRATCH_PREFIX}{pid}-{nonce}")
 
     @staticmethod
     def scratch_owner_lock(scratch: str) -> str:
@@ -234,7 +239,7 @@ class RepoPaths:
         """The owner pid of a scratch directory name, or None if it is not one."""
         if not name.startswith(SCRATCH_PREFIX):
             return None
-        digits = name[len(SCRATCH_PREFIX):]
+        digits = name[len(SCRATCH_PREFIX):].split("-", 1)[0]
         return int(digits) if digits.isdigit() else None
 
     @property

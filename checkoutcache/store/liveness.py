@@ -1,8 +1,14 @@
 """Is the process that owned something still alive? PIDs are reused, fast in
 containers, so a pid alone proves nothing: an owner is identified by its pid
-AND its process start time, recorded when it took ownership."""
+AND its process start time, recorded when it took ownership, and both mean
+something only inside the owner's own PID namespace (containers sharing one
+volume each have their own: equal pids, unrelated processes). So an owner
+records its namespace too, and pid evidence is used only when the asker is in
+the same one; elsewhere the owner's lock is the only authority."""
 
 from __future__ import annotations
+
+import os
 
 import psutil
 
@@ -33,3 +39,16 @@ def is_alive(pid: int | None, start_time: float | None) -> bool:
 def own_identity() -> tuple[int, float]:
     proc = psutil.Process()
     return proc.pid, proc.create_time()
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (the inode of /proc/self/ns/pid), or None if unknown."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def same_pid_namespace(recorded: object) -> bool:
+    """Whether a recorded namespace is ours: only then do pid and start time say anything."""
+    return recorded is not None and recorded == pid_namespace()

@@ -1,12 +1,15 @@
 """Scratch directories: where clones are made, and how dead ones are reaped.
 
-Invariant 3. A clone's scratch is scratch/.clone-<pid>. Its owner creates it
-under locks/scratch.lock, takes owner.lock inside it for its whole life, and
-records its pid and process start time in owner.json before releasing
+Invariant 3. A clone's scratch is scratch/.clone-<pid>-<nonce>: a fresh name
+for every clone, so two owners with equal pids (two PID namespaces on one
+volume) never share or collide on one. Its owner creates it under
+locks/scratch.lock, takes owner.lock inside it for its whole life, and records
+its pid, process start time and PID namespace in owner.json before releasing
 scratch.lock. The reaper, under the same scratch.lock, removes a scratch
-directory only when owner.lock is free AND the pid is gone or now belongs to a
-process with another start time. A live clone is never touched, however old.
-Removal is a rename into trash/ (instant, atomic) followed by deletion.
+directory only when owner.lock is free: the lock is the authority. Pid and
+start time add evidence only in the owner's own namespace. A live clone is
+never touched, however old, by whoever asks. Removal is a rename into trash/
+(instant, atomic) followed by deletion.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import attrs
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import remove_tree, to_trash
 from checkoutcache.store.layout import RepoPaths, entries
-from checkoutcache.store.liveness import is_alive, own_identity
+from checkoutcache.store.liveness import is_alive, own_identity, pid_namespace, same_pid_namespace
 
 
 @attrs.define
@@ -40,16 +43,13 @@ class Scratch:
 def create_scratch(paths: RepoPaths, commit: str) -> Scratch:
     pid, start_time = own_identity()
     with locks.scratch_change(paths):
-        path = paths.scratch_dir_for(pid)
-        if os.path.lexists(path):
-            # We are pid <pid> and alive, so whoever left this is dead.
-            to_trash(paths, path, "scratch")
+        path = paths.scratch_dir_for(pid, os.urandom(6).hex())
         os.mkdir(path, 0o755)
         owner_lock = locks.try_lock(paths.scratch_owner_lock(path))
         if owner_lock is None:  # pragma: no cover - a fresh directory's lock cannot be held
             raise RuntimeError(f"fresh scratch lock {path} is held")
         records.write_json(paths.scratch_owner_json(path),
-                           {"pid": pid, "start_time": start_time, "commit": commit,
+                           {"pid": pid, "start_time": start_time, "pidns": pid_namespace(), "commit": commit,
                             "created_at": time.time()})
     return Scratch(path, owner_lock)
 
@@ -84,6 +84,8 @@ def scratch_facts(paths: RepoPaths) -> list[ScratchFacts]:
 def _owner_alive(pid: int | None, owner: dict, path: str) -> bool:
     if pid is None:
         return False  # not a name we create: nobody owns it
+    if not same_pid_namespace(owner.get("pidns")):
+        return False  # pid evidence means nothing here; only the owner lock counts
     if owner.get("pid") == pid and "start_time" in owner:
         return is_alive(pid, owner["start_time"])
     # No owner record: its owner died between mkdir and writing it (both happen

@@ -1,0 +1,127 @@
+"""Isolation on a shared volume: several PID namespaces (containers) on one
+root, real ones made with `unshare --pid --fork --mount-proc`.
+
+Two clone workers in different namespaces get equal pids. Their scratch
+names must never collide, nothing of a live owner may be renamed, reaped or
+deleted by anyone, and gc from a third namespace reaps nothing alive.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from checkoutcache.store import locks
+from checkoutcache.store.layout import RepoPaths, RootPaths
+
+from .conftest import assert_checkout_matches, run_cli, wait_ready
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                reason="PID namespaces need root and unshare (CI runs as root)")
+
+
+def in_new_pid_namespace(root: str, url: str, sha: str, wait: int = 60) -> subprocess.Popen:
+    """`checkoutcache ensure --wait` as a container would run it: its own PID namespace,
+    with a shell as the namespace's init, so the CLI, its forked middle child and the
+    worker get the same small pids in every namespace."""
+    script = (f"{sys.executable} -m checkoutcache --root {root} ensure {url} {sha} --wait {wait}; "
+              "echo exit=$?")
+    return subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def repo_paths(root: str) -> RepoPaths:
+    (key,) = RootPaths(root).repo_keys()
+    return RootPaths(root).repo(key)
+
+
+def scratch_names(paths: RepoPaths) -> list[str]:
+    return sorted(os.listdir(paths.scratch_dir))
+
+
+def test_equal_pids_in_two_namespaces_never_touch_each_others_clone(root, served_upstream):
+    upstream, url = served_upstream
+    wait_ready(root, url, upstream.shas[0])  # the mirror exists; the next clones only fetch
+    paths = repo_paths(root)
+    # Hold the mirror lock so that both workers sit between making their scratch and fetching.
+    mirror_lock = locks.mirror_write(paths, timeout=10)
+    namespaces = []
+    try:
+        namespaces = [in_new_pid_namespace(root, url, sha) for sha in upstream.shas[1:3]]
+        names = wait_until(lambda: len(scratch_names(paths)) == 2 and scratch_names(paths), 30,
+                           "both workers' scratch directories")
+        pids = {RepoPaths.scratch_pid(name) for name in names}
+        assert len(pids) == 1, f"the workers should have equal pids in their namespaces: {names}"
+        owners = [os.path.join(paths.scratch_dir, name) for name in names]
+        assert all(locks.is_locked(RepoPaths.scratch_owner_lock(path)) for path in owners)
+        # gc from a third namespace (ours) while both are alive: nothing alive is reaped.
+        code, report, err = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root, timeout=120)
+        assert code == 0, err
+        assert [r for r in report["removed"] if r["reason"] == "dead-scratch"] == []
+        assert scratch_names(paths) == names
+        # A cloning answer names a live owner in its own namespace, never ours.
+        code, answer, _ = run_cli("ensure", url, upstream.shas[1], root=root)
+        assert answer["state"] == "cloning"
+        assert answer["pid_namespace"] and answer["pid_namespace"] != os.readlink("/proc/self/ns/pid")
+    finally:
+        mirror_lock.release()
+    outputs = [proc.communicate(timeout=120) for proc in namespaces]
+    for out, err in outputs:
+        assert "exit=0" in out, (out, err)
+    for sha in upstream.shas[1:3]:
+        assert_checkout_matches(paths.checkout(sha), upstream.path, sha)
+    # The workers' own cleanup removed only their own scratch; gc finds nothing of theirs alive.
+    run_cli("gc", root=root)
+    assert scratch_names(paths) == []
+    assert os.listdir(paths.trash_dir) == []
+
+
+@pytest.mark.slow
+def test_random_kills_in_two_namespaces_recover(root, served_upstream):
+    upstream, url = served_upstream
+    shas = upstream.shas
+    wait_ready(root, url, shas[0])
+    paths = repo_paths(root)
+    rng = random.Random(7)
+    killed = 0
+    for round_number in range(6):
+        # Every round starts from absent commits, so there is a clone to kill.
+        assert run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)[0] == 0
+        procs = [in_new_pid_namespace(root, url, sha, wait=30) for sha in (shas[1], shas[2])]
+        victim = procs[rng.randrange(2)]
+        time.sleep(rng.uniform(0.02, 0.3))
+        # Killing a namespace's init kills every process in it: the CLI and its worker.
+        for child in psutil.Process(victim.pid).children():
+            try:
+                child.kill()
+                killed += 1
+            except psutil.NoSuchProcess:
+                pass
+        for proc in procs:
+            proc.communicate(timeout=120)
+        if round_number % 2:
+            assert run_cli("gc", root=root)[0] == 0
+    assert killed >= 3, f"only {killed} kills happened"
+    for sha in shas[1:3]:
+        answer = wait_ready(root, url, sha)
+        assert_checkout_matches(answer["path"], upstream.path, sha)
+    assert run_cli("gc", root=root)[0] == 0
+    assert scratch_names(paths) == [] and os.listdir(paths.trash_dir) == []
+    assert run_cli("verify", root=root)[0] == 0
