@@ -21,7 +21,7 @@ import urllib.parse
 
 import attrs
 
-from checkoutcache.credentials import Credential, strip_userinfo
+from checkoutcache.credentials import Credential, https_host, strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store.layout import REPO_KEY_DOMAIN
 
@@ -139,6 +139,8 @@ def _url(raw: str, scheme: str) -> tuple[str, bool, Credential | None]:
     if port is not None and port != _SCHEMES[scheme]:
         netloc += f":{port}"
     normalized = f"{scheme}://{user}{netloc}{path}".rstrip("/")
+    if credential is not None:  # a credential in a URL goes to that URL's host only
+        credential = attrs.evolve(credential, hosts=(https_host(normalized),))
     return normalized, False, credential
 
 

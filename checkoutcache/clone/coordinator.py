@@ -19,7 +19,7 @@ from checkoutcache.answers import Answer, State
 from checkoutcache.clone.decide import Step, next_failure, next_step_for_not_ready
 from checkoutcache.clone.spawn import start_worker
 from checkoutcache.config import Config
-from checkoutcache.credentials import credential_from_env
+from checkoutcache.credentials import credential_for, unbound_credential_note
 from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git.backend import pick_backend
 from checkoutcache.repospec import RepoSpec
@@ -46,7 +46,7 @@ class Coordinator:
         self.spec = spec
         self.sha = sha
         self.paths = root_paths.repo(spec.key)
-        self.credential = spec.credential or credential_from_env(os.environ)
+        self.credential = credential_for(spec.url, spec.credential, os.environ)
 
     # ------------------------------------------------------------ answers
     def ready(self) -> Answer:
@@ -86,7 +86,14 @@ class Coordinator:
         """Reach a repository never seen before, before writing anything for it."""
         if store_exists(self.paths):
             return
-        pick_backend(self.config.transport).probe(self.spec.url, self.spec.is_local, self.credential, self.config.probe_timeout)
+        try:
+            pick_backend(self.config.transport).probe(self.spec.url, self.spec.is_local, self.credential,
+                                                      self.config.probe_timeout)
+        except CheckoutCacheError as exc:
+            note = unbound_credential_note(self.spec.url, os.environ) if exc.code == "UNREACHABLE" else ""
+            if not note:
+                raise
+            raise CheckoutCacheError(exc.code, detail=exc.detail + note) from None
         init_repo_store(self.root_paths, self.paths, self.spec)
 
     def step(self) -> Answer:

@@ -6,7 +6,10 @@ descriptor, so the lock passes to the worker without ever being free: no
 second clone can start in between, and when the worker dies the lock dies
 with it. The worker runs in its own session with no terminal and no pipes to
 the caller, so a caller that times out or is killed never strands it.
-Credentials travel in the worker's environment only, never in argv.
+Credentials travel in the worker's environment only, never in argv: a
+forked worker would keep the CLI's argv (where a URL may carry a token), so
+both the middle child and the worker replace their process title at once
+(setproctitle rewrites /proc/<pid>/cmdline, which `ps` shows).
 
 Two ways to start it:
 - fork (the CLI): a double fork of the caller itself, which has already paid
@@ -23,16 +26,13 @@ import subprocess
 import sys
 import traceback
 
+import setproctitle
+
 from checkoutcache.config import Config
-from checkoutcache.credentials import (
-    CREDENTIAL_VARS,
-    Credential,
-    credential_env,
-    without_credentials,
-)
+from checkoutcache.credentials import CREDENTIAL_VARS, Credential, credential_env, redact, without_credentials
 from checkoutcache.store.layout import RepoPaths
 
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Workers started by a long-lived caller (serve, the library in a pipeline) must
 # be waited for, or they linger as zombies that still look alive to psutil.
 _STARTED: list[subprocess.Popen] = []
@@ -71,10 +71,14 @@ def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: C
 
 def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
                  credential: Credential | None, deaths: int) -> int:
+    # A child starts with our argv, which may carry a token in a URL: clean ours
+    # first, so that no instant of any child shows it.
+    setproctitle.setproctitle(redact(" ".join(sys.argv)))
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:  # the middle child: a new session, then the worker, then gone
         try:
+            _retitle(sha)
             os.close(read_end)
             os.setsid()
             worker = os.fork()
@@ -95,10 +99,15 @@ def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
     return int(answer)
 
 
+def _retitle(sha: str) -> None:
+    setproctitle.setproctitle(f"checkoutcache-worker {sha}")
+
+
 def _become_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
                    credential: Credential | None, deaths: int) -> None:
     code = 1
     try:
+        _retitle(sha)
         devnull = os.open(os.devnull, os.O_RDWR)
         log = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(devnull, 0)

@@ -1,24 +1,33 @@
 """The environment every git process we start runs in.
 
-- Nothing inherited can redirect git: every GIT_* variable of the caller is
-  dropped (GIT_DIR, GIT_WORK_TREE, GIT_ALTERNATE_OBJECT_DIRECTORIES, ...).
+- Nothing of the caller's applies: every GIT_* variable is dropped (GIT_DIR,
+  GIT_WORK_TREE, GIT_ALTERNATE_OBJECT_DIRECTORIES, ...), and neither the
+  system config nor the caller's ~/.gitconfig is read (GIT_CONFIG_NOSYSTEM,
+  GIT_CONFIG_GLOBAL): no filter, hook, insteadOf or fsmonitor of theirs runs.
+- The operator may give one git config file (CHECKOUTCACHE_GIT_CONFIG) for
+  network operations only (probe, fetch): credential helpers, `insteadOf`
+  rewrites to a caching proxy, proxies, CA bundles. Local operations
+  (checkout, keep-refs, repack) never read it.
+- Settings that execute code stay off whatever that file says: hooks
+  (core.hooksPath), fsmonitor. Filters never run: no checkout reads the file.
 - Nothing can prompt: GIT_TERMINAL_PROMPT=0 and ssh in batch mode.
 - Only safe transports: GIT_ALLOW_PROTOCOL also binds redirects and submodules.
-- No fsmonitor, no autocrlf, no automatic gc in anything we create.
-- A credential reaches git through GIT_CONFIG_* variables (credentials.py
-  says how): it lives in the child's environment only, never on a command
-  line (visible in ps), in a config file, or in the URL git prints.
+- A credential reaches git as a helper scoped to its host (credentials.py):
+  in the child's environment only, never on a command line (visible in ps),
+  in a config file, or in the URL git prints.
 """
 
 from __future__ import annotations
 
 import os
 
-from checkoutcache.credentials import CREDENTIAL_VARS, Credential, git_auth_config
+from checkoutcache.credentials import CREDENTIAL_VARS, Credential, git_auth
 
+OPERATOR_CONFIG_VAR = "CHECKOUTCACHE_GIT_CONFIG"
 SAFE_CONFIG = {
     "core.fsmonitor": "false",
     "core.autocrlf": "false",
+    "core.hooksPath": os.devnull,
     "gc.auto": "0",
     "maintenance.auto": "false",
     "fetch.writeCommitGraph": "false",
@@ -29,18 +38,26 @@ ALLOWED_PROTOCOLS = "https:ssh:git:file"
 
 def git_env(base: dict[str, str] | None = None, credential: Credential | None = None,
             url: str | None = None) -> dict[str, str]:
+    """The environment of one git process; url is given for network operations
+    (which alone read the operator's config and may carry a credential)."""
     base = dict(os.environ if base is None else base)
-    env = {k: v for k, v in base.items() if not k.startswith("GIT_") and k not in CREDENTIAL_VARS}
+    env = {k: v for k, v in base.items()
+           if not k.startswith("GIT_") and k not in CREDENTIAL_VARS and k != OPERATOR_CONFIG_VAR}
+    operator_config = base.get(OPERATOR_CONFIG_VAR) if url is not None else None
     env.update({
         "GIT_TERMINAL_PROMPT": "0",
         "GCM_INTERACTIVE": "never",
         "GIT_SSH_COMMAND": "ssh -o BatchMode=yes -o ConnectTimeout=30",
         "GIT_ALLOW_PROTOCOL": ALLOWED_PROTOCOLS,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": operator_config or os.devnull,
         "LC_ALL": "C",
         "LANGUAGE": "C",
     })
     config = dict(SAFE_CONFIG)
-    config.update(git_auth_config(credential, url))
+    auth_config, auth_env = git_auth(credential, url)
+    config.update(auth_config)
+    env.update(auth_env)
     env["GIT_CONFIG_COUNT"] = str(len(config))
     for index, (key, value) in enumerate(config.items()):
         env[f"GIT_CONFIG_KEY_{index}"] = key

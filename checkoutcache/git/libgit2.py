@@ -31,8 +31,24 @@ def _errors():
     return (pygit2.GitError, KeyError, ValueError)
 
 
+def _ignore_ambient_config() -> None:
+    """libgit2 reads the system, XDG and global config like git does: point
+    those levels at an empty place, so the caller's config never applies."""
+    import pygit2
+
+    for level in (pygit2.enums.ConfigLevel.SYSTEM, pygit2.enums.ConfigLevel.XDG,
+                  pygit2.enums.ConfigLevel.GLOBAL, pygit2.enums.ConfigLevel.PROGRAMDATA):
+        try:
+            pygit2.settings.search_path[level] = os.devnull
+        except (ValueError, pygit2.GitError, AttributeError):
+            pass
+
+
 class Pygit2Backend:
     name = "pygit2"
+
+    def __init__(self):
+        _ignore_ambient_config()
 
     @staticmethod
     def _callbacks(credential: Credential | None, on_progress: Progress | None):
@@ -45,8 +61,8 @@ class Pygit2Backend:
 
             def credentials(self, url, username_from_url, allowed_types):
                 self.asked += 1
-                if credential is None or self.asked > 1:
-                    return None  # no (more) credentials: fail instead of looping
+                if credential is None or self.asked > 1 or not credential.applies_to(url):
+                    return None  # none for this host, or no more: fail instead of looping
                 return pygit2.UserPass(credential.username, credential.password)
 
             def transfer_progress(self, stats):
