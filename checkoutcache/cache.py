@@ -18,7 +18,7 @@ from checkoutcache.answers import Answer, State
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE, parse_commit, parse_repo
 from checkoutcache.store.layout import RepoPaths, RootPaths, default_root
-from checkoutcache.store.ready import open_marker_shared, touch_if_ready
+from checkoutcache.store.ready import open_marker_shared, record_use, touch_if_ready
 
 MAX_WAIT = 24 * 3600.0
 
@@ -40,7 +40,7 @@ class Hold:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:
-                os.utime(fd)
+                record_use(fd)
             finally:
                 os.close(fd)
 

@@ -26,7 +26,8 @@ GIT_ENV = {
 def git(*args: str, cwd: str | None = None) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_ENV)
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True,
+    # safe.directory: checkouts made by another uid (tests/test_shared_uids.py) are inspected too.
+    return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=cwd, env=env, check=True, capture_output=True,
                           text=True).stdout.strip()
 
 

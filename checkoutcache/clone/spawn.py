@@ -29,8 +29,14 @@ import traceback
 import setproctitle
 
 from checkoutcache.config import Config
-from checkoutcache.credentials import CREDENTIAL_VARS, Credential, credential_env, redact, without_credentials
-from checkoutcache.store.layout import RepoPaths
+from checkoutcache.credentials import (
+    CREDENTIAL_VARS,
+    Credential,
+    credential_env,
+    redact,
+    without_credentials,
+)
+from checkoutcache.store.layout import FILE_MODE, RepoPaths
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Workers started by a long-lived caller (serve, the library in a pipeline) must
@@ -61,7 +67,7 @@ def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: C
            "--commit", sha, "--lock-fd", str(lock_fd), "--deaths", str(deaths)]
     # The worker's stderr goes to the commit's log (appended: the history of attempts),
     # so even a crash before the worker sets up its own logging leaves a trace.
-    log_fd = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    log_fd = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env)
@@ -109,7 +115,7 @@ def _become_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: 
     try:
         _retitle(sha)
         devnull = os.open(os.devnull, os.O_RDWR)
-        log = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        log = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.dup2(log, 2)

@@ -45,7 +45,7 @@ from checkoutcache.store.checkouts import (
     remove_tree,
     to_trash,
 )
-from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.layout import FILE_MODE, RepoPaths, RootPaths
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import Scratch, create_scratch
@@ -93,7 +93,7 @@ class Worker:
         line = json.dumps({"event": event, "commit": self.sha, "repo": self.paths.key, "pid": self.pid,
                            "at": time.time(), **fields})
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             try:
                 os.write(fd, (line + "\n").encode())  # one O_APPEND write: lines never interleave
             finally:
@@ -311,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_worker(root: str, key: str, sha: str, config: Config, credential: Credential | None,
                deaths: int = 0) -> int:
-    # Whatever umask the caller had (0 in some containers), nothing we create is world-writable.
-    os.umask(0o022)
+    # The caller's umask decides whether group members may write (several uids
+    # sharing a root), but whatever it was (0 in some containers), nothing we
+    # create is world-writable.
+    os.umask(os.umask(0) | 0o002)
     return Worker(RootPaths(root).repo(key), sha, config, credential, deaths).run()
 
 

@@ -41,6 +41,8 @@ MIRROR_CONFIG = {
     "fetch.writeCommitGraph": "false",
     "core.fsmonitor": "false",
     "receive.autogc": "false",
+    # Several uids in one group share the store: objects stay group-writable.
+    "core.sharedRepository": "group",
 }
 CHECKOUT_CONFIG = {k: v for k, v in SAFE_CONFIG.items() if k != "protocol.ext.allow"}
 CHECKOUT_CONFIG.update({"core.symlinks": "true", "core.filemode": "true"})

@@ -16,12 +16,19 @@ import time
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import records
-from checkoutcache.store.layout import LAYOUT_VERSION, ROOT_README, RepoPaths, RootPaths
+from checkoutcache.store.layout import (
+    DIR_MODE,
+    FILE_MODE,
+    LAYOUT_VERSION,
+    ROOT_README,
+    RepoPaths,
+    RootPaths,
+)
 
 
 def make_dirs(path: str) -> None:
-    """Like os.makedirs, but every level it creates gets mode 0755 (os.makedirs
-    gives the intermediate ones 0777 minus the umask: world-writable under umask 0)."""
+    """Like os.makedirs, but every level it creates gets DIR_MODE less the umask
+    (os.makedirs gives the intermediate ones 0777 minus the umask: world-writable under umask 0)."""
     missing = []
     while not os.path.isdir(path):
         missing.append(path)
@@ -31,7 +38,7 @@ def make_dirs(path: str) -> None:
         path = parent
     for directory in reversed(missing):
         try:
-            os.mkdir(directory, 0o755)
+            os.mkdir(directory, DIR_MODE)
         except FileExistsError:
             pass
 
@@ -48,7 +55,7 @@ def init_root(root_paths: RootPaths) -> None:
         make_dirs(root_paths.locks_dir)
         if not os.path.exists(root_paths.readme):
             tmp = f"{root_paths.readme}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
             with os.fdopen(fd, "w") as handle:
                 handle.write(ROOT_README.format(version=LAYOUT_VERSION))
             os.replace(tmp, root_paths.readme)

@@ -58,6 +58,11 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
                 └── clone-<sha>.lock  exclusive for a clone's whole life: one clone per commit
 
+Permissions: directories DIR_MODE (0775) and files FILE_MODE (0664), less the
+creator's umask and never world-writable; mirrors are core.sharedRepository=
+group. Callers with different uids share a root through a common group
+(a setgid root directory, umask 002).
+
 A reader may assume: a checkout with its marker is complete and stays where it
 is for as long as the reader holds the marker's shared lock; records are
 always whole JSON (never half-written); nothing under scratch/ or trash/ is
@@ -93,6 +98,11 @@ from __future__ import annotations
 import os
 
 LAYOUT_VERSION = 1
+# Modes of what we create, less the creator's umask (never less than 002, so
+# nothing is world-writable): group members share the store (several uids in
+# one group, e.g. a sidecar and review containers; see the README).
+DIR_MODE = 0o775
+FILE_MODE = 0o664
 REPO_KEY_DOMAIN = b"checkoutcache-repo-v1"
 READY_MARKER = "checkoutcache-ready"
 SCRATCH_PREFIX = ".clone-"

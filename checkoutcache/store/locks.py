@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 import portalocker
 
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.layout import FILE_MODE, RepoPaths, RootPaths
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Lock:
 
 def _open(path: str, create: bool):
     flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    fd = os.open(path, flags, 0o644)
+    fd = os.open(path, flags, FILE_MODE)
     return os.fdopen(fd, "r+b")
 
 

@@ -94,6 +94,16 @@ def looks_intact(checkout_dir: str, record: dict) -> bool:
     return True
 
 
+def record_use(marker_fd: int) -> None:
+    """The marker's mtime becomes now: the last use. A caller of another uid
+    that may not write the marker (a root shared without group write) still
+    gets its answer; the use just goes unrecorded."""
+    try:
+        os.utime(marker_fd)
+    except PermissionError:
+        pass
+
+
 def touch_if_ready(marker: str) -> bool:
     """True if the checkout is published; its last use is then now."""
     fd = open_marker_shared(marker)
@@ -102,7 +112,7 @@ def touch_if_ready(marker: str) -> bool:
     try:
         if not looks_intact(os.path.dirname(os.path.dirname(marker)), marker_record(fd)):
             return False
-        os.utime(fd)
+        record_use(fd)
         return True
     finally:
         os.close(fd)

@@ -14,13 +14,15 @@ import os
 
 import attrs
 
+from checkoutcache.store.layout import FILE_MODE
+
 TMP_SUFFIX = ".tmp"
 
 
 def write_json(path: str, value: dict) -> None:
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}{TMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(value, handle, sort_keys=True)

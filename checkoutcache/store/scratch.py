@@ -21,8 +21,13 @@ import attrs
 
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import remove_tree, to_trash
-from checkoutcache.store.layout import RepoPaths, entries
-from checkoutcache.store.liveness import is_alive, own_identity, pid_namespace, same_pid_namespace
+from checkoutcache.store.layout import DIR_MODE, RepoPaths, entries
+from checkoutcache.store.liveness import (
+    is_alive,
+    own_identity,
+    pid_namespace,
+    same_pid_namespace,
+)
 
 
 @attrs.define
@@ -44,7 +49,7 @@ def create_scratch(paths: RepoPaths, commit: str) -> Scratch:
     pid, start_time = own_identity()
     with locks.scratch_change(paths):
         path = paths.scratch_dir_for(pid, os.urandom(6).hex())
-        os.mkdir(path, 0o755)
+        os.mkdir(path, DIR_MODE)
         owner_lock = locks.try_lock(paths.scratch_owner_lock(path))
         if owner_lock is None:  # pragma: no cover - a fresh directory's lock cannot be held
             raise RuntimeError(f"fresh scratch lock {path} is held")
