@@ -3,8 +3,12 @@ a commit id and an owner scope. Pure: reads no disk except os.path.realpath
 for local paths, writes nothing, imports no git library.
 
 Invariants kept here:
-- a repository's key is a hash over a domain tag, the scope and the normalized
-  URL, so distinct scopes never share a store and keys are never raw paths;
+- a repository's key is a hash over a domain tag, the scope and the
+  repository's identity, so distinct scopes never share a store and keys are
+  never raw paths;
+- one repository, one key: equivalent spellings have one identity (below), so
+  they share one mirror and one clone per commit. The URL we fetch from and
+  show is the one given (normalized, credentials removed);
 - credentials found in a URL are split off into a Credential that never appears
   in the normalized URL, a repr, or an error message;
 - only safe transports pass (https, ssh, git, file and local paths): `ext::`
@@ -45,6 +49,30 @@ class RepoSpec:
     key: str
     is_local: bool
     credential: Credential | None = attrs.field(default=None, repr=False, eq=False)
+    # The key layout v1 gave this spelling, when it differs from `key`: a store
+    # made under it keeps being used (see cache.py's store_key).
+    legacy_key: str | None = None
+
+
+def identity(url: str, is_local: bool) -> str:
+    """What makes two spellings one repository (README "One repository, one key"):
+    - a local path or file:// URL: its real path, without a final `/.git`
+      (`/srv/up/.git` is `/srv/up`);
+    - `user@host:path` is `ssh://user@host/path`;
+    - any URL: the host in lower case, no default port, no credentials, and
+      no trailing `/` or `.git` (`https://host/org/repo.git/` is
+      `https://host/org/repo`).
+    """
+    if is_local:
+        return url[: -len("/.git")] if url.endswith("/.git") and len(url) > len("/.git") else url
+    scp = None if "://" in url else _SCP_LIKE.match(url)
+    if scp is not None:
+        user = f"{scp.group('user')}@" if scp.group("user") else ""
+        url = f"ssh://{user}{scp.group('host')}/{scp.group('path').lstrip('/')}"
+    url = url.rstrip("/")
+    if url.endswith(".git"):
+        url = url[: -len(".git")].rstrip("/")
+    return url
 
 
 def _shown(value: str, limit: int = 60) -> str:
@@ -171,6 +199,8 @@ def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None) 
         url, is_local = f"{user}{scp.group('host').lower()}:{path.rstrip('/')}", False
     else:
         url, is_local = _local(raw, cwd)
-    return RepoSpec(url=url, scope=scope, key=repo_key(scope, url), is_local=is_local,
-                    credential=credential)
+    key = repo_key(scope, identity(url, is_local))
+    legacy = repo_key(scope, url)
+    return RepoSpec(url=url, scope=scope, key=key, is_local=is_local, credential=credential,
+                    legacy_key=legacy if legacy != key else None)
 

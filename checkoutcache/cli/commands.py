@@ -97,6 +97,17 @@ def load_config(overrides: dict):
     return Config.from_env(**{k: v for k, v in overrides.items() if v is not None})
 
 
+def repo_key_in(ctx: Context, repo: str | None, scope: str) -> str | None:
+    """The key of REPO's store in this root (None: every repository)."""
+    if repo is None:
+        return None
+    from checkoutcache.cache import store_key
+    from checkoutcache.repospec import parse_repo
+
+    cache = ctx.cache()
+    return store_key(cache.paths, parse_repo(repo, scope)).key
+
+
 def fail(ctx: Context, exc: CheckoutCacheError) -> int:
     answer = Answer.from_error(exc)
     emit_answer(answer, ctx.as_json)
@@ -133,13 +144,12 @@ def gc(ctx: Context, dry_run: bool, **overrides) -> int:
 def status(ctx: Context, repo: str | None, scope: str, **overrides) -> int:
     """Show checkouts, clones in flight, failures and totals against the limits."""
     from checkoutcache.cli.output import emit_json, status_text
-    from checkoutcache.repospec import parse_repo
     from checkoutcache.store.layout import RootPaths
     from checkoutcache.upkeep.status import build_status
 
     try:
         config = load_config(overrides)
-        key = parse_repo(repo, scope).key if repo is not None else None
+        key = repo_key_in(ctx, repo, scope)
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
     report = build_status(RootPaths(ctx.cache().root), config, key)
@@ -159,12 +169,12 @@ def status(ctx: Context, repo: str | None, scope: str, **overrides) -> int:
 def verify(ctx: Context, repo: str | None, commit: str | None, scope: str, remove_broken: bool) -> int:
     """Compare checkouts with their commits; exit 1 if any is broken."""
     from checkoutcache.cli.output import emit_json, verify_text
-    from checkoutcache.repospec import parse_commit, parse_repo
+    from checkoutcache.repospec import parse_commit
     from checkoutcache.store.layout import RootPaths
     from checkoutcache.upkeep.verify import run_verify
 
     try:
-        key = parse_repo(repo, scope).key if repo is not None else None
+        key = repo_key_in(ctx, repo, scope)
         sha = parse_commit(commit) if commit is not None else None
     except CheckoutCacheError as exc:
         return fail(ctx, exc)

@@ -13,7 +13,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     └── repos/
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
-            │                      normalized URL): never a raw path, never credentials.
+            │                      identity), identity being the URL with equivalent spellings
+            │                      made one (repospec.identity): never a raw path, never
+            │                      credentials. A store made under a key of layout v1 (which
+            │                      kept `.git` and `user@host:path` spellings apart) is used on.
             ├── repo.json          normalized URL (credentials removed) and scope. Written once,
             │                      whole (temp file + rename), before anything else in <key>/.
             ├── mirror.git/        bare mirror: the object store every checkout borrows.
