@@ -16,12 +16,13 @@ def free_port() -> int:
 
 
 class GitDaemon:
-    def __init__(self, base: str):
+    def __init__(self, base: str, env: dict | None = None):
+        """env: the daemon's environment (default: ours), e.g. a server-side git config."""
         self.base = base
         self.port = free_port()
         self.proc = subprocess.Popen(["git", "daemon", "--reuseaddr", f"--base-path={base}", "--export-all",
                                       "--listen=127.0.0.1", f"--port={self.port}", base],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as sock:

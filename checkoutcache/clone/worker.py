@@ -45,7 +45,7 @@ from checkoutcache.store.checkouts import (
     remove_tree,
     to_trash,
 )
-from checkoutcache.store.layout import FILE_MODE, RepoPaths, RootPaths
+from checkoutcache.store.layout import CLONE_LOG_CAP, FILE_MODE, RepoPaths, RootPaths
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import Scratch, create_scratch
@@ -56,6 +56,19 @@ PROGRESS_INTERVAL = 0.25
 # (started, published, discarded, failed) to this file, outside the root.
 JOURNAL = "CHECKOUTCACHE_CLONE_JOURNAL"
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
+
+
+def open_attempt_log(paths: RepoPaths, sha: str):
+    """The commit's log, opened for one more attempt; a log over the cap is
+    first rotated to <sha>.log.1 (one previous generation is kept)."""
+    log = paths.clone_log(sha)
+    try:
+        if os.path.getsize(log) > CLONE_LOG_CAP:
+            os.replace(log, paths.previous_clone_log(sha))
+    except OSError:
+        pass
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    return os.fdopen(fd, "a", buffering=1, errors="replace")
 
 
 class Worker:
@@ -75,14 +88,23 @@ class Worker:
         self._last_write = 0.0
         self._finishing = threading.Lock()
         self.scratch: Scratch | None = None
-        self._log = open(paths.clone_log(sha), "a", buffering=1)
+        self._logged = 0
+        self._log = open_attempt_log(paths, sha)
 
     # ------------------------------------------------------------ bookkeeping
-    def log(self, line: str) -> None:
+    def log(self, line: str, always: bool = False) -> None:
+        """One line of this attempt's log; past CLONE_LOG_CAP bytes only the
+        lines that say how the attempt ended (always=True) are kept."""
+        if self._logged > CLONE_LOG_CAP and not always:
+            return
         now = time.time()
         stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+        text = f"{stamp} {redact(line[:4096], self.secrets)}\n"
+        self._logged += len(text)
+        if self._logged > CLONE_LOG_CAP and not always:
+            text = f"{stamp} (this attempt's log reached {CLONE_LOG_CAP} bytes: later lines are dropped)\n"
         try:
-            self._log.write(f"{stamp} {redact(line, self.secrets)}\n")
+            self._log.write(text)
         except OSError:
             pass  # a full disk must not turn a clean failure into a crash
 
@@ -124,7 +146,7 @@ class Worker:
         records.write_json(self.paths.failure_record(self.sha), failure.to_record())
         self.journal("failed", error=code, seconds=round(time.time() - self.started_at, 3))
         self.log(f"failed: {code}: {failure.message} (attempt {failure.attempts}, retry in "
-                 f"{failure.retry_at - failure.failed_at:.0f}s)")
+                 f"{failure.retry_at - failure.failed_at:.0f}s)", always=True)
 
     def cleanup(self) -> None:
         records.remove_quietly(self.paths.clone_record(self.sha))
@@ -180,7 +202,7 @@ class Worker:
         with self._finishing:
             published = publish(self.paths, self.scratch.tree, self.sha)
             records.remove_quietly(self.paths.failure_record(self.sha))
-            self.log("published" if published else "another clone published first; discarded ours")
+            self.log("published" if published else "another clone published first; discarded ours", always=True)
             self.journal("published" if published else "discarded", seconds=round(time.time() - self.started_at, 3))
             self.cleanup()
 

@@ -12,6 +12,7 @@ must not keep writing to a mirror after its worker's locks say it is gone.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import re
@@ -37,6 +38,9 @@ _PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>\d+)% \(
                        r"(?:, (?P<size>[\d.]+) (?P<unit>[KMG]i?B|bytes))?")
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _UPDATING = re.compile(r"^Updating files:\s+(\d+)% \((\d+)/(\d+)\)")
+# What a git run's output may cost in memory: its last lines, each cut at a length.
+KEPT_LINES = 200
+MAX_LINE = 8192
 
 
 def last_meaningful_line(text: str) -> str:
@@ -229,20 +233,26 @@ class GitCliBackend:
                                 cwd="/")
         RUNNING.add(proc)
         try:
-            seen: list[str] = []
+            # Bounded memory whatever the server sends: the last lines only, and
+            # a line longer than MAX_LINE is cut there.
+            seen: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
             pending = b""
             while chunk := proc.stderr.read1(65536):
                 pending += chunk
                 *lines, pending = re.split(rb"[\r\n]", pending)
                 for raw in lines:
-                    self._line(raw, on_progress, log, secrets, seen)
+                    self._line(raw[:MAX_LINE], on_progress, log, secrets, seen)
+                if len(pending) > MAX_LINE:
+                    self._line(pending[:MAX_LINE], on_progress, log, secrets, seen)
+                    pending = b""
             self._line(pending, on_progress, log, secrets, seen)
             return proc.wait(), "\n".join(seen)
         finally:
             RUNNING.discard(proc)
 
     @staticmethod
-    def _line(raw: bytes, on_progress: Progress, log: Log, secrets: list[str], seen: list[str]) -> None:
+    def _line(raw: bytes, on_progress: Progress, log: Log, secrets: list[str],
+              seen: collections.deque[str]) -> None:
         line = raw.decode("utf-8", "replace").strip()
         if not line:
             return

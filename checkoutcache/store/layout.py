@@ -55,7 +55,9 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   ├── <sha>.failed.json  the last failure: code, message, attempts, retry time.
             │   └── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │                          were dropped since (a repack is then due at the interval).
-            ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted.
+            ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted,
+            │                      at most CLONE_LOG_CAP bytes per attempt; an attempt that
+            │                      finds it over the cap first renames it to <sha>.log.1.
             └── locks/
                 ├── mirror.lock    exclusive for every write to mirror.git
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
@@ -106,6 +108,9 @@ LAYOUT_VERSION = 1
 # one group, e.g. a sidecar and review containers; see the README).
 DIR_MODE = 0o775
 FILE_MODE = 0o664
+# What one clone attempt may write to its log: a server's endless `remote:`
+# output must not fill the disk.
+CLONE_LOG_CAP = 1 << 20
 REPO_KEY_DOMAIN = b"checkoutcache-repo-v1"
 READY_MARKER = "checkoutcache-ready"
 SCRATCH_PREFIX = ".clone-"
@@ -289,6 +294,9 @@ class RepoPaths:
 
     def clone_log(self, sha: str) -> str:
         return os.path.join(self.base, "logs", f"{sha}.log")
+
+    def previous_clone_log(self, sha: str) -> str:
+        return os.path.join(self.base, "logs", f"{sha}.log.1")
 
     @property
     def locks_dir(self) -> str:

@@ -181,6 +181,7 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
                 continue  # a clone is running (or the file just went, or it is needed again)
             records.remove_quietly(paths.clone_record(sha))
             records.remove_quietly(paths.clone_log(sha))
+            records.remove_quietly(paths.previous_clone_log(sha))
             records.remove_quietly(paths.clone_lock(sha))
 
 
