@@ -17,7 +17,7 @@ from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_si
 
 def _count(value: str | int) -> int:
     try:
-        number = int(value)
+        number = -1 if isinstance(value, (bool, float)) else int(value)
     except (TypeError, ValueError):
         number = -1
     if number < 0:

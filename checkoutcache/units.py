@@ -2,12 +2,15 @@
 
 Durations: `900` (seconds), `15m`, `1h`, `2d`, `1h30m`, `500ms`. Sizes: `1024`,
 `500M`, `20G`, `1.5T` (binary units: K = 1024). Free space: a size, or `10%`
-of the filesystem. Bad forms raise CheckoutCacheError("BAD_ARGUMENT").
+of the filesystem. Bad forms raise CheckoutCacheError("BAD_ARGUMENT"), and so
+does anything not finite (NaN, infinities, numbers too large for a float):
+a NaN grace window compares false with everything and would evict at once.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import re
 
 import attrs
@@ -26,28 +29,48 @@ def _bad(what: str, value: object, forms: str) -> CheckoutCacheError:
 
 
 def parse_duration(value: str | float | int, what: str = "the duration") -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise _bad(what, value, "a non-negative number of seconds")
+    if isinstance(value, bool):
+        raise _bad(what, value, "a number of seconds")
+    if isinstance(value, (int, float)):
+        if not _finite(value) or value < 0:
+            raise _bad(what, value, "a finite, non-negative number of seconds")
         return float(value)
     text = str(value).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    if not text or len(text) > 32 or _DURATION_PART.sub("", text) != "":
+    if not text or len(text) > 32:
         raise _bad(what, value, "seconds or a form such as 900, 15m, 1h, 1h30m, 2d")
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    elif _DURATION_PART.sub("", text) == "":
+        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
+    else:
+        raise _bad(what, value, "seconds or a form such as 900, 15m, 1h, 1h30m, 2d")
+    if not _finite(seconds):
+        raise _bad(what, value, "a finite number of seconds")
+    return seconds
+
+
+def _finite(number: float | int) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def parse_size(value: str | int, what: str = "the size") -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
+    if isinstance(value, bool) or (isinstance(value, float) and not _finite(value)):
+        raise _bad(what, value, "a finite number of bytes")
+    if isinstance(value, int):
+        if value < 0 or value >= 1 << 63:
             raise _bad(what, value, "a non-negative number of bytes")
         return value
     text = str(value).strip()
     match = _SIZE.fullmatch(text) if len(text) <= 32 else None
     if match is None or (match.group(3) and match.group(3).lower() not in ("b", "ib")):
         raise _bad(what, value, "bytes or a form such as 500M, 20G, 1.5T")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    if not _finite(size) or size >= 1 << 63:
+        raise _bad(what, value, "a size below 8 EiB")
+    return int(size)
 
 
 @attrs.frozen
@@ -73,7 +96,7 @@ def parse_free(value: str | int, what: str = "the free-space target") -> FreeTar
             percent = float(text[:-1])
         except ValueError:
             raise _bad(what, value, "a percent such as 10% or a size such as 5G") from None
-        if not 0 <= percent < 100:
+        if not _finite(percent) or not 0 <= percent < 100:
             raise _bad(what, value, "a percent from 0 to 99")
         return FreeTarget(percent=percent)
     return FreeTarget(bytes=parse_size(text, what))

@@ -224,27 +224,54 @@ def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...],
 @click.option("--gc-interval", default="5m", metavar="DURATION", show_default=True,
               help="Run gc this often (0: never).")
 @click.option("--ready-file", default=None, metavar="PATH", help="Write the listening address here once serving.")
+@click.option("--token-file", default=None, metavar="PATH", envvar="CHECKOUTCACHE_API_TOKEN_FILE",
+              help="Bearer tokens, one `TOKEN [SCOPE,...]` per line (required over TCP; or set "
+                   "CHECKOUTCACHE_API_TOKEN). [env CHECKOUTCACHE_API_TOKEN_FILE]")
+@click.option("--allow-repo", "allow_repo", multiple=True, metavar="PATTERN",
+              help="Repositories the API may name: a shell pattern over the normalized URL, e.g. "
+                   "'https://github.com/acme/*' (repeatable; default: any remote). [env CHECKOUTCACHE_API_REPOS, "
+                   "comma-separated]")
+@click.option("--allow-local", is_flag=True, envvar="CHECKOUTCACHE_API_ALLOW_LOCAL",
+              help="Let the API name absolute local paths and file:// URLs (refused by default).")
+@click.option("--max-connections", default=256, type=click.IntRange(1, 100000), show_default=True,
+              help="Open connections at most; the next ones get 503 with Retry-After.")
+@click.option("--max-holds", default=128, type=click.IntRange(0, 100000), show_default=True,
+              help="Holds at most, in all (each keeps a descriptor open).")
+@click.option("--max-holds-per-token", default=32, type=click.IntRange(0, 100000), show_default=True,
+              help="Holds at most per token.")
+@click.option("--max-wait", default="10m", metavar="DURATION", show_default=True,
+              help="The longest `wait` a request may ask for (longer ones are cut to it).")
 @config_options("max_checkouts", "max_bytes", "min_free", "free_headroom", "max_age", "grace", "mirror_gc_interval")
 @pass_context
 def serve(ctx: Context, listen: str, unix_socket: str | None, allow_remote: bool, gc_interval: str,
-          ready_file: str | None, **overrides) -> int:
+          ready_file: str | None, token_file: str | None, allow_repo: tuple[str, ...], allow_local: bool,
+          max_connections: int, max_holds: int, max_holds_per_token: int, max_wait: str, **overrides) -> int:
     """Run the sidecar: an HTTP JSON API (/v1/...), /healthz, /metrics, and gc on a schedule."""
     import logging
+    import os
 
     from checkoutcache.serve.http import parse_listen
     from checkoutcache.serve.http import serve as run_server
+    from checkoutcache.serve.policy import ApiPolicy, load_tokens
+    from checkoutcache.serve.service import Bounds
     from checkoutcache.units import parse_duration
 
     try:
         config = load_config(overrides)
         address = None if unix_socket else parse_listen(listen, allow_remote)
         interval = parse_duration(gc_interval, "--gc-interval")
+        patterns = allow_repo or tuple(p.strip() for p in os.environ.get("CHECKOUTCACHE_API_REPOS", "").split(",")
+                                       if p.strip())
+        policy = ApiPolicy(tokens=load_tokens(token_file, os.environ), repo_patterns=tuple(patterns),
+                           allow_local=allow_local)
+        bounds = Bounds(max_wait=parse_duration(max_wait, "--max-wait"), max_holds=max_holds,
+                        max_holds_per_token=max_holds_per_token)
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+        # Multi-threaded: workers are spawned, never forked from here.
+        return run_server(Cache(ctx.root, config=config), config, address, unix_socket, interval, policy, bounds,
+                          max_connections, ready_file=ready_file)
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    # Multi-threaded: workers are spawned, never forked from here.
-    return run_server(Cache(ctx.root, config=config), config, address, unix_socket, interval,
-                      ready_file=ready_file)
 
 
 @cli.command()

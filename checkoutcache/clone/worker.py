@@ -115,7 +115,7 @@ class Worker:
         line = json.dumps({"event": event, "commit": self.sha, "repo": self.paths.key, "pid": self.pid,
                            "at": time.time(), **fields})
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
             try:
                 os.write(fd, (line + "\n").encode())  # one O_APPEND write: lines never interleave
             finally:

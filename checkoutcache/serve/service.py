@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import logging
 import os
 import shutil
@@ -24,7 +25,9 @@ from checkoutcache.answers import Answer, State
 from checkoutcache.cache import Cache, Hold
 from checkoutcache.config import Config
 from checkoutcache.errors import CODES, CheckoutCacheError
+from checkoutcache.repospec import DEFAULT_SCOPE, parse_repo
 from checkoutcache.serve.metrics import Metrics
+from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, tightened
 from checkoutcache.store import locks
 from checkoutcache.store.create import init_root
 from checkoutcache.units import parse_duration
@@ -45,14 +48,27 @@ HTTP_STATUS = {State.READY: 200, State.CLONING: 202}
 class HeldCheckout:
     hold: Hold
     expires_at: float
+    owner: str  # the grant's name: a caller sees and releases only its own holds
+
+
+@attrs.frozen
+class Bounds:
+    """What one serve process allows callers, whatever they ask."""
+
+    max_wait: float = 600.0
+    max_holds: int = 128
+    max_holds_per_token: int = 32
 
 
 class Service:
     """Everything the HTTP layer calls; one per serve process."""
 
-    def __init__(self, cache: Cache, config: Config, gc_interval: float, journal: str):
+    def __init__(self, cache: Cache, config: Config, gc_interval: float, journal: str,
+                 policy: ApiPolicy | None = None, bounds: Bounds | None = None):
         self.cache = cache
         self.config = config
+        self.policy = policy or ApiPolicy()
+        self.bounds = bounds or Bounds()
         self.gc_interval = gc_interval
         self.journal = journal
         self.metrics = Metrics()
@@ -65,34 +81,62 @@ class Service:
                 self.metrics.limit.labels(name).set(value)
 
     # ---------------------------------------------------------------- API
-    def ensure(self, params: dict) -> Answer:
-        wait = parse_duration(params.get("wait", 0), "wait")
-        answer = self.cache.ensure(str(params.get("repo", "")), str(params.get("commit", "")), wait=wait,
-                                   scope=str(params.get("scope", "default")))
+    def request(self, params: dict, grant: Grant) -> tuple[str, str, float, str]:
+        """(repo, commit, wait, scope) of an ensure or hold, checked against the policy."""
+        repo, commit = params.get("repo", ""), params.get("commit", "")
+        scope = params.get("scope", DEFAULT_SCOPE)
+        if not all(isinstance(v, str) for v in (repo, commit, scope)):
+            raise CheckoutCacheError("BAD_ARGUMENT", what="repo, commit and scope must be strings")
+        wait = min(parse_duration(params.get("wait", 0), "wait"), self.bounds.max_wait)
+        self.policy.check_scope(grant, scope)
+        self.policy.check_repo_argument(repo)
+        self.policy.check_repo(parse_repo(repo, scope, cwd="/"))
+        return repo, commit, wait, scope
+
+    def ensure(self, params: dict, grant: Grant = ANONYMOUS) -> Answer:
+        repo, commit, wait, scope = self.request(params, grant)
+        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope)
         self.metrics.answers.labels(answer.state, answer.error or "").inc()
         return answer
 
-    def hold(self, params: dict) -> tuple[int, dict]:
+    def hold(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[int, dict]:
         ttl = parse_duration(params.get("ttl", DEFAULT_HOLD_TTL), "ttl")
         if not 0 < ttl <= MAX_HOLD_TTL:
             raise CheckoutCacheError("BAD_ARGUMENT", what=f"ttl must be 0 to {MAX_HOLD_TTL:g} seconds")
-        held = self.cache.hold(str(params.get("repo", "")), str(params.get("commit", "")),
-                               wait=parse_duration(params.get("wait", 0), "wait"),
-                               scope=str(params.get("scope", "default")))
+        repo, commit, wait, scope = self.request(params, grant)
+        self.check_hold_room(grant)
+        held = self.cache.hold(repo, commit, wait=wait, scope=scope)
         if not held.held:
             return http_status(held.answer), held.answer.to_json()
         hold_id = uuid.uuid4().hex
         with self.holds_lock:
-            self.holds[hold_id] = HeldCheckout(held, time.monotonic() + ttl)
+            try:
+                self.check_hold_room(grant)  # others may have held meanwhile (we waited unlocked)
+            except CheckoutCacheError:
+                held.release()
+                raise
+            self.holds[hold_id] = HeldCheckout(held, time.monotonic() + ttl, grant.name)
             self.metrics.holds.set(len(self.holds))
         return 200, {"hold": hold_id, "expires_in": ttl, **held.answer.to_json()}
 
-    def release(self, params: dict) -> tuple[int, dict]:
+    def check_hold_room(self, grant: Grant) -> None:
+        """Each hold keeps a descriptor open: bounded in total and per caller."""
+        held = len(self.holds)
+        mine = sum(1 for h in self.holds.values() if h.owner == grant.name)
+        if held >= self.bounds.max_holds:
+            raise CheckoutCacheError("TOO_MANY_HOLDS", held=held, limit=self.bounds.max_holds, whose="in all")
+        if mine >= self.bounds.max_holds_per_token:
+            raise CheckoutCacheError("TOO_MANY_HOLDS", held=mine, limit=self.bounds.max_holds_per_token,
+                                     whose="per token")
+
+    def release(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[int, dict]:
+        hold_id = params.get("hold")
         with self.holds_lock:
-            held = self.holds.pop(str(params.get("hold", "")), None)
+            held = self.holds.get(hold_id) if isinstance(hold_id, str) else None
+            if held is None or held.owner != grant.name:
+                raise CheckoutCacheError("UNKNOWN_HOLD")
+            del self.holds[hold_id]
             self.metrics.holds.set(len(self.holds))
-        if held is None:
-            raise CheckoutCacheError("UNKNOWN_HOLD")
         held.hold.release()
         return 200, {"released": True}
 
@@ -110,11 +154,16 @@ class Service:
                 held.hold.release()
             self.holds.clear()
 
-    def gc(self, params: dict) -> dict:
-        config = self.config.with_overrides(**{k: params.get(k) for k in GC_SETTINGS})
+    def gc(self, params: dict, from_api: bool = True) -> dict:
+        config = self.config
+        if from_api:  # a caller may only tighten the operator's limits
+            config = tightened(self.config, self.config.with_overrides(**{k: params.get(k) for k in GC_SETTINGS}))
         started = time.monotonic()
         try:
-            report = run_gc(self.cache.paths, config, dry_run=bool(params.get("dry_run")))
+            dry_run = params.get("dry_run", False)
+            if not isinstance(dry_run, bool):
+                raise CheckoutCacheError("BAD_ARGUMENT", what="dry_run must be true or false")
+            report = run_gc(self.cache.paths, config, dry_run=dry_run)
         except Exception:
             self.metrics.gc_runs.labels("error").inc()
             raise
@@ -129,8 +178,13 @@ class Service:
             self.metrics.bytes.set(report.bytes_after)
         return report.to_json()
 
-    def status(self) -> dict:
-        return build_status(self.cache.paths, self.config)
+    def status(self, grant: Grant = ANONYMOUS) -> dict:
+        report = build_status(self.cache.paths, self.config)
+        if grant.scopes is not None:  # a caller sees only the repositories of its scopes
+            report["repos"] = [r for r in report["repos"] if r["scope"] in grant.scopes]
+            visible = [c for r in report["repos"] for c in r["checkouts"] if c["ready"]]
+            report["totals"].update(checkouts=len(visible), bytes=sum(c["size"] for c in visible))
+        return report
 
     def health(self) -> tuple[bool, dict]:
         checks = {}
@@ -169,23 +223,36 @@ class Service:
         offset = 0
         while not self.stopping.wait(0.5):
             try:
-                if offset > JOURNAL_ROTATE_BYTES:  # workers append with O_APPEND: they go on at the new end
-                    os.truncate(self.journal, 0)
-                    offset = 0
-                with open(self.journal) as handle:
-                    handle.seek(offset)
-                    for line in handle:
-                        offset += len(line.encode())
-                        event = json.loads(line)
-                        if event["event"] == "published":
-                            self.metrics.clones.labels("published", "").inc()
-                            self.metrics.clone_seconds.observe(event.get("seconds", 0))
-                        elif event["event"] == "failed":
-                            self.metrics.clones.labels("failed", event.get("error", "")).inc()
-                        elif event["event"] == "started":
-                            self.metrics.clones.labels("started", "").inc()
-            except (OSError, ValueError, KeyError):
+                # Never through a planted symlink; rotated in place (workers append with
+                # O_APPEND, so they go on at the new end).
+                fd = os.open(self.journal, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
                 continue
+            with os.fdopen(fd, "rb") as handle:
+                if offset > JOURNAL_ROTATE_BYTES:
+                    os.ftruncate(fd, 0)
+                    offset = 0
+                handle.seek(offset)
+                for line in handle:
+                    offset += len(line)
+                    self.count_journal_event(line)
+
+    def count_journal_event(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+            kind = event["event"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if kind == "published":
+            self.metrics.clones.labels("published", "").inc()
+            seconds = event.get("seconds")
+            if isinstance(seconds, (int, float)) and math.isfinite(seconds):
+                self.metrics.clone_seconds.observe(seconds)
+        elif kind == "failed":
+            error = event.get("error")
+            self.metrics.clones.labels("failed", error if error in CODES else "other").inc()
+        elif kind == "started":
+            self.metrics.clones.labels("started", "").inc()
 
     def maintain(self) -> None:
         next_gc = time.monotonic() + self.gc_interval
@@ -194,7 +261,7 @@ class Service:
             if self.gc_interval > 0 and time.monotonic() >= next_gc:
                 next_gc = time.monotonic() + self.gc_interval
                 try:
-                    self.gc({})
+                    self.gc({}, from_api=False)
                 except Exception:  # a failed scheduled gc is counted and retried next interval
                     log.exception("scheduled gc failed")
 

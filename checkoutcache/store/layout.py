@@ -10,6 +10,9 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
     │   ├── health.lock            taken and dropped by serve's /healthz probe
     │   └── .health-<pid>-<n>      a probe file /healthz writes and removes at once
+    ├── serve/
+    │   └── <pid>.journal          a running serve's clone journal: its workers append one
+    │                              JSON line per event; opened without following symlinks
     └── repos/
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
@@ -183,6 +186,13 @@ class RootPaths:
 
     def health_probe(self, token: str) -> str:
         return os.path.join(self.root, "locks", f".health-{token}")
+
+    @property
+    def serve_dir(self) -> str:
+        return os.path.join(self.root, "serve")
+
+    def serve_journal(self, pid: int) -> str:
+        return os.path.join(self.root, "serve", f"{pid}.journal")
 
     def repo(self, key: str) -> "RepoPaths":
         return RepoPaths(os.path.join(self.root, "repos", key))

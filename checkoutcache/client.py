@@ -1,0 +1,200 @@
+"""A typed client of the sidecar's HTTP API (`checkoutcache serve`), returning
+the same Answer objects as the library.
+
+    from checkoutcache.client import Client
+    client = Client("http://127.0.0.1:8787", token=open("/run/secrets/cc-token").read().strip())
+    client = Client(unix="/cache/checkoutcache.sock")           # the socket; a token only if serve wants one
+    answer = client.ensure(repo, commit, wait=60)                 # Answer: ready, cloning or failed
+    with client.hold(repo, commit, wait=60) as held:              # held against gc until the block ends
+        run_tool(held.answer.path)
+
+Every API failure (bad input, unauthorized, forbidden repository, too many
+holds, a busy server) comes back as an Answer with state `failed` and its
+error code, as the library answers; ClientError is raised only when the
+server cannot be reached or does not answer as the API says. One Client keeps
+one keep-alive connection and may be shared by threads (requests take turns);
+use a Client per thread for parallel requests.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import urllib.parse
+
+import attrs
+
+from checkoutcache.answers import Answer, State
+
+_ANSWER_FIELDS = {field.name for field in attrs.fields(Answer)}
+
+
+class ClientError(Exception):
+    """The server could not be reached, or answered outside the API."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.unix_path)
+        self.sock = sock
+
+
+def answer_from_json(body: dict) -> Answer:
+    values = {k: v for k, v in body.items() if k in _ANSWER_FIELDS}
+    values.setdefault("commit", None)
+    values.setdefault("repo", None)
+    values["state"] = State(values.get("state", "failed"))
+    return Answer(**values)
+
+
+@attrs.define
+class ClientHold:
+    """A checkout held through /v1/hold; release() (or leaving the `with`) ends it."""
+
+    client: "Client"
+    answer: Answer
+    hold_id: str | None
+    expires_in: float | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.hold_id is not None
+
+    def release(self) -> None:
+        if self.hold_id is not None:
+            hold_id, self.hold_id = self.hold_id, None
+            self.client.release(hold_id)
+
+    def __enter__(self) -> "ClientHold":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class Client:
+    def __init__(self, url: str | None = None, unix: str | None = None, token: str | None = None,
+                 timeout: float = 60.0):
+        if (url is None) == (unix is None):
+            raise ValueError("give exactly one of url= (http://host:port) and unix= (a socket path)")
+        self.token = token
+        self.timeout = timeout
+        if url is not None:
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError("url must be http://host:port")
+            self._connect = lambda extra=0.0: http.client.HTTPConnection(parts.hostname, parts.port or 80,
+                                                                         timeout=timeout + extra)
+        else:
+            self._connect = lambda extra=0.0: _UnixConnection(unix, timeout + extra)
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ endpoints
+    def ensure(self, repo: str, commit: str, wait: float = 0.0, scope: str = "default") -> Answer:
+        _status, body = self._request("POST", "/v1/ensure", {"repo": repo, "commit": commit, "wait": wait,
+                                                             "scope": scope}, wait)
+        return answer_from_json(body)
+
+    def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = "default",
+             ttl: float | None = None) -> ClientHold:
+        request = {"repo": repo, "commit": commit, "wait": wait, "scope": scope}
+        if ttl is not None:
+            request["ttl"] = ttl
+        _status, body = self._request("POST", "/v1/hold", request, wait)
+        return ClientHold(self, answer_from_json(body), body.get("hold"), body.get("expires_in"))
+
+    def release(self, hold_id: str) -> Answer | None:
+        """None when released; the failed Answer (UNKNOWN_HOLD) otherwise."""
+        status, body = self._request("POST", "/v1/release", {"hold": hold_id})
+        return None if status == 200 else answer_from_json(body)
+
+    def status(self) -> dict:
+        return self._json_or_error("GET", "/v1/status")
+
+    def gc(self, dry_run: bool = False, **limits) -> dict:
+        return self._json_or_error("POST", "/v1/gc", {"dry_run": dry_run, **limits})
+
+    def health(self) -> dict:
+        return self._request("GET", "/healthz")[1]
+
+    def openapi(self) -> dict:
+        return self._json_or_error("GET", "/openapi.json")
+
+    def metrics(self) -> str:
+        return self._raw("GET", "/metrics")[2].decode()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ transport
+    def _json_or_error(self, method: str, path: str, body: dict | None = None) -> dict:
+        status, answer = self._request(method, path, body)
+        if status >= 400:
+            failed = answer_from_json(answer)
+            raise ClientError(f"{failed.error}: {failed.message}")
+        return answer
+
+    def _request(self, method: str, path: str, body: dict | None = None, wait: float = 0.0) -> tuple[int, dict]:
+        status, content_type, data = self._raw(method, path, body, wait)
+        if not content_type.startswith("application/json"):
+            raise ClientError(f"{method} {path}: HTTP {status} without a JSON body")
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            raise ClientError(f"{method} {path}: HTTP {status} with a body that is not JSON") from None
+        if not isinstance(parsed, dict):
+            raise ClientError(f"{method} {path}: HTTP {status} with a JSON body that is not an object")
+        return status, parsed
+
+    def _raw(self, method: str, path: str, body: dict | None = None, wait: float = 0.0) -> tuple[int, str, bytes]:
+        headers = {}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        with self._lock:
+            for attempt in (1, 2):  # a kept-alive connection the server closed: one fresh try
+                if self._conn is None:
+                    self._conn = self._connect(float(wait))
+                try:
+                    self._conn.timeout = self.timeout + float(wait)
+                    if self._conn.sock is not None:
+                        self._conn.sock.settimeout(self._conn.timeout)
+                    self._conn.request(method, path, body=data, headers=headers)
+                    response = self._conn.getresponse()
+                    payload = response.read()
+                    if response.getheader("Connection", "").lower() == "close":
+                        self._conn.close()
+                        self._conn = None
+                    return response.status, response.getheader("Content-Type", ""), payload
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
+                    self._conn.close()
+                    self._conn = None
+                    if attempt == 2:
+                        raise ClientError(f"{method} {path}: {exc}") from None
+                except OSError as exc:
+                    if self._conn is not None:
+                        self._conn.close()
+                    self._conn = None
+                    raise ClientError(f"{method} {path}: {exc}") from None
+        raise ClientError(f"{method} {path}: no answer")  # pragma: no cover - the loop returns or raises
