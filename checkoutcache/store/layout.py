@@ -45,8 +45,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
             │   ├── <sha>.failed.json  the last failure: code, message, attempts, retry time.
-            │   └── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
-            │                          were dropped since (a repack is then due at the interval).
+            │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
+            │   │                      were dropped since (a repack is then due at the interval).
+            │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
+            │                          root, errno name, stuck since); gone when trash/ empties.
             ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted.
             └── locks/
                 ├── mirror.lock    exclusive for every write to mirror.git
@@ -264,6 +266,10 @@ class RepoPaths:
     @property
     def mirror_gc_stamp(self) -> str:
         return os.path.join(self.base, "state", "mirror-gc.json")
+
+    @property
+    def unremovable_record(self) -> str:
+        return os.path.join(self.base, "state", "unremovable.json")
 
     @property
     def logs_dir(self) -> str:

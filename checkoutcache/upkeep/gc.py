@@ -3,7 +3,11 @@
 One run, under locks/gc.lock (taken without waiting: two crons never
 overlap, the second reports that it skipped):
 
-1. finish interrupted deletions (everything in trash/ goes);
+1. finish interrupted deletions (everything in trash/ goes: whatever a tree
+   holds, read-only directories, any depth or name; what cannot be removed,
+   e.g. a mount point, is reported with its cause under "unremovable", kept in
+   state/unremovable.json for `status`, retried by every later run, and never
+   stops the rest of the run);
 2. reap scratch whose owner is dead (store/scratch.py), drop records of dead
    clones, and move aside checkouts a killed worker renamed but never marked,
    or damaged ones no command holds (store/checkouts.py);
@@ -23,6 +27,7 @@ With dry_run nothing is changed: the report says what a real run would do.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -36,6 +41,8 @@ from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (
     GONE,
     move_checkout_aside,
+    Removal,
+    Unremovable,
     remove_tree,
     trash_entries,
 )
@@ -75,6 +82,8 @@ class GcReport:
     kept: list[KeptOver] = attrs.Factory(list)
     unmet: list[dict] = attrs.Factory(list)
     mirrors: list[dict] = attrs.Factory(list)
+    # What could not be deleted: {"repo", "path" (relative to the root), "error" (errno name)}.
+    unremovable: list[dict] = attrs.Factory(list)
     disk_before: dict | None = None
     disk_after: dict | None = None
     # What the store holds after this run (ready, intact checkouts): computed
@@ -92,6 +101,7 @@ class GcReport:
             "removed": [attrs.asdict(r) for r in self.removed],
             "kept_over_limit": [attrs.asdict(k) for k in self.kept],
             "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
+            "unremovable": self.unremovable,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
             "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after},
         }
@@ -106,19 +116,54 @@ def size_of(path: str) -> int:
     return disk_usage(path) if os.path.isdir(path) and not os.path.islink(path) else 0
 
 
+def note_unremovable(report: GcReport, paths: RepoPaths, path: str, removal: Removal) -> None:
+    """Report what a removal left behind, each with its path relative to the root."""
+    root = os.path.dirname(os.path.dirname(paths.base))
+    where = os.path.relpath(path, root)
+    for stuck in removal.unremovable:
+        report.unremovable.append({"repo": paths.key, "path": os.path.join(where, stuck.path) if stuck.path else where,
+                                   "error": stuck.error, "entry": os.path.basename(path)})
+
+
+def delete(paths: RepoPaths, path: str, report: GcReport) -> Removal:
+    """remove_tree, whose leftovers go to the report; nothing here ever stops the run."""
+    try:
+        removal = remove_tree(path)
+    except Exception as exc:  # remove_tree never raises; if it ever did, the rest of the run goes on
+        removal = Removal(unremovable=[Unremovable("", type(exc).__name__)])
+    note_unremovable(report, paths, path, removal)
+    return removal
+
+
 def empty_trash(paths: RepoPaths, report: GcReport) -> None:
     for path in trash_entries(paths):
-        size = size_of(path)
-        if not report.dry_run:
-            remove_tree(path)
-        report.removed.append(Removed("trash", paths.key, os.path.basename(path), size))
+        if report.dry_run:
+            report.removed.append(Removed("trash", paths.key, os.path.basename(path), size_of(path)))
+            continue
+        removal = delete(paths, path, report)
+        if removal.complete or removal.freed:
+            report.removed.append(Removed("trash", paths.key, os.path.basename(path), removal.freed))
 
 
-def remove_moved(slot: str | None, report: GcReport, removed: Removed) -> None:
-    """Delete what was moved to trash (a dry run moved nothing) and report it."""
+def remove_moved(paths: RepoPaths, slot: str | None, report: GcReport, removed: Removed) -> None:
+    """Delete what was moved to trash (a dry run moved nothing) and report what that freed."""
     if slot is not None:
-        remove_tree(slot)
+        removed = attrs.evolve(removed, bytes=delete(paths, slot, report).freed)
     report.removed.append(removed)
+
+
+def record_unremovable(paths: RepoPaths, report: GcReport, now: float) -> None:
+    """Keep this run's leftovers of one repository for `status` (since when each is stuck)."""
+    if report.dry_run:
+        return
+    previous = {(e.get("path"), e.get("error")): e.get("since", now)
+                for e in (records.read_json(paths.unremovable_record) or {}).get("entries", [])}
+    mine = [dict(e, since=previous.get((e["path"], e["error"]), now))
+            for e in report.unremovable if e["repo"] == paths.key]
+    if mine:
+        records.write_json(paths.unremovable_record, {"checked_at": now, "entries": mine})
+    else:
+        records.remove_quietly(paths.unremovable_record)
 
 
 def tidy(info: RepoInfo, report: GcReport) -> None:
@@ -131,7 +176,7 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                 records.remove_quietly(entry.path)
     for name, slot in reap_dead_scratch(paths, dry_run=report.dry_run):
         size = 0 if report.dry_run else size_of(slot)
-        remove_moved(slot or None, report, Removed("dead-scratch", paths.key, name, size))
+        remove_moved(paths, slot or None, report, Removed("dead-scratch", paths.key, name, size))
     for clone in info.clones:
         if not clone.alive and not report.dry_run:
             records.remove_quietly(paths.clone_record(clone.sha))
@@ -144,7 +189,8 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                     continue
                 moved = move_checkout_aside(paths, checkout.sha, "damaged")
                 if moved.slot is not None:
-                    remove_moved(moved.slot, report, Removed("damaged", paths.key, checkout.sha, checkout.size))
+                    remove_moved(paths, moved.slot, report,
+                                 Removed("damaged", paths.key, checkout.sha, checkout.size))
             continue
         # No marker: a worker renamed it but died before the marker, or is about to
         # write it. Only a free clone lock (no live worker) makes it a leftover.
@@ -158,7 +204,7 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                 if moved.slot is None:
                     continue
                 slot = moved.slot
-            remove_moved(slot, report, Removed("unpublished", paths.key, checkout.sha, checkout.size))
+            remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.sha, checkout.size))
 
 
 def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
@@ -184,8 +230,9 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
             records.remove_quietly(paths.clone_lock(sha))
 
 
-def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool) -> str | None:
-    """Rename one checkout into trash/ and delete it; returns why it was kept instead, or None."""
+def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool,
+                   report: GcReport) -> tuple[str | None, Removal | None]:
+    """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed)."""
     def recheck(last_use: float) -> str | None:
         if time.time() - last_use <= grace:
             return USED_MEANWHILE
@@ -193,12 +240,11 @@ def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool) -> s
 
     moved = move_checkout_aside(paths, sha, "evicted", recheck)
     if moved.kept == "dry-run":
-        return None
+        return None, None
     if moved.slot is None:
-        return moved.kept or GONE
+        return moved.kept or GONE, None
     checkpoint("gc-after-evict-rename")
-    remove_tree(moved.slot)
-    return None
+    return None, delete(paths, moved.slot, report)
 
 
 def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float) -> None:
@@ -271,10 +317,18 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry
-            kept_why = evict_checkout(by_key[entry.repo].paths, entry.sha, limits.grace, dry_run)
+            try:
+                kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.sha, limits.grace, dry_run,
+                                                   report)
+            except OSError as exc:  # one checkout that cannot be moved never stops the others
+                report.unremovable.append({"repo": entry.repo, "path": os.path.relpath(
+                    by_key[entry.repo].paths.checkout(entry.sha), root_paths.root),
+                    "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__), "entry": entry.sha})
+                continue
             if kept_why is None:
                 evicted.add((entry.repo, entry.sha))
-                report.removed.append(Removed(eviction.reason, entry.repo, entry.sha, entry.size, eviction.limit))
+                freed = entry.size if removal is None else removal.freed
+                report.removed.append(Removed(eviction.reason, entry.repo, entry.sha, freed, eviction.limit))
             elif kept_why != GONE:
                 report.kept.append(KeptOver(entry.repo, entry.sha, kept_why, eviction.limit))
         report.kept += [KeptOver(k.entry.repo, k.entry.sha, k.why, k.limit) for k in plan.kept]
@@ -285,5 +339,6 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         for info in repos:
             maintain_mirror(info.paths, config, report, now)
             forget_finished_commits(info.paths, report)
+            record_unremovable(info.paths, report, now)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
     return report

@@ -6,11 +6,13 @@ person is cli/output.py's business.
 
 from __future__ import annotations
 
+import os
 import time
 
 import attrs
 
 from checkoutcache.config import Config
+from checkoutcache.store import records
 from checkoutcache.store.inventory import RepoInfo, inventory
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.units import iso
@@ -35,7 +37,15 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     scratch = [{"name": s.name, "pid": s.pid, "commit": s.commit, "owner_alive": s.owner_alive or s.lock_held}
                for s in info.scratch]
     return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": checkouts,
-            "clones": clones, "failures": failures, "scratch": scratch}
+            "clones": clones, "failures": failures, "scratch": scratch, "stuck_in_trash": stuck_in_trash(info)}
+
+
+def stuck_in_trash(info: RepoInfo) -> list[dict]:
+    """What gc's last run could not delete (state/unremovable.json), as long as it is still there."""
+    record = records.read_json(info.paths.unremovable_record) or {}
+    return [{"path": e.get("path"), "error": e.get("error"), "since": iso(e.get("since"))}
+            for e in record.get("entries", [])
+            if os.path.lexists(os.path.join(info.paths.trash_dir, str(e.get("entry", ""))))]
 
 
 def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = None) -> dict:
