@@ -11,7 +11,10 @@ overlap, the second reports that it skipped):
 2. reap scratch whose owner is dead (store/scratch.py), drop records of dead
    clones, and move aside checkouts a killed worker renamed but never marked,
    or damaged ones no command holds (store/checkouts.py);
-3. plan eviction (eviction.py, pure) from the inventory, then for each planned
+3. repair last uses in the future (a clock that jumped back, a restored
+   backup): the marker's mtime is set to now under its exclusive lock, taken
+   without waiting (a holder's own touch repairs it anyway);
+   plan eviction (eviction.py, pure, where a future last use counts as now) from the inventory, then for each planned
    checkout: take its marker's exclusive lock without waiting, re-check its
    last use against the grace window, rename it into trash/, release, delete.
    A checkout held by an exec or touched meanwhile is skipped, not waited on;
@@ -51,6 +54,7 @@ from checkoutcache.store.inventory import RepoInfo, disk_usage, inventory
 from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
+from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
 
 USED_MEANWHILE = "used-meanwhile"
@@ -81,6 +85,8 @@ class GcReport:
     removed: list[Removed] = attrs.Factory(list)
     kept: list[KeptOver] = attrs.Factory(list)
     unmet: list[dict] = attrs.Factory(list)
+    # Last uses that lay in the future, set back to now: {"repo", "commit", "was"}.
+    clock_repaired: list[dict] = attrs.Factory(list)
     mirrors: list[dict] = attrs.Factory(list)
     # What could not be deleted: {"repo", "path" (relative to the root), "error" (errno name)}.
     unremovable: list[dict] = attrs.Factory(list)
@@ -101,7 +107,7 @@ class GcReport:
             "removed": [attrs.asdict(r) for r in self.removed],
             "kept_over_limit": [attrs.asdict(k) for k in self.kept],
             "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
-            "unremovable": self.unremovable,
+            "unremovable": self.unremovable, "clock_repaired": self.clock_repaired,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
             "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after},
         }
@@ -230,6 +236,24 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
             records.remove_quietly(paths.clone_lock(sha))
 
 
+def repair_future_last_use(paths: RepoPaths, sha: str, now: float, report: GcReport) -> None:
+    """Set a marker's mtime that lies in the future back to now, under its exclusive lock, never waiting."""
+    marker = paths.ready_marker(sha)
+    if report.dry_run:
+        return
+    exclusive = locks.checkout_exclusive(marker)
+    if exclusive is None:
+        return  # held: the holder's own touch sets it to now
+    with exclusive:
+        try:
+            was = os.stat(marker).st_mtime
+            if was > time.time():
+                os.utime(marker, (now, now))
+                report.clock_repaired.append({"repo": paths.key, "commit": sha, "was": iso(was)})
+        except OSError:
+            pass
+
+
 def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool,
                    report: GcReport) -> tuple[str | None, Removal | None]:
     """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed)."""
@@ -313,6 +337,10 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
                    for info in repos for c in info.checkouts if c.ready and c.intact]
         limits = Limits.from_config(config)
         now = time.time()
+        for info in repos:
+            for c in info.checkouts:
+                if c.ready and c.last_used is not None and c.last_used > now:
+                    repair_future_last_use(info.paths, c.sha, now, report)
         plan = plan_eviction(entries, limits, before, now)
         evicted = set()
         for eviction in plan.evict:

@@ -16,7 +16,7 @@ from checkoutcache.store import records
 from checkoutcache.store.inventory import RepoInfo, inventory
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.units import iso
-from checkoutcache.upkeep.eviction import Entry, protection
+from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
 from checkoutcache.upkeep.gc import disk_of
 
 
@@ -26,7 +26,7 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
         entry = Entry(repo=info.key, sha=c.sha, last_used=c.last_used or 0.0, size=c.size, held=c.held)
         checkouts.append({
             "commit": c.sha, "path": c.path, "ready": c.ready, "intact": c.intact, "size": c.size,
-            "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(now - c.last_used),
+            "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(idle_seconds(c.last_used, now)),
             "held": c.held, "protected": protection(entry, config.grace, now) if c.ready else None,
         })
     clones = [{"commit": c.sha, "pid": c.pid, "alive": c.alive, "started_at": iso(c.started_at),
