@@ -102,8 +102,10 @@ class Coordinator:
                 return self.ready()
             now = time.time()
             failure = self.failure()
-            # A clone record while we hold the lock is a dead owner's: it carries the deaths so far.
-            dead = records.read_json(self.paths.clone_record(self.sha))
+            # A clone record while we hold the lock is a dead owner's: it carries the deaths so far
+            # (once gc has tidied the dead record away, its count is in the deaths record).
+            dead = records.read_json(self.paths.clone_record(self.sha)) or \
+                records.read_json(self.paths.deaths_record(self.sha))
             decision = next_step_for_not_ready(failure, _deaths(dead), now)
             if decision.step is Step.BACK_OFF:
                 return self.failed(failure, now)
@@ -118,6 +120,7 @@ class Coordinator:
         # The dead owner's record goes first: killed in between, the commit is merely
         # absent (a fresh count); the other order would fail it again after the back-off.
         records.remove_quietly(self.paths.clone_record(self.sha))
+        records.remove_quietly(self.paths.deaths_record(self.sha))
         records.write_json(self.paths.failure_record(self.sha), failure.to_record())
         return failure
 
@@ -134,6 +137,7 @@ class Coordinator:
         record = {"pid": pid, "pid_start": process_start_time(pid), "started_at": time.time(),
                   "commit": self.sha, "progress": {"phase": "starting"}, "deaths": deaths}
         records.write_json(self.paths.clone_record(self.sha), record)
+        records.remove_quietly(self.paths.deaths_record(self.sha))  # the count is in the clone record now
         return self.cloning(record)
 
     def run(self, wait: float, on_progress: Callable[[Answer], None] | None = None) -> Answer:

@@ -127,6 +127,8 @@ class Worker:
                  f"{failure.retry_at - failure.failed_at:.0f}s)")
 
     def cleanup(self) -> None:
+        # We finished (published or failed): the run of deaths on this commit is over.
+        records.remove_quietly(self.paths.deaths_record(self.sha))
         records.remove_quietly(self.paths.clone_record(self.sha))
         if self.scratch is not None:
             self.scratch.discard()

@@ -45,6 +45,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
             │   ├── <sha>.failed.json  the last failure: code, message, attempts, retry time.
+            │   ├── <sha>.deaths.json  how many clone workers died in a row on this commit, kept
+            │   │                      when gc removes a dead clone's record (so an OOM-killed
+            │   │                      worker still ends in WORKER_DIED); removed when a clone
+            │   │                      publishes or fails, or a day after the last death.
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │   │                      were dropped since (a repack is then due at the interval).
             │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
@@ -95,6 +99,7 @@ READY_MARKER = "checkoutcache-ready"
 SCRATCH_PREFIX = ".clone-"
 CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
+DEATHS_RECORD_SUFFIX = ".deaths.json"
 CLONE_LOCK_PREFIX = "clone-"
 
 ROOT_README = """\
@@ -256,6 +261,12 @@ class RepoPaths:
 
     def failure_record(self, sha: str) -> str:
         return os.path.join(self.base, "state", f"{sha}{FAILURE_RECORD_SUFFIX}")
+
+    def deaths_record(self, sha: str) -> str:
+        return os.path.join(self.base, "state", f"{sha}{DEATHS_RECORD_SUFFIX}")
+
+    def deaths_record_shas(self) -> list[str]:
+        return _commits_named(entries(self.state_dir), "", DEATHS_RECORD_SUFFIX)
 
     def clone_record_shas(self) -> list[str]:
         return _commits_named(entries(self.state_dir), "", CLONE_RECORD_SUFFIX)

@@ -9,7 +9,7 @@ overlap, the second reports that it skipped):
    state/unremovable.json for `status`, retried by every later run, and never
    stops the rest of the run);
 2. reap scratch whose owner is dead (store/scratch.py), drop records of dead
-   clones, and move aside checkouts a killed worker renamed but never marked,
+   clones (keeping their count of worker deaths in state/<sha>.deaths.json), and move aside checkouts a killed worker renamed but never marked,
    or damaged ones no command holds (store/checkouts.py);
 3. repair last uses in the future (a clock that jumped back, a restored
    backup): the marker's mtime is set to now under its exclusive lock, taken
@@ -58,6 +58,7 @@ from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
 
 USED_MEANWHILE = "used-meanwhile"
+DEATHS_MEMORY = 86400.0  # a commit nobody asked for a day after its last worker died starts counting anew
 STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
 
 
@@ -185,7 +186,12 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
         remove_moved(paths, slot or None, report, Removed("dead-scratch", paths.key, name, size))
     for clone in info.clones:
         if not clone.alive and not report.dry_run:
-            records.remove_quietly(paths.clone_record(clone.sha))
+            def dead(sha: str = clone.sha) -> bool:
+                return os.path.exists(paths.clone_record(sha))
+
+            with locks.rechecked(locks.clone_of(paths, clone.sha), dead) as clone_lock:
+                if clone_lock is not None:  # not alive meanwhile: its record is a dead owner's
+                    drop_dead_clone_record(paths, clone.sha)
     for checkout in info.checkouts:
         if checkout.ready:
             # Damaged (top-level entries gone): never served again; removed unless a command holds it.
@@ -213,6 +219,35 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
             remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.sha, checkout.size))
 
 
+def drop_dead_clone_record(paths: RepoPaths, sha: str) -> None:
+    """Remove a dead clone's record, keeping its count of worker deaths (state/<sha>.deaths.json),
+    so that a worker that always dies still ends in WORKER_DIED. Caller holds the clone lock."""
+    record = records.read_json(paths.clone_record(sha))
+    if record is not None:
+        try:
+            deaths = max(0, int(record.get("deaths", 0)))
+        except (TypeError, ValueError):
+            deaths = 0
+        # Written first: killed in between, both say the same.
+        records.write_json(paths.deaths_record(sha), {"commit": sha, "deaths": deaths, "at": time.time()})
+    records.remove_quietly(paths.clone_record(sha))
+
+
+def forget_old_deaths(paths: RepoPaths, report: GcReport) -> None:
+    """Deaths records of commits nobody asked for in DEATHS_MEMORY go (under the clone lock)."""
+    if report.dry_run:
+        return
+    for sha in paths.deaths_record_shas():
+        def old(sha: str = sha) -> bool:
+            at = (records.read_json(paths.deaths_record(sha)) or {}).get("at", 0)
+            return not isinstance(at, (int, float)) or time.time() - at > DEATHS_MEMORY
+
+        if old():
+            with locks.rechecked(locks.clone_of(paths, sha), old) as clone_lock:
+                if clone_lock is not None:
+                    records.remove_quietly(paths.deaths_record(sha))
+
+
 def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
     """Drop the clone lock file and log of commits with no checkout, clone or failure.
 
@@ -224,14 +259,17 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
         return
     for sha in paths.clone_lock_shas():
         def finished(sha: str = sha) -> bool:
-            return not os.path.lexists(paths.checkout(sha)) and not os.path.exists(paths.failure_record(sha))
+            return not os.path.lexists(paths.checkout(sha)) and not os.path.exists(paths.failure_record(sha)) \
+                and not os.path.exists(paths.deaths_record(sha))
 
         if not finished():
             continue
         with locks.rechecked(locks.existing_clone_of(paths, sha), finished) as clone_lock:
             if clone_lock is None:
                 continue  # a clone is running (or the file just went, or it is needed again)
-            records.remove_quietly(paths.clone_record(sha))
+            drop_dead_clone_record(paths, sha)
+            if os.path.exists(paths.deaths_record(sha)):
+                continue  # a dead clone's record just became a deaths record: keep its lock and log
             records.remove_quietly(paths.clone_log(sha))
             records.remove_quietly(paths.clone_lock(sha))
 
@@ -366,6 +404,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         report.bytes_after = sum(e.size for e in remaining)
         for info in repos:
             maintain_mirror(info.paths, config, report, now)
+            forget_old_deaths(info.paths, report)
             forget_finished_commits(info.paths, report)
             record_unremovable(info.paths, report, now)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
