@@ -24,7 +24,7 @@ from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git.backend import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
-from checkoutcache.store.create import init_repo_store, store_exists
+from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.ready import touch_if_ready
 from checkoutcache.store.records import Failure, read_failure
@@ -81,12 +81,39 @@ class Coordinator:
                 return record
             time.sleep(0.005)
 
-    def first_contact(self) -> None:
-        """Reach a repository never seen before, before writing anything for it."""
+    def first_contact(self) -> Answer | None:
+        """Reach a repository never seen before, before writing anything for it.
+
+        An unreachable one (no answer within the probe timeout, refused, unknown
+        host) is recorded in unreachable/<key>.failed.json and answered from there,
+        at once, until its back-off has passed: a tarpit costs one probe timeout
+        per back-off, not one per ask. Returns that failed answer, or None once the
+        store exists."""
         if store_exists(self.paths):
-            return
-        pick_backend(self.config.transport).probe(self.spec.url, self.spec.is_local, self.credential, self.config.probe_timeout)
+            return None
+        record_path = self.root_paths.unreachable_record(self.spec.key)
+        previous = read_failure(record_path)
+        now = time.time()
+        if previous is not None and now < previous.retry_at:
+            return self.failed(previous, now)
+        try:
+            pick_backend(self.config.transport).probe(self.spec.url, self.spec.is_local, self.credential,
+                                                      self.config.probe_timeout)
+        except CheckoutCacheError as exc:
+            if exc.code != "UNREACHABLE":
+                raise  # the caller's input (not a repository): nothing is written
+            now = time.time()
+            failure = next_failure(previous, exc.code, exc.message, exc.next, now,
+                                   self.config.backoff, self.config.backoff_max)
+            try:  # the one thing written for a repository never reached
+                make_dirs(self.root_paths.unreachable_dir)
+                records.write_json(record_path, failure.to_record())
+            except OSError as write_error:
+                raise root_error(self.root_paths.root, write_error) from None
+            return self.failed(failure, now)
         init_repo_store(self.root_paths, self.paths, self.spec)
+        records.remove_quietly(record_path)
+        return None
 
     def step(self) -> Answer:
         """One look at the commit; starts the clone if it is absent."""
@@ -142,9 +169,11 @@ class Coordinator:
 
     def run(self, wait: float, on_progress: Callable[[Answer], None] | None = None) -> Answer:
         try:
-            self.first_contact()
+            unreachable = self.first_contact()
         except CheckoutCacheError as exc:
             return self.error(exc)
+        if unreachable is not None:
+            return unreachable
         deadline = time.monotonic() + wait
         interval = POLL_FIRST
         while True:

@@ -10,6 +10,12 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
     │   ├── health.lock            taken and dropped by serve's /healthz probe
     │   └── .health-<pid>-<n>      a probe file /healthz writes and removes at once
+    ├── unreachable/
+    │   └── <key>.failed.json      a repository never reached: its first contact failed (code
+    │                              UNREACHABLE, message, attempts, retry time). Until the retry
+    │                              time every ask answers it at once; removed when the repository
+    │                              is reached, or by gc a day after its retry time. Nothing else
+    │                              is written for a repository before its first contact succeeds.
     └── repos/
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
@@ -167,6 +173,13 @@ class RootPaths:
 
     def health_probe(self, token: str) -> str:
         return os.path.join(self.root, "locks", f".health-{token}")
+
+    @property
+    def unreachable_dir(self) -> str:
+        return os.path.join(self.root, "unreachable")
+
+    def unreachable_record(self, key: str) -> str:
+        return os.path.join(self.root, "unreachable", f"{key}{FAILURE_RECORD_SUFFIX}")
 
     def repo(self, key: str) -> "RepoPaths":
         return RepoPaths(os.path.join(self.root, "repos", key))

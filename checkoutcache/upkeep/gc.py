@@ -52,6 +52,8 @@ from checkoutcache.store.checkouts import (
 from checkoutcache.store.create import make_dirs
 from checkoutcache.store.inventory import RepoInfo, disk_usage, inventory
 from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.layout import entries as listing
+from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import iso
@@ -248,6 +250,17 @@ def forget_old_deaths(paths: RepoPaths, report: GcReport) -> None:
                     records.remove_quietly(paths.deaths_record(sha))
 
 
+def forget_unreachable(root_paths: RootPaths, report: GcReport, now: float) -> None:
+    """Records of repositories never reached go a day after their retry time (nobody asked since)."""
+    if report.dry_run:
+        return
+    for name in listing(root_paths.unreachable_dir):
+        path = os.path.join(root_paths.unreachable_dir, name)
+        failure = read_failure(path)
+        if failure is None or now - failure.retry_at > DEATHS_MEMORY:
+            records.remove_quietly(path)
+
+
 def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
     """Drop the clone lock file and log of commits with no checkout, clone or failure.
 
@@ -356,6 +369,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
 
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcReport:
     report = GcReport(dry_run=dry_run)
+    forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
     if not os.path.isdir(root_paths.repos_dir):
         return report
     make_dirs(root_paths.locks_dir)
