@@ -162,3 +162,36 @@ def test_what_gc_cannot_remove_is_reported_retried_and_does_not_stop_it(root, tm
     assert code == 0 and report["unremovable"] == []
     assert trash_of(root) == {key: []}
     assert run_cli("status", root=root)[1]["repos"][0]["stuck_in_trash"] == []
+
+
+def test_a_checkout_that_cannot_be_moved_does_not_stop_gc(root, tmp_path, upstream):
+    stuck = wait_ready(root, upstream.path, upstream.shas[0])["path"]
+    other_repo = tmp_path / "other"
+    other_repo.mkdir()
+    git("init", "-q", "-b", "main", str(other_repo))
+    (other_repo / "f").write_text("x")
+    git("add", "-A", cwd=str(other_repo))
+    git("-c", "user.name=T", "-c", "user.email=t@e.invalid", "commit", "-q", "-m", "one", cwd=str(other_repo))
+    other_sha = git("rev-parse", "HEAD", cwd=str(other_repo))
+    other = wait_ready(root, str(other_repo), other_sha)["path"]
+    age(stuck, 7200)
+    age(other, 3600)
+    mounted = subprocess.run(["mount", "--bind", stuck, stuck], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"bind mounts are not permitted here ({mounted.stderr.strip()}): the EBUSY case is untested")
+    try:
+        code, report, err = gc(root, "--max-checkouts", "0", "--grace", "0")
+        assert code == 0, err
+        assert [(u["path"], u["error"]) for u in report["unremovable"]] == \
+            [(os.path.relpath(stuck, root), "EBUSY")]
+        assert [r["name"] for r in report["removed"]] == [other_sha]  # the rest of the run went on
+        assert os.path.isdir(stuck) and not os.path.exists(other)
+        os.unlink(os.path.join(stuck, "README.md"))  # now damaged: gc's tidying moves it aside, or tries to
+        code, report, err = gc(root)
+        assert code == 0, err
+        assert [(u["path"], u["error"]) for u in report["unremovable"]] == \
+            [(os.path.relpath(stuck, root), "EBUSY")]
+    finally:
+        subprocess.run(["umount", stuck], check=False)
+    code, report, _ = gc(root, "--max-checkouts", "0", "--grace", "0")
+    assert code == 0 and [(r["name"], r["reason"]) for r in report["removed"]] == [(upstream.shas[0], "damaged")]

@@ -30,10 +30,12 @@ With dry_run nothing is changed: the report says what a real run would do.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import time
+from collections.abc import Iterator
 
 import attrs
 
@@ -159,6 +161,18 @@ def remove_moved(paths: RepoPaths, slot: str | None, report: GcReport, removed: 
     if slot is not None:
         removed = attrs.evolve(removed, bytes=delete(paths, slot, report).freed)
     report.removed.append(removed)
+
+
+@contextlib.contextmanager
+def going_on(report: GcReport, paths: RepoPaths, root_paths: RootPaths) -> Iterator[None]:
+    """One repository's step that fails on the file system (a mount point that will not
+    move, a read-only state directory) is reported, and the run goes on with the rest."""
+    try:
+        yield
+    except OSError as exc:
+        where = os.path.relpath(exc.filename, root_paths.root) if isinstance(exc.filename, str) else paths.key
+        report.unremovable.append({"repo": paths.key, "path": where, "entry": None,
+                                   "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__)})
 
 
 def record_unremovable(paths: RepoPaths, report: GcReport, now: float) -> None:
@@ -382,7 +396,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         report.disk_before = attrs.asdict(before)
         for info in inventory(root_paths, with_sizes=False):
             empty_trash(info.paths, report)
-            tidy(info, report)
+            with going_on(report, info.paths, root_paths):
+                tidy(info, report)
         repos = inventory(root_paths)
         by_key = {info.key: info for info in repos}
         entries = [Entry(repo=info.key, sha=c.sha, last_used=c.last_used, size=c.size, held=c.held)
@@ -417,9 +432,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
         for info in repos:
-            maintain_mirror(info.paths, config, report, now)
-            forget_old_deaths(info.paths, report)
-            forget_finished_commits(info.paths, report)
+            with going_on(report, info.paths, root_paths):
+                maintain_mirror(info.paths, config, report, now)
+            with going_on(report, info.paths, root_paths):
+                forget_old_deaths(info.paths, report)
+                forget_finished_commits(info.paths, report)
             record_unremovable(info.paths, report, now)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
     return report
