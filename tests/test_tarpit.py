@@ -63,6 +63,8 @@ def test_a_server_that_never_answers_is_a_recorded_unreachable(root, tarpit, tra
     # Nothing but the record was written for the repository: no store, no mirror.
     assert os.listdir(root) == ["unreachable"]
     assert len(os.listdir(os.path.join(root, "unreachable"))) == 1
+    code, status, _ = run_cli("status", root=root)
+    assert code == 0 and [(u["repo"], u["error"]) for u in status["unreachable"]] == [(url, "UNREACHABLE")]
 
 
 def test_gc_forgets_an_unreachable_record_long_past_its_retry(root):

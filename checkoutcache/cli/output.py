@@ -141,6 +141,9 @@ def status_text(status: dict) -> str:
             lines.append(f"  scratch {s['name']} ({'live' if s['owner_alive'] else 'dead'} owner)")
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
+    for u in status.get("unreachable", []):
+        lines.append(f"\nunreachable {u['repo']} (scope {u['scope']}): {u['error']} (attempt {u['attempts']}, "
+                     f"retry in {u['retry_after']}s): {u['message']}")
     t = status["totals"]
     limit = t["max_checkouts"] if t["max_checkouts"] is not None else "-"
     disk = t["disk"]

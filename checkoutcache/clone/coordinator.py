@@ -107,7 +107,8 @@ class Coordinator:
                                    self.config.backoff, self.config.backoff_max)
             try:  # the one thing written for a repository never reached
                 make_dirs(self.root_paths.unreachable_dir)
-                records.write_json(record_path, failure.to_record())
+                records.write_json(record_path, {**failure.to_record(), "repo": self.spec.url,
+                                                 "scope": self.spec.scope})
             except OSError as write_error:
                 raise root_error(self.root_paths.root, write_error) from None
             return self.failed(failure, now)

@@ -14,7 +14,8 @@ import attrs
 from checkoutcache.config import Config
 from checkoutcache.store import records
 from checkoutcache.store.inventory import RepoInfo, inventory
-from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.layout import RootPaths, entries
+from checkoutcache.store.records import read_failure
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
 from checkoutcache.upkeep.gc import disk_of
@@ -62,4 +63,20 @@ def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = N
         totals["disk"] = attrs.asdict(disk)
     except FileNotFoundError:
         totals["disk"] = None
-    return {"root": root_paths.root, "repos": repos, "totals": totals}
+    return {"root": root_paths.root, "repos": repos, "unreachable": unreachable(root_paths, now),
+            "totals": totals}
+
+
+def unreachable(root_paths: RootPaths, now: float) -> list[dict]:
+    """Repositories never reached (their first contact failed), from unreachable/<key>.failed.json."""
+    found = []
+    for name in entries(root_paths.unreachable_dir):
+        path = os.path.join(root_paths.unreachable_dir, name)
+        failure = read_failure(path)
+        if failure is None:
+            continue
+        meta = records.read_json(path) or {}
+        found.append({"key": name.split(".")[0], "repo": meta.get("repo"), "scope": meta.get("scope"),
+                      "error": failure.code, "message": failure.message, "attempts": failure.attempts,
+                      "failed_at": iso(failure.failed_at), "retry_after": max(0, round(failure.retry_at - now))})
+    return found
