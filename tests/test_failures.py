@@ -117,5 +117,8 @@ def test_unreachable_repository_fails_and_writes_nothing(root):
     cache = Cache(root)
     answer = cache.ensure("git://127.0.0.1:1/nothing-here", "a" * 40)
     assert answer.state == "failed" and answer.error == "UNREACHABLE" and answer.exit_code == 1
-    assert answer.next
-    assert files_under(root) == []
+    assert answer.next and answer.retry_after
+    # Only the failure record (answered until its back-off passes), no repository store.
+    (record,) = files_under(os.path.join(root, "unreachable"))
+    assert sorted(files_under(root)) == [os.path.join(root, "unreachable"), record]
+    assert record.endswith(".failed.json")

@@ -413,3 +413,29 @@ def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
     assert problems == []
     assert "GCFAIL" not in out
     assert answers[0] > 20
+
+
+def test_worker_deaths_are_still_counted_after_gc(root, upstream):
+    """gc tidies a dead clone's record away but keeps its count of deaths: a commit whose worker is
+    always killed still ends in WORKER_DIED instead of restarting three times per gc interval."""
+    sha = upstream.shas[1]
+    env = {"CHECKOUTCACHE_TEST_KILL_AT": "after-scratch"}
+
+    def start_and_let_die() -> None:
+        code, answer, _ = run_cli("ensure", upstream.path, sha, root=root, env=env)
+        assert code == 75 and answer["state"] == "cloning", answer
+        deadline = time.monotonic() + 20
+        while any(c["alive"] for r in run_cli("status", root=root)[1]["repos"] for c in r["clones"]):
+            assert time.monotonic() < deadline, "the worker did not die"
+            time.sleep(0.05)
+
+    start_and_let_die()
+    start_and_let_die()
+    code, _, _ = run_cli("gc", root=root)
+    assert code == 0
+    assert not os.path.exists(os.path.join(repo_base(root), "state", f"{sha}.clone.json"))  # tidied
+    start_and_let_die()
+    code, answer, _ = run_cli("ensure", upstream.path, sha, root=root, env=env)
+    assert code == 1 and answer["error"] == "WORKER_DIED" and "3 times" in answer["message"], answer
+    log = open(os.path.join(repo_base(root), "logs", f"{sha}.log")).read()
+    assert log.count("clone of") == 3

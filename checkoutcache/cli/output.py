@@ -72,6 +72,8 @@ def gc_text(report: dict) -> str:
         lines.append(f"{verb} {r['name'][:40]:<40} {format_bytes(r['bytes']):>8}  {why}")
     for k in report["kept_over_limit"]:
         lines.append(f"kept    {k['commit'][:40]:<40} over {k['limit']}: {k['why']}")
+    for u in report.get("unremovable", []):
+        lines.append(f"cannot delete {u['path']!r}: {u['error']} (retried by the next gc)")
     for u in report["unmet"]:
         lines.append(f"limit {u['limit']} not met: {u['actual']} against {u['target']} (protected checkouts)")
     freed = format_bytes(report["bytes_freed"])
@@ -137,6 +139,11 @@ def status_text(status: dict) -> str:
                          f"{f['retry_after']}s): {f['message']}")
         for s in repo["scratch"]:
             lines.append(f"  scratch {s['name']} ({'live' if s['owner_alive'] else 'dead'} owner)")
+        for t in repo.get("stuck_in_trash", []):
+            lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
+    for u in status.get("unreachable", []):
+        lines.append(f"\nunreachable {u['repo']} (scope {u['scope']}): {u['error']} (attempt {u['attempts']}, "
+                     f"retry in {u['retry_after']}s): {u['message']}")
     t = status["totals"]
     limit = t["max_checkouts"] if t["max_checkouts"] is not None else "-"
     disk = t["disk"]

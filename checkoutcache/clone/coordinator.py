@@ -24,7 +24,7 @@ from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git.backend import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
-from checkoutcache.store.create import init_repo_store, store_exists
+from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.ready import touch_if_ready
 from checkoutcache.store.records import Failure, read_failure
@@ -82,19 +82,43 @@ class Coordinator:
                 return record
             time.sleep(0.005)
 
-    def first_contact(self) -> None:
-        """Reach a repository never seen before, before writing anything for it."""
+    def first_contact(self) -> Answer | None:
+        """Reach a repository never seen before, before writing anything for it.
+
+        An unreachable one (no answer within the probe timeout, refused, unknown
+        host) is recorded in unreachable/<key>.failed.json and answered from there,
+        at once, until its back-off has passed: a tarpit costs one probe timeout
+        per back-off, not one per ask. Returns that failed answer, or None once the
+        store exists."""
         if store_exists(self.paths):
-            return
+            return None
+        record_path = self.root_paths.unreachable_record(self.spec.key)
+        previous = read_failure(record_path)
+        now = time.time()
+        if previous is not None and now < previous.retry_at:
+            return self.failed(previous, now)
         try:
             pick_backend(self.config.transport).probe(self.spec.url, self.spec.is_local, self.credential,
                                                       self.config.probe_timeout)
         except CheckoutCacheError as exc:
-            note = unbound_credential_note(self.spec.url, os.environ) if exc.code == "UNREACHABLE" else ""
-            if not note:
-                raise
-            raise CheckoutCacheError(exc.code, detail=exc.detail + note) from None
+            if exc.code != "UNREACHABLE":
+                raise  # the caller's input (not a repository): nothing is written
+            note = unbound_credential_note(self.spec.url, os.environ)
+            if note:
+                exc = CheckoutCacheError(exc.code, detail=exc.detail + note)
+            now = time.time()
+            failure = next_failure(previous, exc.code, exc.message, exc.next, now,
+                                   self.config.backoff, self.config.backoff_max)
+            try:  # the one thing written for a repository never reached
+                make_dirs(self.root_paths.unreachable_dir)
+                records.write_json(record_path, {**failure.to_record(), "repo": self.spec.url,
+                                                 "scope": self.spec.scope})
+            except OSError as write_error:
+                raise root_error(self.root_paths.root, write_error) from None
+            return self.failed(failure, now)
         init_repo_store(self.root_paths, self.paths, self.spec)
+        records.remove_quietly(record_path)
+        return None
 
     def step(self) -> Answer:
         """One look at the commit; starts the clone if it is absent."""
@@ -110,8 +134,10 @@ class Coordinator:
                 return self.ready()
             now = time.time()
             failure = self.failure()
-            # A clone record while we hold the lock is a dead owner's: it carries the deaths so far.
-            dead = records.read_json(self.paths.clone_record(self.sha))
+            # A clone record while we hold the lock is a dead owner's: it carries the deaths so far
+            # (once gc has tidied the dead record away, its count is in the deaths record).
+            dead = records.read_json(self.paths.clone_record(self.sha)) or \
+                records.read_json(self.paths.deaths_record(self.sha))
             decision = next_step_for_not_ready(failure, _deaths(dead), now)
             if decision.step is Step.BACK_OFF:
                 return self.failed(failure, now)
@@ -126,6 +152,7 @@ class Coordinator:
         # The dead owner's record goes first: killed in between, the commit is merely
         # absent (a fresh count); the other order would fail it again after the back-off.
         records.remove_quietly(self.paths.clone_record(self.sha))
+        records.remove_quietly(self.paths.deaths_record(self.sha))
         records.write_json(self.paths.failure_record(self.sha), failure.to_record())
         return failure
 
@@ -142,13 +169,16 @@ class Coordinator:
                   "started_at": time.time(),
                   "commit": self.sha, "progress": {"phase": "starting"}, "deaths": deaths}
         records.write_json(self.paths.clone_record(self.sha), record)
+        records.remove_quietly(self.paths.deaths_record(self.sha))  # the count is in the clone record now
         return self.cloning(record)
 
     def run(self, wait: float, on_progress: Callable[[Answer], None] | None = None) -> Answer:
         try:
-            self.first_contact()
+            unreachable = self.first_contact()
         except CheckoutCacheError as exc:
             return self.error(exc)
+        if unreachable is not None:
+            return unreachable
         deadline = time.monotonic() + wait
         interval = POLL_FIRST
         while True:

@@ -33,7 +33,7 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git import mirror
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, pick_backend
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, not_a_commit, pick_backend
 from checkoutcache.git.cli import RUNNING
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (
@@ -149,6 +149,8 @@ class Worker:
                  f"{failure.retry_at - failure.failed_at:.0f}s)", always=True)
 
     def cleanup(self) -> None:
+        # We finished (published or failed): the run of deaths on this commit is over.
+        records.remove_quietly(self.paths.deaths_record(self.sha))
         records.remove_quietly(self.paths.clone_record(self.sha))
         if self.scratch is not None:
             self.scratch.discard()
@@ -272,6 +274,7 @@ class Worker:
             keep_fds = (mirror_lock.fileno(),)
             rebuilt = self.ensure_mirror(rebuild)
             mirror_dir = self.paths.mirror
+            self.refuse_non_commit(mirror_dir)
             if not self.backend.has_commit(mirror_dir, self.sha):
                 for stale in mirror.remove_stale_git_locks(mirror_dir):
                     self.log(f"removed stale git lock {stale}")
@@ -286,12 +289,20 @@ class Worker:
                     self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds)
                 checkpoint("after-fetch")
                 if not self.backend.has_commit(mirror_dir, self.sha):
+                    self.refuse_non_commit(mirror_dir)
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
                                              detail="the server does not have it")
             self.keep(self.sha, keep_fds)
             if rebuilt:
                 self.restore_borrowed_objects(keep_fds)
         self.log("mirror has the commit")
+
+    def refuse_non_commit(self, mirror_dir: str) -> None:
+        """An id naming a tag, tree or blob is the caller's mistake (NOT_A_COMMIT), whatever
+        the transport: nothing is kept or checked out for it."""
+        found = self.backend.object_kind(mirror_dir, self.sha)
+        if found is not None and found[0] != "commit":
+            raise not_a_commit(self.sha, *found)
 
     def explain(self, exc: BaseException) -> tuple[str, str, str]:
         """(code, message, next step) for whatever stopped the clone."""

@@ -3,7 +3,8 @@ interface with two implementations (git/cli.py, git/libgit2.py), and the one
 place that decides which runs (`pick_backend`, from the transport setting).
 
 Operations: probe an upstream, create and check a mirror, fetch into it, test
-for a commit, keep a commit with a keep-ref (add, drop, list), tell whether a
+for a commit (that very object: a tag that points to one is not a commit), say
+what another object is, keep a commit with a keep-ref (add, drop, list), tell whether a
 commit's objects are all readable, check a commit out of the mirror, repack
 the mirror, and the deep check `verify` makes of a checkout.
 
@@ -63,6 +64,7 @@ class GitBackend(Protocol):
     def init_mirror(self, path: str) -> None: ...
     def is_usable(self, mirror: str) -> bool: ...
     def has_commit(self, mirror: str, sha: str) -> bool: ...
+    def object_kind(self, mirror: str, sha: str) -> tuple[str, str | None] | None: ...
     def objects_readable(self, mirror: str, sha: str) -> bool: ...
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
               on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None: ...
@@ -101,6 +103,16 @@ def probe_failure(url: str, is_local: bool, detail: str, secrets: list[str]) -> 
     if is_local:
         return CheckoutCacheError("NOT_A_REPOSITORY", path=repr(url[:200]))
     return CheckoutCacheError("UNREACHABLE", detail=redact(detail, secrets))
+
+
+def not_a_commit(sha: str, kind: str, target: str | None) -> CheckoutCacheError:
+    """The input error for an id naming an object that is not a commit: kind is git's
+    type name; target, for an annotated tag, the commit it points to (if any)."""
+    if kind == "tag":
+        what = f"an annotated tag pointing to commit {target}" if target else "an annotated tag of no commit"
+    else:
+        what = {"tree": "a tree (a directory listing)", "blob": "a blob (a file's content)"}.get(kind, f"a {kind}")
+    return CheckoutCacheError("NOT_A_COMMIT", commit=sha, what=what)
 
 
 def write_alternates(tree_dir: str, mirror_objects: str) -> None:

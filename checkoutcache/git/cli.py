@@ -156,7 +156,19 @@ class GitCliBackend:
         return done.returncode == 0 and done.stdout.strip() == "true"
 
     def has_commit(self, mirror: str, sha: str) -> bool:
-        return self._run(["-C", mirror, "cat-file", "-e", f"{sha}^{{commit}}"]).returncode == 0
+        # The object itself, never peeled: `<sha>^{commit}` would take a tag for its commit.
+        done = self._run(["-C", mirror, "cat-file", "-t", sha])
+        return done.returncode == 0 and done.stdout.strip() == "commit"
+
+    def object_kind(self, mirror: str, sha: str) -> tuple[str, str | None] | None:
+        done = self._run(["-C", mirror, "cat-file", "-t", sha])
+        if done.returncode != 0:
+            return None
+        kind, target = done.stdout.strip(), None
+        if kind == "tag":
+            peeled = self._run(["-C", mirror, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"])
+            target = peeled.stdout.strip() if peeled.returncode == 0 else None
+        return kind, target
 
     def objects_readable(self, mirror: str, sha: str) -> bool:
         # archive reads (inflates) every blob and tree of the commit: its exit

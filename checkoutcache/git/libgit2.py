@@ -116,6 +116,25 @@ class Pygit2Backend:
             return False
         return obj is not None and obj.type == pygit2.enums.ObjectType.COMMIT
 
+    def object_kind(self, mirror: str, sha: str) -> tuple[str, str | None] | None:
+        import pygit2
+
+        try:
+            obj = pygit2.Repository(mirror).get(sha)
+        except _errors():
+            return None
+        if obj is None:
+            return None
+        kind = {pygit2.enums.ObjectType.COMMIT: "commit", pygit2.enums.ObjectType.TREE: "tree",
+                pygit2.enums.ObjectType.BLOB: "blob", pygit2.enums.ObjectType.TAG: "tag"}.get(obj.type, "object")
+        target = None
+        if kind == "tag":
+            try:
+                target = str(obj.peel(pygit2.Commit).id)
+            except _errors():
+                target = None
+        return kind, target
+
     def objects_readable(self, mirror: str, sha: str) -> bool:
         import pygit2
 

@@ -182,6 +182,7 @@ class Service:
         report = build_status(self.cache.paths, self.config)
         if grant.scopes is not None:  # a caller sees only the repositories of its scopes
             report["repos"] = [r for r in report["repos"] if r["scope"] in grant.scopes]
+            report["unreachable"] = [r for r in report.get("unreachable", []) if r.get("scope") in grant.scopes]
             visible = [c for r in report["repos"] for c in r["checkouts"] if c["ready"]]
             report["totals"].update(checkouts=len(visible), bytes=sum(c["size"] for c in visible))
         return report

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
+import re
+import stat
 import time
 from typing import Callable
 
@@ -121,12 +122,279 @@ def move_checkout_aside(paths: RepoPaths, sha: str, why: str,
     return Moved(slot=slot) if slot else Moved(kept=GONE)
 
 
-def remove_tree(path: str) -> None:
-    """Delete something renamed into trash/. Never follows a symlink out of it."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        records.remove_quietly(path)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
+@attrs.frozen
+class Unremovable:
+    """Something remove_tree could not delete: its path relative to what was
+    removed ("" for that itself; bytes that are not UTF-8 shown as \\xNN) and
+    the errno name of the cause (EBUSY for a mount point, EPERM for an immutable file)."""
+
+    path: str
+    error: str
+
+
+@attrs.define
+class Removal:
+    """What remove_tree did: bytes really freed (st_blocks of what it unlinked
+    that had no other link) and what it could not remove."""
+
+    freed: int = 0
+    unremovable: list[Unremovable] = attrs.Factory(list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.unremovable
+
+
+# Directories open at once while removing (one descriptor each); a tree deeper
+# than this has its deep part renamed up to the top of the entry, so neither
+# descriptors nor path lengths grow with the depth of what a repository holds.
+REMOVE_MAX_OPEN = 48
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _shown(rel: bytes) -> str:
+    return rel.decode("utf-8", "backslashreplace")
+
+
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+
+
+def _freed_by(info: os.stat_result) -> int:
+    return info.st_blocks * 512 if stat.S_ISDIR(info.st_mode) or info.st_nlink <= 1 else 0
+
+
+def _make_writable(dir_fd: int) -> None:
+    """u+rwx on a directory we hold open (a review's chmod 0555 must not keep its contents)."""
+    mode = os.fstat(dir_fd).st_mode
+    if mode & 0o700 != 0o700:
+        os.fchmod(dir_fd, stat.S_IMODE(mode) | 0o700)
+
+
+def _open_dir(name: str, parent_fd: int) -> int:
+    """Open a subdirectory without following a symlink; one we may not read is made u+rwx first."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except PermissionError:
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        try:  # chmod through the descriptor: never a path a concurrent rename could redirect
+            os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(os.fstat(handle).st_mode) | 0o700)
+        finally:
+            os.close(handle)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+
+
+def _retrying_writable(operation: Callable[[], None], dir_fd: int) -> None:
+    try:
+        operation()
+    except PermissionError:
+        _make_writable(dir_fd)
+        operation()
+
+
+def _mount_points_under(path: bytes) -> set[bytes]:
+    """Mount points strictly inside path (a bind mount shares st_dev with its parent)."""
+    found = set()
+    prefix = path.rstrip(b"/") + b"/"
+    try:
+        with open("/proc/self/mountinfo", "rb") as handle:
+            for line in handle:
+                fields = line.split(b" ")
+                if len(fields) > 4:
+                    point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+                    if point.startswith(prefix):
+                        found.add(point)
+    except OSError:
+        pass
+    return found
+
+
+class _Dir:
+    __slots__ = ("fd", "name", "rel", "actual", "subdirs", "dev", "blocked")
+
+    def __init__(self, fd: int, name: str, rel: bytes, actual: bytes, dev: int):
+        self.fd = fd
+        self.name = name  # its name in the directory below it on the stack
+        self.rel = rel  # where it was, for reports
+        self.actual = actual  # where it is now, relative to the top
+        self.subdirs: list[tuple[str, bytes, bytes]] = []  # (name, rel, actual) still to remove
+        self.dev = dev
+        self.blocked = False  # something inside could not be removed: so can this not
+
+
+def remove_tree(path: str) -> Removal:
+    """Delete something renamed into trash/, whatever it holds; never raises.
+
+    Never follows a symlink, never enters another mount, works on directory
+    descriptors (names of any bytes, any depth, bounded descriptors), makes
+    read-only directories writable as it goes, and goes on past what it cannot
+    remove: that is returned with its cause, for the caller to report and retry.
+    """
+    removal = Removal()
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return removal
+    except OSError as exc:
+        removal.unremovable.append(Unremovable("", _errno_name(exc)))
+        return removal
+    if not stat.S_ISDIR(info.st_mode):
+        try:
+            os.unlink(path)
+            removal.freed += _freed_by(info)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            removal.unremovable.append(Unremovable("", _errno_name(exc)))
+        return removal
+    top_path = os.fsencode(os.path.realpath(path))
+    mounts = _mount_points_under(top_path)
+    parent_fd = None
+    try:
+        parent_fd = os.open(os.path.dirname(top_path) or b".", _DIR_FLAGS)
+        top_name = os.path.basename(top_path)
+        top = _Dir(_open_dir(os.fsdecode(top_name), parent_fd), os.fsdecode(top_name), b"", b"", info.st_dev)
+        _remove_dir(top, parent_fd, mounts, top_path, removal)
+    except OSError as exc:
+        removal.unremovable.append(Unremovable("", _errno_name(exc)))
+    finally:
+        if parent_fd is not None:
+            os.close(parent_fd)
+    return removal
+
+
+def _remove_dir(top: _Dir, top_parent_fd: int, mounts: set[bytes], top_path: bytes, removal: Removal) -> None:
+    stack = [top]
+    try:
+        _scan(top, removal)
+        while stack:
+            current = stack[-1]
+            if current.subdirs:
+                name, rel, actual = current.subdirs.pop()
+                child = _descend(current, name, rel, actual, stack, top, mounts, top_path, removal)
+                if child is not None:
+                    stack.append(child)
+                    _scan(child, removal)
+                continue
+            stack.pop()
+            os.close(current.fd)
+            current.fd = -1
+            below_fd = stack[-1].fd if stack else top_parent_fd
+            if current.blocked:
+                if stack:
+                    stack[-1].blocked = True
+                continue
+            _remove_entry(current.name, below_fd, current.rel, True, removal, lambda: _block(stack))
+    finally:
+        for frame in stack:
+            if frame.fd >= 0:
+                os.close(frame.fd)
+
+
+def _block(stack: list[_Dir]) -> None:
+    if stack:
+        stack[-1].blocked = True
+
+
+def _descend(current: _Dir, name: str, rel: bytes, actual: bytes, stack: list[_Dir], top: _Dir,
+             mounts: set[bytes], top_path: bytes, removal: Removal) -> _Dir | None:
+    """Open a subdirectory to empty it; None when it was dealt with otherwise."""
+    def blocked() -> None:
+        current.blocked = True
+
+    if mounts and top_path + b"/" + actual in mounts:
+        _remove_entry(name, current.fd, rel, True, removal, blocked)  # rmdir: EBUSY, reported
+        return None
+    if len(stack) >= REMOVE_MAX_OPEN:
+        # Too deep: rename it up to the top of the entry and take it from there later.
+        fresh = f".deep-{os.urandom(6).hex()}"
+
+        def rename_up() -> None:
+            os.rename(name, fresh, src_dir_fd=current.fd, dst_dir_fd=top.fd)
+
+        try:
+            try:
+                rename_up()
+            except PermissionError:
+                _make_writable(current.fd)
+                _make_writable(top.fd)
+                rename_up()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+            current.blocked = True
+            return None
+        top.subdirs.append((fresh, rel, os.fsencode(fresh)))
+        if mounts:  # a mount inside moved with it
+            mounts.clear()
+            mounts.update(_mount_points_under(top_path))
+        return None
+    try:
+        fd = _open_dir(name, current.fd)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:  # replaced meanwhile
+        _remove_entry(name, current.fd, rel, False, removal, blocked)
+        return None
+    except OSError as exc:
+        removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+        current.blocked = True
+        return None
+    dev = os.fstat(fd).st_dev
+    if dev != current.dev:  # another filesystem mounted here: never delete what it holds
+        os.close(fd)
+        _remove_entry(name, current.fd, rel, True, removal, blocked)
+        return None
+    return _Dir(fd, name, rel, actual, dev)
+
+
+def _scan(directory: _Dir, removal: Removal) -> None:
+    """Unlink everything in a directory but its subdirectories, which are queued."""
+    def blocked() -> None:
+        directory.blocked = True
+
+    def listing() -> list[tuple[str, bool]]:
+        with os.scandir(directory.fd) as found:
+            return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
+
+    try:
+        try:
+            names = listing()
+        except PermissionError:
+            _make_writable(directory.fd)
+            names = listing()
+    except OSError as exc:
+        removal.unremovable.append(Unremovable(_shown(directory.rel), _errno_name(exc)))
+        directory.blocked = True
+        return
+    for name, is_dir in names:
+        rel = (directory.rel + b"/" if directory.rel else b"") + os.fsencode(name)
+        if is_dir:
+            actual = (directory.actual + b"/" if directory.actual else b"") + os.fsencode(name)
+            directory.subdirs.append((name, rel, actual))
+        else:
+            _remove_entry(name, directory.fd, rel, False, removal, blocked)
+
+
+def _remove_entry(name: str, dir_fd: int, rel: bytes, is_dir: bool, removal: Removal,
+                  blocked: Callable[[], None]) -> None:
+    """Unlink (or rmdir) one name in dir_fd, counting what it frees; report what will not go."""
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if is_dir:
+            _retrying_writable(lambda: os.rmdir(name, dir_fd=dir_fd), dir_fd)
+        else:
+            _retrying_writable(lambda: os.unlink(name, dir_fd=dir_fd), dir_fd)
+        removal.freed += _freed_by(info)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:  # it became a directory meanwhile: gone next run
+        removal.unremovable.append(Unremovable(_shown(rel), "EISDIR"))
+        blocked()
+    except OSError as exc:
+        removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+        blocked()
 
 
 def trash_entries(paths: RepoPaths) -> list[str]:

@@ -60,12 +60,12 @@ def disk_usage(path: str) -> int:
         current = stack.pop()
         try:
             entries = list(os.scandir(current))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+        except OSError:  # gone, unreadable, or a path too long (a deep tree): never a reason to fail
             continue
         for entry in entries:
             try:
                 info = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
+            except OSError:
                 continue
             total += info.st_blocks * 512
             if entry.is_dir(follow_symlinks=False):

@@ -13,6 +13,12 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     ├── serve/
     │   └── <pid>.journal          a running serve's clone journal: its workers append one
     │                              JSON line per event; opened without following symlinks
+    ├── unreachable/
+    │   └── <key>.failed.json      a repository never reached: its first contact failed (code
+    │                              UNREACHABLE, message, attempts, retry time). Until the retry
+    │                              time every ask answers it at once; removed when the repository
+    │                              is reached, or by gc a day after its retry time. Nothing else
+    │                              is written for a repository before its first contact succeeds.
     └── repos/
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
@@ -56,8 +62,14 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
             │   ├── <sha>.failed.json  the last failure: code, message, attempts, retry time.
-            │   └── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
-            │                          were dropped since (a repack is then due at the interval).
+            │   ├── <sha>.deaths.json  how many clone workers died in a row on this commit, kept
+            │   │                      when gc removes a dead clone's record (so an OOM-killed
+            │   │                      worker still ends in WORKER_DIED); removed when a clone
+            │   │                      publishes or fails, or a day after the last death.
+            │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
+            │   │                      were dropped since (a repack is then due at the interval).
+            │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
+            │                          root, errno name, stuck since); gone when trash/ empties.
             ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted,
             │                      at most CLONE_LOG_CAP bytes per attempt; an attempt that
             │                      finds it over the cap first renames it to <sha>.log.1.
@@ -119,6 +131,7 @@ READY_MARKER = "checkoutcache-ready"
 SCRATCH_PREFIX = ".clone-"
 CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
+DEATHS_RECORD_SUFFIX = ".deaths.json"
 CLONE_LOCK_PREFIX = "clone-"
 
 ROOT_README = """\
@@ -193,6 +206,13 @@ class RootPaths:
 
     def serve_journal(self, pid: int) -> str:
         return os.path.join(self.root, "serve", f"{pid}.journal")
+
+    @property
+    def unreachable_dir(self) -> str:
+        return os.path.join(self.root, "unreachable")
+
+    def unreachable_record(self, key: str) -> str:
+        return os.path.join(self.root, "unreachable", f"{key}{FAILURE_RECORD_SUFFIX}")
 
     def repo(self, key: str) -> "RepoPaths":
         return RepoPaths(os.path.join(self.root, "repos", key))
@@ -288,6 +308,12 @@ class RepoPaths:
     def failure_record(self, sha: str) -> str:
         return os.path.join(self.base, "state", f"{sha}{FAILURE_RECORD_SUFFIX}")
 
+    def deaths_record(self, sha: str) -> str:
+        return os.path.join(self.base, "state", f"{sha}{DEATHS_RECORD_SUFFIX}")
+
+    def deaths_record_shas(self) -> list[str]:
+        return _commits_named(entries(self.state_dir), "", DEATHS_RECORD_SUFFIX)
+
     def clone_record_shas(self) -> list[str]:
         return _commits_named(entries(self.state_dir), "", CLONE_RECORD_SUFFIX)
 
@@ -297,6 +323,10 @@ class RepoPaths:
     @property
     def mirror_gc_stamp(self) -> str:
         return os.path.join(self.base, "state", "mirror-gc.json")
+
+    @property
+    def unremovable_record(self) -> str:
+        return os.path.join(self.base, "state", "unremovable.json")
 
     @property
     def logs_dir(self) -> str:

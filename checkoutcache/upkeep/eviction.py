@@ -8,6 +8,11 @@ never silently dropped. Free-space targets use hysteresis: eviction for disk
 starts only below `min_free` and then goes on until `min_free + headroom`, so
 gc does not thrash at the boundary.
 
+Clocks are not trusted: a last use in the future (a clock that jumped back, a
+restored backup) counts as now, never as "used in a negative time"; otherwise
+such a checkout would stay inside the grace window forever (gc repairs the
+marker's mtime to now, see gc.py).
+
 The plan is advice: the evictor re-checks each checkout's last use under the
 checkout's exclusive lock before it renames anything (see gc.py).
 """
@@ -82,10 +87,20 @@ class Plan:
     unmet: list[Unmet]
 
 
+def last_use(last_used: float, now: float) -> float:
+    """When a checkout was last used, as far as eviction goes: a time in the future counts as now."""
+    return min(last_used, now)
+
+
+def idle_seconds(last_used: float, now: float) -> float:
+    """How long a checkout has been unused: never negative."""
+    return now - last_use(last_used, now)
+
+
 def protection(entry: Entry, grace: float, now: float) -> str | None:
     if entry.held:
         return HELD
-    if now - entry.last_used <= grace:
+    if idle_seconds(entry.last_used, now) <= grace:
         return GRACE
     return None
 
@@ -94,11 +109,11 @@ def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: 
     evict: list[Eviction] = []
     kept: list[Kept] = []
     chosen: set[tuple[str, str]] = set()
-    order = sorted(entries, key=lambda e: (e.last_used, e.repo, e.sha))
+    order = sorted(entries, key=lambda e: (last_use(e.last_used, now), e.repo, e.sha))
 
     if limits.max_age is not None:
         for entry in order:
-            if now - entry.last_used > limits.max_age and protection(entry, limits.grace, now) is None:
+            if idle_seconds(entry.last_used, now) > limits.max_age and protection(entry, limits.grace, now) is None:
                 evict.append(Eviction(entry, AGE, "max-age"))
                 chosen.add((entry.repo, entry.sha))
 

@@ -3,11 +3,18 @@
 One run, under locks/gc.lock (taken without waiting: two crons never
 overlap, the second reports that it skipped):
 
-1. finish interrupted deletions (everything in trash/ goes);
+1. finish interrupted deletions (everything in trash/ goes: whatever a tree
+   holds, read-only directories, any depth or name; what cannot be removed,
+   e.g. a mount point, is reported with its cause under "unremovable", kept in
+   state/unremovable.json for `status`, retried by every later run, and never
+   stops the rest of the run);
 2. reap scratch whose owner is dead (store/scratch.py), drop records of dead
-   clones, and move aside checkouts a killed worker renamed but never marked,
+   clones (keeping their count of worker deaths in state/<sha>.deaths.json), and move aside checkouts a killed worker renamed but never marked,
    or damaged ones no command holds (store/checkouts.py);
-3. plan eviction (eviction.py, pure) from the inventory, then for each planned
+3. repair last uses in the future (a clock that jumped back, a restored
+   backup): the marker's mtime is set to now under its exclusive lock, taken
+   without waiting (a holder's own touch repairs it anyway);
+   plan eviction (eviction.py, pure, where a future last use counts as now) from the inventory, then for each planned
    checkout: take its marker's exclusive lock without waiting, re-check its
    last use against the grace window, rename it into trash/, release, delete.
    A checkout held by an exec or touched meanwhile is skipped, not waited on;
@@ -23,9 +30,12 @@ With dry_run nothing is changed: the report says what a real run would do.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import time
+from collections.abc import Iterator
 
 import attrs
 
@@ -36,17 +46,23 @@ from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (
     GONE,
     move_checkout_aside,
+    Removal,
+    Unremovable,
     remove_tree,
     trash_entries,
 )
 from checkoutcache.store.create import make_dirs
 from checkoutcache.store.inventory import RepoInfo, disk_usage, inventory
 from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.layout import entries as listing
+from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
+from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
 
 USED_MEANWHILE = "used-meanwhile"
+DEATHS_MEMORY = 86400.0  # a commit nobody asked for a day after its last worker died starts counting anew
 STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
 
 
@@ -74,7 +90,11 @@ class GcReport:
     removed: list[Removed] = attrs.Factory(list)
     kept: list[KeptOver] = attrs.Factory(list)
     unmet: list[dict] = attrs.Factory(list)
+    # Last uses that lay in the future, set back to now: {"repo", "commit", "was"}.
+    clock_repaired: list[dict] = attrs.Factory(list)
     mirrors: list[dict] = attrs.Factory(list)
+    # What could not be deleted: {"repo", "path" (relative to the root), "error" (errno name)}.
+    unremovable: list[dict] = attrs.Factory(list)
     disk_before: dict | None = None
     disk_after: dict | None = None
     # What the store holds after this run (ready, intact checkouts): computed
@@ -92,6 +112,7 @@ class GcReport:
             "removed": [attrs.asdict(r) for r in self.removed],
             "kept_over_limit": [attrs.asdict(k) for k in self.kept],
             "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
+            "unremovable": self.unremovable, "clock_repaired": self.clock_repaired,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
             "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after},
         }
@@ -106,19 +127,66 @@ def size_of(path: str) -> int:
     return disk_usage(path) if os.path.isdir(path) and not os.path.islink(path) else 0
 
 
+def note_unremovable(report: GcReport, paths: RepoPaths, path: str, removal: Removal) -> None:
+    """Report what a removal left behind, each with its path relative to the root."""
+    root = os.path.dirname(os.path.dirname(paths.base))
+    where = os.path.relpath(path, root)
+    for stuck in removal.unremovable:
+        report.unremovable.append({"repo": paths.key, "path": os.path.join(where, stuck.path) if stuck.path else where,
+                                   "error": stuck.error, "entry": os.path.basename(path)})
+
+
+def delete(paths: RepoPaths, path: str, report: GcReport) -> Removal:
+    """remove_tree, whose leftovers go to the report; nothing here ever stops the run."""
+    try:
+        removal = remove_tree(path)
+    except Exception as exc:  # remove_tree never raises; if it ever did, the rest of the run goes on
+        removal = Removal(unremovable=[Unremovable("", type(exc).__name__)])
+    note_unremovable(report, paths, path, removal)
+    return removal
+
+
 def empty_trash(paths: RepoPaths, report: GcReport) -> None:
     for path in trash_entries(paths):
-        size = size_of(path)
-        if not report.dry_run:
-            remove_tree(path)
-        report.removed.append(Removed("trash", paths.key, os.path.basename(path), size))
+        if report.dry_run:
+            report.removed.append(Removed("trash", paths.key, os.path.basename(path), size_of(path)))
+            continue
+        removal = delete(paths, path, report)
+        if removal.complete or removal.freed:
+            report.removed.append(Removed("trash", paths.key, os.path.basename(path), removal.freed))
 
 
-def remove_moved(slot: str | None, report: GcReport, removed: Removed) -> None:
-    """Delete what was moved to trash (a dry run moved nothing) and report it."""
+def remove_moved(paths: RepoPaths, slot: str | None, report: GcReport, removed: Removed) -> None:
+    """Delete what was moved to trash (a dry run moved nothing) and report what that freed."""
     if slot is not None:
-        remove_tree(slot)
+        removed = attrs.evolve(removed, bytes=delete(paths, slot, report).freed)
     report.removed.append(removed)
+
+
+@contextlib.contextmanager
+def going_on(report: GcReport, paths: RepoPaths, root_paths: RootPaths) -> Iterator[None]:
+    """One repository's step that fails on the file system (a mount point that will not
+    move, a read-only state directory) is reported, and the run goes on with the rest."""
+    try:
+        yield
+    except OSError as exc:
+        where = os.path.relpath(exc.filename, root_paths.root) if isinstance(exc.filename, str) else paths.key
+        report.unremovable.append({"repo": paths.key, "path": where, "entry": None,
+                                   "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__)})
+
+
+def record_unremovable(paths: RepoPaths, report: GcReport, now: float) -> None:
+    """Keep this run's leftovers of one repository for `status` (since when each is stuck)."""
+    if report.dry_run:
+        return
+    previous = {(e.get("path"), e.get("error")): e.get("since", now)
+                for e in (records.read_json(paths.unremovable_record) or {}).get("entries", [])}
+    mine = [dict(e, since=previous.get((e["path"], e["error"]), now))
+            for e in report.unremovable if e["repo"] == paths.key]
+    if mine:
+        records.write_json(paths.unremovable_record, {"checked_at": now, "entries": mine})
+    else:
+        records.remove_quietly(paths.unremovable_record)
 
 
 def tidy(info: RepoInfo, report: GcReport) -> None:
@@ -131,10 +199,15 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                 records.remove_quietly(entry.path)
     for name, slot in reap_dead_scratch(paths, dry_run=report.dry_run):
         size = 0 if report.dry_run else size_of(slot)
-        remove_moved(slot or None, report, Removed("dead-scratch", paths.key, name, size))
+        remove_moved(paths, slot or None, report, Removed("dead-scratch", paths.key, name, size))
     for clone in info.clones:
         if not clone.alive and not report.dry_run:
-            records.remove_quietly(paths.clone_record(clone.sha))
+            def dead(sha: str = clone.sha) -> bool:
+                return os.path.exists(paths.clone_record(sha))
+
+            with locks.rechecked(locks.clone_of(paths, clone.sha), dead) as clone_lock:
+                if clone_lock is not None:  # not alive meanwhile: its record is a dead owner's
+                    drop_dead_clone_record(paths, clone.sha)
     for checkout in info.checkouts:
         if checkout.ready:
             # Damaged (top-level entries gone): never served again; removed unless a command holds it.
@@ -144,7 +217,8 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                     continue
                 moved = move_checkout_aside(paths, checkout.sha, "damaged")
                 if moved.slot is not None:
-                    remove_moved(moved.slot, report, Removed("damaged", paths.key, checkout.sha, checkout.size))
+                    remove_moved(paths, moved.slot, report,
+                                 Removed("damaged", paths.key, checkout.sha, checkout.size))
             continue
         # No marker: a worker renamed it but died before the marker, or is about to
         # write it. Only a free clone lock (no live worker) makes it a leftover.
@@ -158,7 +232,47 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                 if moved.slot is None:
                     continue
                 slot = moved.slot
-            remove_moved(slot, report, Removed("unpublished", paths.key, checkout.sha, checkout.size))
+            remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.sha, checkout.size))
+
+
+def drop_dead_clone_record(paths: RepoPaths, sha: str) -> None:
+    """Remove a dead clone's record, keeping its count of worker deaths (state/<sha>.deaths.json),
+    so that a worker that always dies still ends in WORKER_DIED. Caller holds the clone lock."""
+    record = records.read_json(paths.clone_record(sha))
+    if record is not None:
+        try:
+            deaths = max(0, int(record.get("deaths", 0)))
+        except (TypeError, ValueError):
+            deaths = 0
+        # Written first: killed in between, both say the same.
+        records.write_json(paths.deaths_record(sha), {"commit": sha, "deaths": deaths, "at": time.time()})
+    records.remove_quietly(paths.clone_record(sha))
+
+
+def forget_old_deaths(paths: RepoPaths, report: GcReport) -> None:
+    """Deaths records of commits nobody asked for in DEATHS_MEMORY go (under the clone lock)."""
+    if report.dry_run:
+        return
+    for sha in paths.deaths_record_shas():
+        def old(sha: str = sha) -> bool:
+            at = (records.read_json(paths.deaths_record(sha)) or {}).get("at", 0)
+            return not isinstance(at, (int, float)) or time.time() - at > DEATHS_MEMORY
+
+        if old():
+            with locks.rechecked(locks.clone_of(paths, sha), old) as clone_lock:
+                if clone_lock is not None:
+                    records.remove_quietly(paths.deaths_record(sha))
+
+
+def forget_unreachable(root_paths: RootPaths, report: GcReport, now: float) -> None:
+    """Records of repositories never reached go a day after their retry time (nobody asked since)."""
+    if report.dry_run:
+        return
+    for name in listing(root_paths.unreachable_dir):
+        path = os.path.join(root_paths.unreachable_dir, name)
+        failure = read_failure(path)
+        if failure is None or now - failure.retry_at > DEATHS_MEMORY:
+            records.remove_quietly(path)
 
 
 def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
@@ -172,21 +286,43 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
         return
     for sha in paths.clone_lock_shas():
         def finished(sha: str = sha) -> bool:
-            return not os.path.lexists(paths.checkout(sha)) and not os.path.exists(paths.failure_record(sha))
+            return not os.path.lexists(paths.checkout(sha)) and not os.path.exists(paths.failure_record(sha)) \
+                and not os.path.exists(paths.deaths_record(sha))
 
         if not finished():
             continue
         with locks.rechecked(locks.existing_clone_of(paths, sha), finished) as clone_lock:
             if clone_lock is None:
                 continue  # a clone is running (or the file just went, or it is needed again)
-            records.remove_quietly(paths.clone_record(sha))
+            drop_dead_clone_record(paths, sha)
+            if os.path.exists(paths.deaths_record(sha)):
+                continue  # a dead clone's record just became a deaths record: keep its lock and log
             records.remove_quietly(paths.clone_log(sha))
             records.remove_quietly(paths.previous_clone_log(sha))
             records.remove_quietly(paths.clone_lock(sha))
 
 
-def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool) -> str | None:
-    """Rename one checkout into trash/ and delete it; returns why it was kept instead, or None."""
+def repair_future_last_use(paths: RepoPaths, sha: str, now: float, report: GcReport) -> None:
+    """Set a marker's mtime that lies in the future back to now, under its exclusive lock, never waiting."""
+    marker = paths.ready_marker(sha)
+    if report.dry_run:
+        return
+    exclusive = locks.checkout_exclusive(marker)
+    if exclusive is None:
+        return  # held: the holder's own touch sets it to now
+    with exclusive:
+        try:
+            was = os.stat(marker).st_mtime
+            if was > time.time():
+                os.utime(marker, (now, now))
+                report.clock_repaired.append({"repo": paths.key, "commit": sha, "was": iso(was)})
+        except OSError:
+            pass
+
+
+def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool,
+                   report: GcReport) -> tuple[str | None, Removal | None]:
+    """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed)."""
     def recheck(last_use: float) -> str | None:
         if time.time() - last_use <= grace:
             return USED_MEANWHILE
@@ -194,12 +330,11 @@ def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool) -> s
 
     moved = move_checkout_aside(paths, sha, "evicted", recheck)
     if moved.kept == "dry-run":
-        return None
+        return None, None
     if moved.slot is None:
-        return moved.kept or GONE
+        return moved.kept or GONE, None
     checkpoint("gc-after-evict-rename")
-    remove_tree(moved.slot)
-    return None
+    return None, delete(paths, moved.slot, report)
 
 
 def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float) -> None:
@@ -249,6 +384,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
 
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcReport:
     report = GcReport(dry_run=dry_run)
+    forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
     if not os.path.isdir(root_paths.repos_dir):
         return report
     make_dirs(root_paths.locks_dir)
@@ -261,21 +397,34 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         report.disk_before = attrs.asdict(before)
         for info in inventory(root_paths, with_sizes=False):
             empty_trash(info.paths, report)
-            tidy(info, report)
+            with going_on(report, info.paths, root_paths):
+                tidy(info, report)
         repos = inventory(root_paths)
         by_key = {info.key: info for info in repos}
         entries = [Entry(repo=info.key, sha=c.sha, last_used=c.last_used, size=c.size, held=c.held)
                    for info in repos for c in info.checkouts if c.ready and c.intact]
         limits = Limits.from_config(config)
         now = time.time()
+        for info in repos:
+            for c in info.checkouts:
+                if c.ready and c.last_used is not None and c.last_used > now:
+                    repair_future_last_use(info.paths, c.sha, now, report)
         plan = plan_eviction(entries, limits, before, now)
         evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry
-            kept_why = evict_checkout(by_key[entry.repo].paths, entry.sha, limits.grace, dry_run)
+            try:
+                kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.sha, limits.grace, dry_run,
+                                                   report)
+            except OSError as exc:  # one checkout that cannot be moved never stops the others
+                report.unremovable.append({"repo": entry.repo, "path": os.path.relpath(
+                    by_key[entry.repo].paths.checkout(entry.sha), root_paths.root),
+                    "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__), "entry": entry.sha})
+                continue
             if kept_why is None:
                 evicted.add((entry.repo, entry.sha))
-                report.removed.append(Removed(eviction.reason, entry.repo, entry.sha, entry.size, eviction.limit))
+                freed = entry.size if removal is None else removal.freed
+                report.removed.append(Removed(eviction.reason, entry.repo, entry.sha, freed, eviction.limit))
             elif kept_why != GONE:
                 report.kept.append(KeptOver(entry.repo, entry.sha, kept_why, eviction.limit))
         report.kept += [KeptOver(k.entry.repo, k.entry.sha, k.why, k.limit) for k in plan.kept]
@@ -284,7 +433,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
         for info in repos:
-            maintain_mirror(info.paths, config, report, now)
-            forget_finished_commits(info.paths, report)
+            with going_on(report, info.paths, root_paths):
+                maintain_mirror(info.paths, config, report, now)
+            with going_on(report, info.paths, root_paths):
+                forget_old_deaths(info.paths, report)
+                forget_finished_commits(info.paths, report)
+            record_unremovable(info.paths, report, now)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
     return report

@@ -6,15 +6,18 @@ person is cli/output.py's business.
 
 from __future__ import annotations
 
+import os
 import time
 
 import attrs
 
 from checkoutcache.config import Config
+from checkoutcache.store import records
 from checkoutcache.store.inventory import RepoInfo, inventory
-from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.layout import RootPaths, entries
+from checkoutcache.store.records import read_failure
 from checkoutcache.units import iso
-from checkoutcache.upkeep.eviction import Entry, protection
+from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
 from checkoutcache.upkeep.gc import disk_of
 
 
@@ -24,7 +27,7 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
         entry = Entry(repo=info.key, sha=c.sha, last_used=c.last_used or 0.0, size=c.size, held=c.held)
         checkouts.append({
             "commit": c.sha, "path": c.path, "ready": c.ready, "intact": c.intact, "size": c.size,
-            "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(now - c.last_used),
+            "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(idle_seconds(c.last_used, now)),
             "held": c.held, "protected": protection(entry, config.grace, now) if c.ready else None,
         })
     clones = [{"commit": c.sha, "pid": c.pid, "alive": c.alive, "started_at": iso(c.started_at),
@@ -35,7 +38,15 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     scratch = [{"name": s.name, "pid": s.pid, "commit": s.commit, "owner_alive": s.owner_alive or s.lock_held}
                for s in info.scratch]
     return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": checkouts,
-            "clones": clones, "failures": failures, "scratch": scratch}
+            "clones": clones, "failures": failures, "scratch": scratch, "stuck_in_trash": stuck_in_trash(info)}
+
+
+def stuck_in_trash(info: RepoInfo) -> list[dict]:
+    """What gc's last run could not delete (state/unremovable.json), as long as it is still there."""
+    record = records.read_json(info.paths.unremovable_record) or {}
+    return [{"path": e.get("path"), "error": e.get("error"), "since": iso(e.get("since"))}
+            for e in record.get("entries", [])
+            if os.path.lexists(os.path.join(info.paths.trash_dir, str(e.get("entry", ""))))]
 
 
 def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = None) -> dict:
@@ -52,4 +63,20 @@ def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = N
         totals["disk"] = attrs.asdict(disk)
     except FileNotFoundError:
         totals["disk"] = None
-    return {"root": root_paths.root, "repos": repos, "totals": totals}
+    return {"root": root_paths.root, "repos": repos, "unreachable": unreachable(root_paths, now),
+            "totals": totals}
+
+
+def unreachable(root_paths: RootPaths, now: float) -> list[dict]:
+    """Repositories never reached (their first contact failed), from unreachable/<key>.failed.json."""
+    found = []
+    for name in entries(root_paths.unreachable_dir):
+        path = os.path.join(root_paths.unreachable_dir, name)
+        failure = read_failure(path)
+        if failure is None:
+            continue
+        meta = records.read_json(path) or {}
+        found.append({"key": name.split(".")[0], "repo": meta.get("repo"), "scope": meta.get("scope"),
+                      "error": failure.code, "message": failure.message, "attempts": failure.attempts,
+                      "failed_at": iso(failure.failed_at), "retry_after": max(0, round(failure.retry_at - now))})
+    return found
