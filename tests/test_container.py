@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from .conftest import free_port
+from .helpers import free_port
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
 DOCKERFILE = open(os.path.join(os.path.dirname(__file__), "..", "Dockerfile")).read()

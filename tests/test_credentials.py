@@ -10,15 +10,21 @@ from checkoutcache.repospec import parse_repo
 from checkoutcache.store.create import init_repo_store
 from checkoutcache.store.layout import RootPaths
 
-from .conftest import files_under, grep_tree, run_cli, wait_ready
+from .helpers import files_under, grep_tree, run_cli, wait_ready
 
 TOKEN = "s3cr3t-T0KEN-do-not-leak"
 
 
-def assert_no_trace(root: str, *outputs: str) -> None:
+def assert_no_trace(root: str | None, *outputs: str) -> None:
+    """No trace of the token in any file under root (which must hold files: else nothing was searched)
+    nor in any output."""
     encoded = base64.b64encode(f"user:{TOKEN}".encode())
+    if root is not None:
+        assert files_under(root), "the store holds files to search"
+    assert outputs and all(outputs), "outputs to search"
     for needle in (TOKEN.encode(), encoded):
-        assert grep_tree(root, needle) == []
+        if root is not None:
+            assert grep_tree(root, needle) == []
         for out in outputs:
             assert needle.decode() not in out
 
@@ -28,8 +34,8 @@ def test_token_in_an_unreachable_url_is_never_shown(root):
     code, answer, out = run_cli("ensure", url, "a" * 40, "--wait", "20", root=root)
     assert code == 1 and answer["error"] == "UNREACHABLE"
     assert answer["repo"] == "https://127.0.0.1:9/team/repo.git"
-    assert_no_trace(root, out)
-    assert files_under(root) == [] if os.path.exists(root) else True
+    assert not os.path.exists(root), "first contact failed: nothing written"
+    assert_no_trace(None, out)
 
 
 def test_token_used_by_a_worker_leaves_no_trace(root):

@@ -15,21 +15,16 @@ from checkoutcache import Cache
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.liveness import own_identity
 
-from .conftest import assert_checkout_matches, git, run_cli, wait_ready
-
-
-def marker(path: str) -> str:
-    return os.path.join(path, ".git", "checkoutcache-ready")
-
-
-def make_idle(path: str, seconds: float) -> None:
-    then = time.time() - seconds
-    os.utime(marker(path), (then, then))
-
-
-def repo_base(root: str) -> str:
-    (key,) = os.listdir(os.path.join(root, "repos"))
-    return os.path.join(root, "repos", key)
+from .helpers import (
+    assert_checkout_matches,
+    git,
+    make_idle,
+    marker,
+    only_repo,
+    run_cli,
+    wait_ready,
+    wait_until,
+)
 
 
 def gc(root: str, *args: str, env: dict | None = None) -> dict:
@@ -72,27 +67,29 @@ def test_dry_run_changes_nothing(root, three_ready):
     upstream, paths = three_ready
     for path in paths:
         make_idle(path, 3600)
-    before = sorted(os.listdir(os.path.join(repo_base(root), "checkouts")))
+    before = sorted(os.listdir(only_repo(root).checkouts_dir))
     report = gc(root, "--max-checkouts", "0", "--dry-run")
     assert report["dry_run"] and len([r for r in report["removed"] if r["reason"] == "lru"]) == 3
-    assert sorted(os.listdir(os.path.join(repo_base(root), "checkouts"))) == before
-    refs = git("for-each-ref", "--format=%(refname)", "refs/keep/", cwd=os.path.join(repo_base(root), "mirror.git"))
+    assert sorted(os.listdir(only_repo(root).checkouts_dir)) == before
+    refs = git("for-each-ref", "--format=%(refname)", "refs/keep/", cwd=only_repo(root).mirror)
     assert len(refs.split()) == 3
 
 
 def test_an_exec_held_checkout_survives_until_the_command_ends(root, three_ready, tmp_path):
     upstream, paths = three_ready
-    flag = tmp_path / "started"
+    flag, release = tmp_path / "started", tmp_path / "release"
+    # The command runs until the test releases it (bounded: 30 s), not for a fixed time.
+    command = f"touch {flag}; i=0; while [ ! -e {release} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; " \
+              "cat README.md"
     proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "exec", upstream.path,
-                             upstream.shas[0], "--", "sh", "-c", f"touch {flag}; sleep 3; cat README.md"],
-                            stdout=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while not flag.exists() and time.time() < deadline:
-        time.sleep(0.05)
+                             upstream.shas[0], "--", "sh", "-c", command], stdout=subprocess.PIPE, text=True)
+    wait_until(flag.exists, 30, "the exec'd command to start")
     make_idle(paths[0], 10 * 24 * 3600)
     report = gc(root, "--max-checkouts", "0", "--grace", "0")
     assert {k["commit"]: k["why"] for k in report["kept_over_limit"]} == {upstream.shas[0]: "held"}
     assert os.path.isdir(paths[0])
+    assert proc.poll() is None, "the command was still running during gc"
+    release.touch()
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "version 0" in out
     status = run_cli("status", root=root)[1]
@@ -116,12 +113,12 @@ def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready):
     code, _, _ = run_cli("gc", "--max-checkouts", "2", root=root,
                          env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-evict-rename"})
     assert code == -9
-    trash = os.listdir(os.path.join(repo_base(root), "trash"))
+    trash = os.listdir(only_repo(root).trash_dir)
     assert len(trash) == 1 and upstream.shas[0] in trash[0]
     assert not os.path.exists(paths[0])  # renamed away first: no reader sees half of it
     report = gc(root)
     assert [r["reason"] for r in report["removed"]] == ["trash"]
-    assert os.listdir(os.path.join(repo_base(root), "trash")) == []
+    assert os.listdir(only_repo(root).trash_dir) == []
     # The pruned checkout is simply absent: the next ensure clones it again.
     answer = wait_ready(root, upstream.path, upstream.shas[0])
     assert_checkout_matches(answer["path"], upstream.path, upstream.shas[0])
@@ -133,11 +130,11 @@ def test_a_pruned_checkout_is_cloned_again(root, upstream):
     make_idle(path, 3600)
     gc(root, "--max-checkouts", "0", "--grace", "1m")
     assert not os.path.exists(path)
-    base = repo_base(root)
-    assert not os.path.exists(os.path.join(base, "locks", f"clone-{sha}.lock"))
-    assert not os.path.exists(os.path.join(base, "logs", f"{sha}.log"))
+    store = only_repo(root)
+    assert not os.path.exists(store.clone_lock(sha))
+    assert not os.path.exists(store.clone_log(sha))
     code, answer, _ = run_cli("ensure", upstream.path, sha, root=root)
-    assert code in (75, 0)
+    assert code == 75 and answer["state"] == "cloning"  # without a wait, the clone has only just started
     answer = wait_ready(root, upstream.path, sha)
     assert answer["path"] == path
     assert_checkout_matches(path, upstream.path, sha)
@@ -155,8 +152,8 @@ time.sleep(60)
 
 def test_dead_scratch_is_reaped_and_live_scratch_kept(root, upstream):
     wait_ready(root, upstream.path, upstream.shas[0])
-    base = repo_base(root)
-    key = os.path.basename(base)
+    store = only_repo(root)
+    key = store.key
     live = subprocess.Popen([sys.executable, "-c", HOLDER, root, key], stdout=subprocess.PIPE, text=True)
     live_path = live.stdout.readline().strip()
     dead = subprocess.Popen([sys.executable, "-c", HOLDER, root, key], stdout=subprocess.PIPE, text=True)
@@ -165,9 +162,9 @@ def test_dead_scratch_is_reaped_and_live_scratch_kept(root, upstream):
     dead.wait()
     # A pid reused by an unrelated live process: our own pid, with another start time.
     pid, start = own_identity()
-    reused = os.path.join(base, "scratch", f".clone-{pid}")
+    reused = store.scratch_dir_for(pid)
     os.makedirs(reused)
-    json.dump({"pid": pid, "start_time": start - 1000, "commit": "x"}, open(os.path.join(reused, "owner.json"), "w"))
+    json.dump({"pid": pid, "start_time": start - 1000, "commit": "x"}, open(store.scratch_owner_json(reused), "w"))
     # An old live clone is never touched, however old.
     os.utime(live_path, (0, 0))
     try:
@@ -188,7 +185,7 @@ def test_mirror_maintenance_drops_refs_and_never_breaks_a_checkout(root, three_r
     upstream, paths = three_ready
     for path in paths[:2]:
         make_idle(path, 3600)
-    mirror = os.path.join(repo_base(root), "mirror.git")
+    mirror = only_repo(root).mirror
     stale = os.path.join(mirror, "shallow.lock")
     open(stale, "w").close()
     os.utime(stale, (0, 0))
@@ -243,7 +240,7 @@ def test_gc_and_status_on_an_empty_root_write_nothing(tmp_path):
 def test_gc_bad_limits_are_bad_input(root, three_ready, args):
     code, answer, _ = run_cli("gc", *args, root=root)
     assert code == 2 and answer["error"] == "BAD_ARGUMENT"
-    assert len(os.listdir(os.path.join(repo_base(root), "checkouts"))) == 3
+    assert len(os.listdir(only_repo(root).checkouts_dir)) == 3
 
 
 def test_limits_come_from_the_environment(root, three_ready):
@@ -264,10 +261,11 @@ def test_cron_script_runs_gc_with_the_environments_limits(root, three_ready, tmp
                CHECKOUTCACHE_GC_LOG=str(log), CHECKOUTCACHE=f"{sys.executable} -m checkoutcache")
     done = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert len(os.listdir(os.path.join(repo_base(root), "checkouts"))) == 1
+    assert len(os.listdir(only_repo(root).checkouts_dir)) == 1
     assert '"removed"' in log.read_text()
 
 
+@pytest.mark.slow
 def test_concurrent_ensure_during_gc_never_answers_a_missing_path(root, upstream):
     import random
 

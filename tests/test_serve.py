@@ -15,7 +15,19 @@ import time
 
 import pytest
 
-from .conftest import assert_checkout_matches, free_port, run_cli, wait_ready
+from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.locks import is_locked
+
+from .helpers import (
+    assert_checkout_matches,
+    free_port,
+    make_idle,
+    marker,
+    only_repo,
+    run_cli,
+    wait_ready,
+    wait_until,
+)
 
 
 class Server:
@@ -28,11 +40,12 @@ class Server:
                                       "--ready-file", str(ready), *extra],
                                      env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while not ready.exists():
+
+        def started() -> bool:
             assert self.proc.poll() is None, self.proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            return ready.exists()
+
+        wait_until(started, 30, "serve to write its ready file")
 
     def connection(self) -> http.client.HTTPConnection:
         if self.unix:
@@ -73,7 +86,7 @@ def server(root, tmp_path):
 def test_ensure_over_http_answers_like_the_cli(server, root, upstream):
     sha = upstream.shas[1]
     status, first = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": sha})
-    assert (status, first["state"]) in ((202, "cloning"), (200, "ready"))
+    assert (status, first["state"]) == (202, "cloning")  # no wait: the clone has only just started
     status, ready = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": sha, "wait": 60})
     assert status == 200 and ready["state"] == "ready"
     assert_checkout_matches(ready["path"], upstream.path, sha)
@@ -109,9 +122,10 @@ def test_health_status_gc_and_metrics(server, upstream):
     assert status == 200 and [r["reason"] for r in gc["removed"]] == ["lru"]
     status, bad = server.request("POST", "/v1/gc", {"max_checkouts": "lots"})
     assert status == 400 and bad["error"] == "BAD_ARGUMENT"
-    time.sleep(1.2)  # the journal follower's period
-    status, metrics = server.request("GET", "/metrics")
-    assert status == 200
+    # The journal follower reads the clones' journal periodically: wait for it to count the clone.
+    published = 'checkoutcache_clones_total{error="",outcome="published"} 1.0'
+    metrics = wait_until(lambda: (lambda got: got[1] if got[0] == 200 and published in got[1] else None)(
+        server.request("GET", "/metrics")), 30, "the journal follower to count the clone")
     assert 'checkoutcache_answers_total{error="",state="ready"} 2.0' in metrics
     assert 'checkoutcache_evictions_total{reason="lru"} 1.0' in metrics
     assert 'checkoutcache_clones_total{error="",outcome="published"} 1.0' in metrics
@@ -135,7 +149,9 @@ def test_a_hold_expires_after_its_ttl(server, root, upstream):
     status, held = server.request("POST", "/v1/hold", {"repo": upstream.path, "commit": upstream.shas[0],
                                                         "wait": 60, "ttl": 1})
     assert status == 200
-    time.sleep(2.5)
+    code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)
+    assert [k["why"] for k in report["kept_over_limit"]] == ["held"], "held until the ttl passes"
+    wait_until(lambda: not is_locked(marker(held["path"])), 30, "the hold to expire and its lock to be free")
     code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)
     assert [r["reason"] for r in report["removed"]] == ["lru"]
 
@@ -180,7 +196,9 @@ def test_sigterm_lets_in_flight_requests_finish_and_leaves_clones_running(root, 
     waiter = threading.Thread(target=lambda: answers.append(running.request(
         "POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[1], "wait": 1.5})))
     waiter.start()
-    time.sleep(0.5)
+    # The request is in flight once its clone runs (the request waits for it up to 1.5 s).
+    wait_until(lambda: RootPaths(root).repo_keys() and is_locked(only_repo(root).clone_lock(upstream.shas[1])),
+               30, "the clone to start")
     assert running.stop() == 0
     waiter.join(10)
     assert answers and answers[0][1]["state"] == "cloning"  # answered, not cut off
@@ -203,14 +221,10 @@ def test_serve_on_a_unix_socket(root, tmp_path, upstream):
 
 def test_scheduled_gc_runs(root, tmp_path, upstream):
     path = wait_ready(root, upstream.path, upstream.shas[0])["path"]
-    then = time.time() - 3600
-    os.utime(os.path.join(path, ".git", "checkoutcache-ready"), (then, then))
+    make_idle(path, 3600)
     running = Server(root, tmp_path, "--gc-interval", "1", "--max-checkouts", "0", "--grace", "1m")
     try:
-        deadline = time.monotonic() + 15
-        while os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not os.path.exists(path)
+        wait_until(lambda: not os.path.exists(path), 15, "the scheduled gc to evict the idle checkout")
     finally:
         running.stop()
 
