@@ -52,6 +52,7 @@ def test_unknown_commit_fails_with_a_code_and_backs_off(root, served_upstream):
     assert not os.path.exists(only_repo(root).checkout(missing))
 
 
+@pytest.mark.slow
 def test_failure_backs_off_then_retries_and_succeeds(root, served_upstream, tmp_path):
     upstream, url = served_upstream
     env = {"CHECKOUTCACHE_BACKOFF": "1", "CHECKOUTCACHE_BACKOFF_MAX": "2"}

@@ -86,7 +86,12 @@ def store_with_bystander(root, upstream):
     return upstream, bystander, snapshot(bystander)
 
 
-@pytest.mark.parametrize("step", WORKER_STEPS)
+# Quick runs (-m "not slow") keep one step before the fetch, the one after it, and the last one.
+QUICK_STEPS = ("before-fetch", "after-fetch", "after-rename")
+
+
+@pytest.mark.parametrize("step", [step if step in QUICK_STEPS else pytest.param(step, marks=pytest.mark.slow)
+                                  for step in WORKER_STEPS])
 def test_worker_killed_at_each_step(root, store_with_bystander, step, kill_log):
     upstream, bystander, before = store_with_bystander
     sha = upstream.commit({"new.txt": "a commit the mirror lacks"})  # so every fetch step runs
@@ -156,6 +161,7 @@ def test_gc_killed_during_a_mirror_repack(root, store_with_bystander, kill_log):
     assert git("fsck", "--connectivity-only", cwd=only_repo(root).mirror) == ""
 
 
+@pytest.mark.slow
 def test_random_kills_of_clones_and_gcs(root, tmp_path):
     """Many clones and gcs, SIGKILLed at random steps and random instants, then everything still works."""
     upstream = Upstream(str(tmp_path / "many"))
@@ -207,6 +213,7 @@ def can_mount_tmpfs(path: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
     upstream = Upstream(str(tmp_path / "up"))
     for number in range(3):
@@ -395,6 +402,7 @@ def test_a_tree_with_a_dot_git_entry_is_refused_and_writes_nothing_outside(root,
     assert not os.path.exists(store.checkout(sha))
 
 
+@pytest.mark.slow
 def test_a_large_file_is_checked_out_whole(root, tmp_path):
     upstream = Upstream(str(tmp_path / "large"))
     data = os.urandom(24 << 20)
@@ -422,6 +430,7 @@ def test_nothing_is_world_writable_even_with_umask_zero(root, upstream):
 
 # ---------------------------------------------------------------- load
 
+@pytest.mark.slow
 def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
     upstream = Upstream(str(tmp_path / "load"))
     for number in range(6):

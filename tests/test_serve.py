@@ -145,6 +145,7 @@ def test_hold_and_release_protect_a_checkout_from_gc(server, root, upstream):
     assert [r["reason"] for r in report["removed"]] == ["lru"] and not os.path.exists(held["path"])
 
 
+@pytest.mark.slow
 def test_a_hold_expires_after_its_ttl(server, root, upstream):
     status, held = server.request("POST", "/v1/hold", {"repo": upstream.path, "commit": upstream.shas[0],
                                                         "wait": 60, "ttl": 1})
@@ -190,6 +191,7 @@ def test_sixty_four_concurrent_clients_while_a_slow_clone_runs(root, tmp_path, u
         running.stop()
 
 
+@pytest.mark.slow
 def test_sigterm_lets_in_flight_requests_finish_and_leaves_clones_running(root, tmp_path, upstream, fake_git):
     running = Server(root, tmp_path, "--gc-interval", "0", env=fake_git('case "$*" in *" checkout "*) sleep 3;; esac'))
     answers = []
@@ -219,6 +221,7 @@ def test_serve_on_a_unix_socket(root, tmp_path, upstream):
     assert not os.path.exists(sock)
 
 
+@pytest.mark.slow
 def test_scheduled_gc_runs(root, tmp_path, upstream):
     path = wait_ready(root, upstream.path, upstream.shas[0])["path"]
     make_idle(path, 3600)

@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import assert_checkout_matches, only_repo, run_cli
 
 ASKERS = 16
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_askers_start_one_clone(root, served_upstream, fake_git, tmp_path):
     upstream, url = served_upstream
     sha = upstream.shas[1]
