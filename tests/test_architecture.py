@@ -20,6 +20,8 @@ import os
 
 import pytest
 
+from .helpers import walk
+
 PACKAGE = "checkoutcache"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", PACKAGE)
 
@@ -34,14 +36,10 @@ EXEMPT = {PACKAGE, f"{PACKAGE}.__main__"}
 def modules() -> dict[str, str]:
     """Dotted module name -> file, for every module of the package (a package is its __init__)."""
     found = {}
-    for directory, dirs, files in os.walk(SOURCE):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
-        rel = os.path.relpath(directory, SOURCE)
-        parts = [PACKAGE] + ([] if rel == "." else rel.split(os.sep))
-        for name in sorted(files):
-            if name.endswith(".py"):
-                dotted = parts if name == "__init__.py" else parts + [name[:-3]]
-                found[".".join(dotted)] = os.path.join(directory, name)
+    for entry in walk(SOURCE):
+        if entry.is_file and entry.rel.endswith(".py") and "__pycache__" not in entry.rel:
+            parts = [PACKAGE] + entry.rel[:-3].split(os.sep)
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = entry.path
     return found
 
 

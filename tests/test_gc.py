@@ -21,6 +21,7 @@ from .helpers import (
     make_idle,
     marker,
     only_repo,
+    pid_alive,
     run_cli,
     wait_ready,
     wait_until,
@@ -107,12 +108,14 @@ def test_exec_passes_exit_status_and_runs_in_the_checkout(root, upstream):
     assert code == 125 and "BAD_COMMIT" in out
 
 
-def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready):
+def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready, kill_log):
     upstream, paths = three_ready
     make_idle(paths[0], 3600)
     code, _, _ = run_cli("gc", "--max-checkouts", "2", root=root,
                          env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-evict-rename"})
     assert code == -9
+    (line,) = kill_log.read_text().splitlines()  # it died at that step, not anywhere else
+    assert line.split()[0] == "gc-after-evict-rename" and not pid_alive(int(line.split()[1]))
     trash = os.listdir(only_repo(root).trash_dir)
     assert len(trash) == 1 and upstream.shas[0] in trash[0]
     assert not os.path.exists(paths[0])  # renamed away first: no reader sees half of it
@@ -170,7 +173,7 @@ def test_dead_scratch_is_reaped_and_live_scratch_kept(root, upstream):
     try:
         report = gc(root)
         reaped = sorted(r["name"] for r in report["removed"] if r["reason"] == "dead-scratch")
-        assert reaped == sorted([os.path.basename(dead_path), f".clone-{pid}"])
+        assert reaped == sorted([os.path.basename(dead_path), os.path.basename(reused)])
         assert os.path.isdir(live_path) and not os.path.exists(dead_path) and not os.path.exists(reused)
         status = run_cli("status", root=root)[1]
         assert [s["owner_alive"] for s in status["repos"][0]["scratch"]] == [True]
