@@ -14,7 +14,7 @@ from .helpers import free_port
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
 # A clean environment, but with the test's private TMPDIR and HOME (see conftest.private_dirs):
 # serve's journal goes to TMPDIR.
-def private_env() -> dict:  # noqa: N802
+def private_env() -> dict:
     return {name: os.environ[name] for name in ("PATH", "TMPDIR", "HOME", "XDG_CACHE_HOME")}
 
 
