@@ -16,6 +16,7 @@ from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.liveness import own_identity
 
 from .helpers import (
+    Upstream,
     assert_checkout_matches,
     git,
     make_idle,
@@ -23,6 +24,7 @@ from .helpers import (
     only_repo,
     pid_alive,
     run_cli,
+    store_snapshot,
     wait_ready,
     wait_until,
 )
@@ -38,6 +40,18 @@ def gc(root: str, *args: str, env: dict | None = None) -> dict:
 def three_ready(root, upstream):
     paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
     return upstream, paths
+
+
+@pytest.fixture(scope="module")
+def three_idle_shared(tmp_path_factory):
+    """A store with three idle checkouts, shared by tests that must leave it unchanged."""
+    base = tmp_path_factory.mktemp("three-idle")
+    upstream = Upstream(str(base / "upstream"))
+    upstream.standard_history()
+    root = str(base / "cache")
+    for sha in upstream.shas:
+        make_idle(wait_ready(root, upstream.path, sha)["path"], 3600)
+    return root
 
 
 def test_lru_order_follows_the_sequence_of_ensures(root, three_ready):
@@ -240,10 +254,12 @@ def test_gc_and_status_on_an_empty_root_write_nothing(tmp_path):
 
 @pytest.mark.parametrize("args", [["--max-checkouts", "-1"], ["--max-bytes", "lots"], ["--grace", "soon"],
                                   ["--min-free", "150%"], ["--max-age", "1y"]])
-def test_gc_bad_limits_are_bad_input(root, three_ready, args):
+def test_gc_bad_limits_are_bad_input(three_idle_shared, args):
+    root = three_idle_shared
+    before = store_snapshot(root)
     code, answer, _ = run_cli("gc", *args, root=root)
     assert code == 2 and answer["error"] == "BAD_ARGUMENT"
-    assert len(os.listdir(only_repo(root).checkouts_dir)) == 3
+    assert len(only_repo(root).checkout_shas()) == 3 and store_snapshot(root) == before
 
 
 def test_limits_come_from_the_environment(root, three_ready):

@@ -43,6 +43,7 @@ def test_sixteen_concurrent_askers_start_one_clone(root, served_upstream, fake_g
     assert fetches.read_text().count("x") == 1
 
 
+@pytest.mark.slow
 def test_concurrent_askers_without_wait_all_answer_cloning(root, upstream, fake_git, tmp_path):
     sha = upstream.shas[2]
     assert run_cli("ensure", upstream.path, upstream.shas[0], "--wait", "60", root=root)[0] == 0
