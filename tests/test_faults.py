@@ -448,16 +448,21 @@ def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
         rng = random.Random(index)
         while time.monotonic() < stop:
             sha = rng.choice(upstream.shas)
+            asked = time.time()  # the answer's use (the marker's touch) comes later than this
             done = subprocess.run([sys.executable, "-m", "checkoutcache", "--root", root, "ensure", upstream.path,
                                    sha, "--wait", "30"], capture_output=True, text=True)
             if done.returncode != 0:
                 problems.append(f"exit {done.returncode}: {done.stdout[-200:]} {done.stderr[-300:]}")
                 continue
             path = json.loads(done.stdout)["path"]
-            time.sleep(rng.uniform(0, grace / 2))  # still inside the grace window of our answer
-            if not os.path.isfile(os.path.join(path, "README.md")):
-                problems.append(f"{path} vanished inside the grace window")
-            answers[0] += 1
+            time.sleep(rng.uniform(0, grace / 4))
+            present = os.path.isfile(os.path.join(path, "README.md"))
+            # Judged only when certainly inside the grace window of the use: on a loaded machine the
+            # CLI may take longer than the grace window to exit after answering.
+            if time.time() - asked < grace:
+                if not present:
+                    problems.append(f"{path} vanished inside the grace window")
+                answers[0] += 1
 
     threads = [threading.Thread(target=asker, args=(i,)) for i in range(8)]
     for thread in threads:
@@ -467,4 +472,4 @@ def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
     out, _ = gc_loop.communicate(timeout=60)
     assert problems == []
     assert "GCFAIL" not in out
-    assert answers[0] > 20
+    assert answers[0] > 20, "answers judged inside their grace window"
