@@ -458,7 +458,34 @@ def print_report(r: dict) -> None:
           f"serve {r['serve']['serve_peak_rss_kib'] / 1024:.1f} MiB")
 
 
-def main() -> None:
+# ---------------------------------------------------------------- bars
+
+BAR_READY_CLI = 3.0  # CLI ready answer / python3 -c pass
+BAR_NEW_COMMIT = 1.15  # ensure --wait (CLI and library) / git worktree add --detach
+BAR_FIRST_CLONE = 1.3  # ensure --wait / git clone --mirror
+
+
+def bars(r: dict) -> list[dict]:
+    """Every bar of benchmarks/README.md that this report can be judged on: name, value, limit, met."""
+    checks = [("1. ready answer, CLI / python3 -c pass", r["ready"]["ratio_cli_to_python"], BAR_READY_CLI),
+              ("2. new commit, CLI / git worktree add", r["new_commit"]["ratio"], BAR_NEW_COMMIT),
+              ("2. new commit, library / git worktree add", r["new_commit"]["ratio_library"], BAR_NEW_COMMIT),
+              ("3. first clone / git clone --mirror", r["first_clone"]["ratio"], BAR_FIRST_CLONE)]
+    for column, result in r["reviews"].items():
+        if column.startswith("ours"):  # the old way is there to show the outage, not to meet a bar
+            checks.append((f"4. reviews [{column}] errors", result["errors"], 0))
+            checks.append((f"4. reviews [{column}] lost", result["lost"], 0))
+    return [{"name": name, "value": value, "bar": limit, "met": value <= limit} for name, value, limit in checks]
+
+
+def print_bars(results: list[dict]) -> None:
+    print("\nbars")
+    for bar in results:
+        value = f"{bar['value']:.2f}" if isinstance(bar["value"], float) else str(bar["value"])
+        print(f"  {'met   ' if bar['met'] else 'MISSED'} {bar['name']:<48} {value:>8}  (bar: <= {bar['bar']})")
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the default: under 2 minutes on 2 cores")
@@ -468,6 +495,8 @@ def main() -> None:
     parser.add_argument("--json-out", help="write every figure to this JSON file")
     parser.add_argument("--workdir", help="keep the work files here (default: a temporary directory)")
     parser.add_argument("--skip-old-way", action="store_true")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if any bar is missed (0 if all are met), for use in scripts")
     args = parser.parse_args()
     cfg = FULL if args.full else QUICK
     work = args.workdir or tempfile.mkdtemp(prefix="checkoutcache-bench-")
@@ -518,15 +547,27 @@ def main() -> None:
     finally:
         daemon.stop()
     report["seconds"] = round(time.monotonic() - started, 1)
+    report["bars"] = bars(report)
     print_report(report)
+    print_bars(report["bars"])
     print(f"\n(total {report['seconds']}s; work files in {work})")
     if args.json_out:
         with open(args.json_out, "w") as handle:
             json.dump(report, handle, indent=2, sort_keys=True)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
+    return exit_status(report["bars"], args.check)
+
+
+def exit_status(results: list[dict], check: bool) -> int:
+    """1 under --check when any bar is missed; 0 otherwise."""
+    missed = [bar["name"] for bar in results if not bar["met"]]
+    if check and missed:
+        print(f"\n--check: {len(missed)} bar(s) missed: {'; '.join(missed)}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    main()
+    sys.exit(main())

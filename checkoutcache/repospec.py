@@ -27,9 +27,10 @@ import attrs
 
 from checkoutcache.credentials import Credential, https_host, strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.store.layout import REPO_KEY_DOMAIN
 
 MAX_REPO_LEN = 2048
+# The domain tag of repository keys (store/layout.py draws where keys are used).
+REPO_KEY_DOMAIN = b"checkoutcache-repo-v1"
 DEFAULT_SCOPE = "default"
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")

@@ -1,74 +1,17 @@
-"""Shared fixtures: real git repositories made by the tests, a git daemon on
-loopback (a realistic remote: a plain path hard-links and libgit2's file:// is
-slow), and helpers to run the CLI and to compare a checkout with its commit."""
+"""Fixtures only: real git repositories made by the tests, a git daemon on
+loopback, a store root, a fake git, and an environment that keeps every test
+inside its own temporary directories. Helpers live in tests/helpers/."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
-import subprocess
-import sys
+import tempfile
+import warnings
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-from gitdaemon import GitDaemon, free_port  # noqa: E402,F401  (one helper for tests and benchmarks)
-
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
-    "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.invalid",
-    "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent-home",
-}
-
-
-def git(*args: str, cwd: str | None = None) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_ENV)
-    # safe.directory: checkouts made by another uid (tests/test_shared_uids.py) are inspected too.
-    return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=cwd, env=env, check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
-class Upstream:
-    """A repository with a few commits: nested files, an executable, a symlink, a binary file."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.shas: list[str] = []
-        git("init", "-q", "-b", "main", path)
-
-    def commit(self, files: dict[str, bytes | str], message: str = "change",
-               symlinks: dict[str, str] | None = None, executable: tuple[str, ...] = ()) -> str:
-        for name, data in files.items():
-            full = os.path.join(self.path, name)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "wb") as handle:
-                handle.write(data.encode() if isinstance(data, str) else data)
-            os.chmod(full, 0o755 if name in executable else 0o644)
-        for name, target in (symlinks or {}).items():
-            full = os.path.join(self.path, name)
-            if os.path.lexists(full):
-                os.unlink(full)
-            os.symlink(target, full)
-        git("add", "-A", cwd=self.path)
-        git("commit", "-q", "--allow-empty", "-m", message, cwd=self.path)
-        sha = git("rev-parse", "HEAD", cwd=self.path)
-        self.shas.append(sha)
-        return sha
-
-    def standard_history(self, count: int = 3) -> list[str]:
-        for number in range(count):
-            self.commit({
-                "README.md": f"# project\nversion {number}\n",
-                f"src/module_{number}.py": f"VALUE = {number}\n",
-                "src/deep/nested/file.txt": "x" * (100 + number),
-                "bin/tool.sh": "#!/bin/sh\necho tool\n",
-                "data/blob.bin": bytes(range(256)) * (number + 1),
-            }, message=f"commit {number}", symlinks={"link-to-readme": "README.md"},
-                executable=("bin/tool.sh",))
-        return list(self.shas)
+from .helpers import GitDaemon, Upstream
 
 
 @pytest.fixture
@@ -106,79 +49,61 @@ def clean_env(monkeypatch):
             monkeypatch.delenv(name)
 
 
-def run_cli(*args: str, root: str | None = None, env: dict | None = None, timeout: float = 120,
-            cwd: str | None = None) -> tuple[int, dict | None, str]:
-    """Run the CLI as a user would (stdout not a TTY, so JSON); return (exit, json, stderr)."""
-    cmd = [sys.executable, "-m", "checkoutcache"]
-    if root is not None:
-        cmd += ["--root", root]
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    done = subprocess.run(cmd + list(args), capture_output=True, text=True, env=full_env, timeout=timeout,
-                          cwd=cwd)
+@pytest.fixture(autouse=True)
+def private_dirs(tmp_path, monkeypatch):
+    """Nothing a test starts writes to /tmp, the user's home or their cache: TMPDIR,
+    HOME and XDG_CACHE_HOME point into the test's own tmp_path (subprocesses inherit them)."""
+    private = tmp_path / "private"
+    for name, sub in (("TMPDIR", "tmp"), ("HOME", "home"), ("XDG_CACHE_HOME", "xdg-cache")):
+        (private / sub).mkdir(parents=True)
+        monkeypatch.setenv(name, str(private / sub))
+    monkeypatch.setattr(tempfile, "tempdir", str(private / "tmp"))
+
+
+SYSTEM_TMP_NAMES = ("checkoutcache", "cc-pwned", "pwned")
+
+
+def _system_tmp_entries() -> set[str]:
     try:
-        parsed = json.loads(done.stdout) if done.stdout.strip() else None
-    except ValueError:
-        parsed = None
-    return done.returncode, parsed, done.stderr + done.stdout
+        return {name for name in os.listdir("/tmp") if name.startswith(SYSTEM_TMP_NAMES)}
+    except OSError:
+        return set()
 
 
-def blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def assert_checkout_matches(checkout: str, upstream_path: str, sha: str) -> None:
-    """The work tree equals the commit's tree (paths, modes, symlinks, content) and git agrees."""
-    listing = git("ls-tree", "-r", "-z", sha, cwd=upstream_path)
-    expected = {}
-    for entry in filter(None, listing.split("\0")):
-        meta, path = entry.split("\t", 1)
-        mode, _type, oid = meta.split()
-        expected[path] = (mode, oid)
-    actual = {}
-    for directory, dirs, files in os.walk(checkout):
-        if directory == checkout:
-            dirs[:] = [d for d in dirs if d != ".git"]
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(directory, d))]:
-            full = os.path.join(directory, name)
-            rel = os.path.relpath(full, checkout)
-            if os.path.islink(full):
-                actual[rel] = ("120000", blob_id(os.readlink(full).encode()))
-            else:
-                with open(full, "rb") as handle:
-                    data = handle.read()
-                mode = "100755" if os.stat(full).st_mode & 0o100 else "100644"
-                actual[rel] = (mode, blob_id(data))
-    assert actual == expected
-    assert git("status", "--porcelain", cwd=checkout) == ""
-    assert git("rev-parse", "HEAD", cwd=checkout) == sha
-    assert git("log", "-1", "--format=%H", cwd=checkout) == sha
-
-
-def files_under(path: str) -> list[str]:
-    found = []
-    for directory, dirs, files in os.walk(path):
-        found += [os.path.join(directory, n) for n in files + dirs]
+def _other_pytest_sessions() -> list[int]:
+    """Other pytest processes on this machine (not ours, not our children): they may write to /tmp too."""
+    mine, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == mine:
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+            with open(f"/proc/{name}/status") as handle:
+                parent = int(next(line for line in handle if line.startswith("PPid:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue
+        if b"pytest" in cmdline and parent != mine:
+            found.append(int(name))
     return found
 
 
-def grep_tree(path: str, needle: bytes) -> list[str]:
-    hits = []
-    for directory, _dirs, files in os.walk(path):
-        for name in files:
-            full = os.path.join(directory, name)
-            if os.path.islink(full):
-                continue
-            with open(full, "rb") as handle:
-                if needle in handle.read():
-                    hits.append(full)
-    return hits
-
-
-def wait_ready(root: str, repo: str, sha: str, timeout: float = 60, **kw) -> dict:
-    code, answer, err = run_cli("ensure", repo, sha, "--wait", str(timeout), root=root, **kw)
-    assert code == 0, (code, answer, err)
-    return answer
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_in_the_system_tmp():
+    """The session leaves no new checkoutcache (or "pwned") entry in /tmp. Another pytest session
+    running on the same machine may create such entries itself: then this only warns."""
+    before = _system_tmp_entries()
+    others = set(_other_pytest_sessions())
+    yield
+    new = _system_tmp_entries() - before
+    if not new:
+        return
+    others |= set(_other_pytest_sessions())
+    message = f"tests wrote outside their temporary directories: {sorted(new)} in /tmp"
+    if others:
+        warnings.warn(f"{message} (or did another pytest session, pids {sorted(others)}?)")
+    else:
+        pytest.fail(message)
 
 
 @pytest.fixture
@@ -196,3 +121,12 @@ def fake_git(tmp_path):
         return {"PATH": f"{bindir}:{os.environ['PATH']}"}
 
     return install
+
+
+@pytest.fixture
+def kill_log(tmp_path, monkeypatch):
+    """Kill tests: a file where a process killed by CHECKOUTCACHE_TEST_KILL_AT logs "<step> <pid>"
+    just before it dies (set for every subprocess the test starts)."""
+    path = tmp_path / "kills.log"
+    monkeypatch.setenv("CHECKOUTCACHE_TEST_KILL_LOG", str(path))
+    return path

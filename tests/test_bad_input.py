@@ -9,7 +9,7 @@ import pytest
 
 from checkoutcache import Cache
 
-from .conftest import files_under, run_cli
+from .helpers import files_under, run_cli
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

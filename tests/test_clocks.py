@@ -11,7 +11,7 @@ from freezegun import freeze_time
 
 from checkoutcache.upkeep.eviction import AGE, GRACE, LRU, Entry, Limits, idle_seconds, last_use, plan_eviction
 
-from .conftest import run_cli, wait_ready
+from .helpers import run_cli, wait_ready
 
 YEARS = 5 * 365 * 86400.0
 

@@ -9,9 +9,15 @@ import subprocess
 import sys
 import time
 
-from .conftest import free_port
+from .helpers import free_port
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
+# A clean environment, but with the test's private TMPDIR and HOME (see conftest.private_dirs):
+# serve's journal goes to TMPDIR.
+def private_env() -> dict:
+    return {name: os.environ[name] for name in ("PATH", "TMPDIR", "HOME", "XDG_CACHE_HOME")}
+
+
 DOCKERFILE = open(os.path.join(os.path.dirname(__file__), "..", "Dockerfile")).read()
 
 
@@ -20,7 +26,7 @@ def run_entrypoint(tmp_path, env: dict, *args: str) -> str:
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\necho "MAX=$CHECKOUTCACHE_MAX_CHECKOUTS"\n')
     fake.chmod(0o755)
     done = subprocess.run(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh"), *args],
-                          env={"PATH": os.environ["PATH"], "CHECKOUTCACHE_BIN": str(fake), **env},
+                          env={**private_env(), "CHECKOUTCACHE_BIN": str(fake), **env},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -36,15 +42,18 @@ def test_entrypoint_builds_the_serve_command_from_the_environment(tmp_path):
 
 
 def test_entrypoint_refuses_to_start_without_a_root(tmp_path):
-    done = subprocess.run(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh")], env={"PATH": os.environ["PATH"]},
+    done = subprocess.run(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh")], env=private_env(),
                           capture_output=True, text=True)
     assert done.returncode != 0 and "CHECKOUTCACHE_ROOT" in done.stderr
 
 
 def test_entrypoint_and_healthcheck_against_a_real_server(tmp_path):
     listen = f"127.0.0.1:{free_port()}"
-    env = {"PATH": os.environ["PATH"], "CHECKOUTCACHE_ROOT": str(tmp_path / "cache"),
+    token_file = tmp_path / "checkoutcache-token"  # as the platform mounts a secret
+    token_file.write_text("container-token-0123456789\n")
+    env = {**private_env(), "CHECKOUTCACHE_ROOT": str(tmp_path / "cache"),
            "CHECKOUTCACHE_LISTEN": listen, "CHECKOUTCACHE_BIN": f"{sys.executable} -m checkoutcache",
+           "CHECKOUTCACHE_API_TOKEN_FILE": str(token_file),
            "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..")}
     health = [sys.executable, os.path.join(SCRIPTS, "docker-healthcheck")]
     assert subprocess.run(health, env=env, capture_output=True).returncode == 1  # nothing listening yet
@@ -67,3 +76,12 @@ def test_dockerfile_runs_serve_as_non_root_with_git_a_volume_and_a_healthcheck()
     assert 'ENTRYPOINT ["tini", "--", "docker-entrypoint.sh"]' in DOCKERFILE
     for name in ("docker-entrypoint.sh", "docker-healthcheck", "checkoutcache-gc-cron"):
         assert f"scripts/{name}" in DOCKERFILE and os.access(os.path.join(SCRIPTS, name), os.X_OK)
+
+
+def test_the_container_refuses_tcp_without_a_token(tmp_path):
+    env = {**private_env(), "CHECKOUTCACHE_ROOT": str(tmp_path / "cache"),
+           "CHECKOUTCACHE_LISTEN": f"127.0.0.1:{free_port()}", "CHECKOUTCACHE_BIN": f"{sys.executable} -m checkoutcache",
+           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..")}
+    done = subprocess.run(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "needs a bearer token" in done.stdout + done.stderr

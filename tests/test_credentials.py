@@ -10,15 +10,21 @@ from checkoutcache.repospec import parse_repo
 from checkoutcache.store.create import init_repo_store
 from checkoutcache.store.layout import RootPaths
 
-from .conftest import files_under, grep_tree, run_cli, wait_ready
+from .helpers import files_under, grep_tree, run_cli, wait_ready
 
 TOKEN = "s3cr3t-T0KEN-do-not-leak"
 
 
-def assert_no_trace(root: str, *outputs: str) -> None:
+def assert_no_trace(root: str | None, *outputs: str) -> None:
+    """No trace of the token in any file under root (which must hold files: else nothing was searched)
+    nor in any output."""
     encoded = base64.b64encode(f"user:{TOKEN}".encode())
+    if root is not None:
+        assert files_under(root), "the store holds files to search"
+    assert outputs and all(outputs), "outputs to search"
     for needle in (TOKEN.encode(), encoded):
-        assert grep_tree(root, needle) == []
+        if root is not None:
+            assert grep_tree(root, needle) == []
         for out in outputs:
             assert needle.decode() not in out
 

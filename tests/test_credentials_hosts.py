@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from .conftest import Upstream, assert_checkout_matches, grep_tree, run_cli
+from .helpers import Upstream, assert_checkout_matches, grep_tree, run_cli
 from .https_git import GitHttpsServer
 
 TOKEN = "s3cr3t-token-4d1f"

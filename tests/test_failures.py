@@ -9,19 +9,30 @@ import time
 
 from checkoutcache import Cache
 
-from .conftest import (
+import pytest
+
+from .helpers import (
     Upstream,
     assert_checkout_matches,
     files_under,
     git,
+    only_repo,
+    pid_alive,
     run_cli,
     wait_ready,
+    wait_until,
 )
 
 
-def repo_dir(root: str) -> str:
-    (key,) = os.listdir(os.path.join(root, "repos"))
-    return os.path.join(root, "repos", key)
+def failure_record(root: str, sha: str) -> dict:
+    with open(only_repo(root).failure_record(sha)) as handle:
+        return json.load(handle)
+
+
+def wait_past_back_off(root: str, sha: str) -> None:
+    """Until the commit's recorded failure may be retried (its retry time, by the clock the store uses)."""
+    retry_at = failure_record(root, sha)["retry_at"]
+    wait_until(lambda: time.time() > retry_at, 60, "the back-off to pass", interval=0.01)
 
 
 def test_unknown_commit_fails_with_a_code_and_backs_off(root, served_upstream):
@@ -35,32 +46,31 @@ def test_unknown_commit_fails_with_a_code_and_backs_off(root, served_upstream):
     # Within the back-off: the same answer at once, no new attempt.
     code, again, _ = run_cli("ensure", url, missing, root=root, env=env)
     assert code == 1 and again["error"] == "UNKNOWN_COMMIT"
-    log = open(os.path.join(repo_dir(root), "logs", f"{missing}.log")).read()
+    log = open(only_repo(root).clone_log(missing)).read()
     assert log.count("clone of") == 1
-    assert not os.listdir(os.path.join(repo_dir(root), "scratch"))
-    assert not os.path.exists(os.path.join(repo_dir(root), "checkouts", missing))
+    assert not os.listdir(only_repo(root).scratch_dir)
+    assert not os.path.exists(only_repo(root).checkout(missing))
 
 
+@pytest.mark.slow
 def test_failure_backs_off_then_retries_and_succeeds(root, served_upstream, tmp_path):
     upstream, url = served_upstream
     env = {"CHECKOUTCACHE_BACKOFF": "1", "CHECKOUTCACHE_BACKOFF_MAX": "2"}
     wait_ready(root, url, upstream.shas[0], env=env)
     # A commit not pushed yet fails; once pushed, the retry after the back-off finds it.
-    local = Upstream.__new__(Upstream)
-    local.path, local.shas = str(tmp_path / "local"), []
-    git("clone", "-q", upstream.path, local.path)
+    local = Upstream.clone_of(upstream.path, str(tmp_path / "local"))
     new_sha = local.commit({"late.txt": "pushed later"})
     code, answer, _ = run_cli("ensure", url, new_sha, "--wait", "30", root=root, env=env)
     assert code == 1 and answer["error"] == "UNKNOWN_COMMIT"
-    failed = json.load(open(os.path.join(repo_dir(root), "state", f"{new_sha}.failed.json")))
-    assert failed["attempts"] == 1
+    assert failure_record(root, new_sha)["attempts"] == 1
     git("push", "-q", upstream.path, "HEAD:refs/heads/later", cwd=local.path)
-    time.sleep(1.1)
+    wait_past_back_off(root, new_sha)
     answer = wait_ready(root, url, new_sha, env=env)
     assert_checkout_matches(answer["path"], upstream.path, new_sha)
-    assert not os.path.exists(os.path.join(repo_dir(root), "state", f"{new_sha}.failed.json"))
+    assert not os.path.exists(only_repo(root).failure_record(new_sha))
 
 
+@pytest.mark.slow
 def test_repeated_failures_back_off_longer(root, served_upstream):
     upstream, url = served_upstream
     missing = "1" * 40
@@ -70,26 +80,34 @@ def test_repeated_failures_back_off_longer(root, served_upstream):
     for _ in range(3):
         code, answer, _ = run_cli("ensure", url, missing, "--wait", "30", root=root, env=env)
         assert answer["error"] == "UNKNOWN_COMMIT"
-        failed = json.load(open(os.path.join(repo_dir(root), "state", f"{missing}.failed.json")))
+        failed = failure_record(root, missing)
         retry.append(failed["retry_at"] - failed["failed_at"])
-        time.sleep(retry[-1] + 0.05)
+        wait_past_back_off(root, missing)
     assert retry == [0.5, 1.0, 2.0]
 
 
-def test_a_dead_owner_never_answers_cloning(root, upstream):
+def test_a_dead_owner_never_answers_cloning(root, upstream, kill_log):
     sha = upstream.shas[0]
     kill = {"CHECKOUTCACHE_TEST_KILL_AT": "before-checkout"}
     code, answer, _ = run_cli("ensure", upstream.path, sha, root=root, env=kill)
-    assert code == 75
-    deadline = time.time() + 30
-    while time.time() < deadline:  # the owner dies: the next answer starts a new clone
+    assert code == 75 and answer["state"] == "cloning"
+    # The owner really dies at its step (else this test proves nothing): wait until it is gone.
+    line = wait_until(lambda: kill_log.exists() and kill_log.read_text(), 30, "the owner to kill itself")
+    step, dead = line.split()
+    assert step == "before-checkout" and int(dead) == answer["pid"]
+    wait_until(lambda: not pid_alive(answer["pid"]), 30, "the killed owner to be gone")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the next answer starts a new clone, never names the dead one
         code, answer, _ = run_cli("ensure", upstream.path, sha, root=root)
         if code == 0:
             break
         assert answer["state"] == "cloning"
-        assert os.path.exists(f"/proc/{answer['pid']}"), "cloning must name a live owner"
-        time.sleep(0.1)
+        assert answer["pid"] != int(dead), "cloning named the dead owner"
+        # The new owner is alive, or it finished (published) between the answer and this look.
+        assert pid_alive(answer["pid"]) or run_cli("ensure", upstream.path, sha, root=root)[0] == 0
+        time.sleep(0.05)
     assert code == 0
+    assert kill_log.read_text().splitlines() == [line.strip()], "only the first owner was killed"
 
 
 def test_clone_over_its_time_limit_fails_with_timeout(root, served_upstream, fake_git):
@@ -99,9 +117,9 @@ def test_clone_over_its_time_limit_fails_with_timeout(root, served_upstream, fak
     code, answer, _ = run_cli("ensure", url, upstream.shas[0], "--wait", "20", root=root, env=env)
     assert code == 1 and answer["error"] == "TIMEOUT", answer
     assert "1s" in answer["message"]
-    base = repo_dir(root)
-    assert not os.listdir(os.path.join(base, "scratch"))
-    assert not os.path.exists(os.path.join(base, "state", f"{upstream.shas[0]}.clone.json"))
+    store = only_repo(root)
+    assert not os.listdir(store.scratch_dir)
+    assert not os.path.exists(store.clone_record(upstream.shas[0]))
 
 
 def test_wait_is_bounded(root, served_upstream, fake_git):

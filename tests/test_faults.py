@@ -18,7 +18,22 @@ import pytest
 
 from checkoutcache import Cache
 
-from .conftest import Upstream, assert_checkout_matches, git, run_cli, wait_ready
+from checkoutcache.store.layout import READY_MARKER
+
+from .helpers import (
+    Upstream,
+    assert_checkout_matches,
+    content_snapshot,
+    git,
+    make_idle,
+    marker,
+    only_repo,
+    pid_alive,
+    run_cli,
+    wait_ready,
+    wait_until,
+    walk,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -27,21 +42,26 @@ WORKER_STEPS = ["after-scratch", "before-fetch", "during-fetch", "after-fetch", 
                 "during-checkout", "after-checkout", "after-rename"]
 
 
-def repo_base(root: str) -> str:
-    (key,) = os.listdir(os.path.join(root, "repos"))
-    return os.path.join(root, "repos", key)
-
-
 def snapshot(path: str) -> dict:
     """Every file's content and mode under a checkout, the marker excepted (its mtime is the last use)."""
-    found = {}
-    for directory, _dirs, files in os.walk(path):
-        for name in files:
-            full = os.path.join(directory, name)
-            if name == "checkoutcache-ready" or os.path.islink(full):
-                continue
-            found[os.path.relpath(full, path)] = (open(full, "rb").read(), os.stat(full).st_mode)
-    return found
+    return content_snapshot(path, ignore=(READY_MARKER,))
+
+
+def kills(log) -> list[tuple[str, int]]:
+    """The (step, pid) lines processes wrote to the kill log just before killing themselves."""
+    if not os.path.exists(log):
+        return []
+    return [(step, int(pid)) for step, pid in (line.split() for line in open(log).read().splitlines())]
+
+
+def assert_died_at(log, step: str, at_least: int = 1) -> list[int]:
+    """The kill log proves processes died at that step (and at no other), and none of them is alive."""
+    seen = kills(log)
+    assert len(seen) >= at_least, f"no process was killed at {step}: {seen}"
+    assert {s for s, _ in seen} == {step}, seen
+    for _, pid in seen:
+        wait_until(lambda: not pid_alive(pid), 10, f"killed pid {pid} to be gone")
+    return [pid for _, pid in seen]
 
 
 def assert_recovered(root: str, upstream: Upstream, sha: str, bystander: str, before: dict) -> None:
@@ -50,9 +70,10 @@ def assert_recovered(root: str, upstream: Upstream, sha: str, bystander: str, be
     assert_checkout_matches(answer["path"], upstream.path, sha)
     code, report, _ = run_cli("gc", root=root)
     assert code == 0 and report["skipped"] is None
-    base = repo_base(root)
-    assert os.listdir(os.path.join(base, "scratch")) == []
-    assert os.listdir(os.path.join(base, "trash")) == []
+    store = only_repo(root)
+    assert os.listdir(store.scratch_dir) == []
+    assert os.listdir(store.trash_dir) == []
+    assert before, "the bystander snapshot is not empty"
     assert snapshot(bystander) == before
     assert_checkout_matches(bystander, upstream.path, upstream.shas[0])
     assert run_cli("verify", root=root)[0] == 0
@@ -65,20 +86,42 @@ def store_with_bystander(root, upstream):
     return upstream, bystander, snapshot(bystander)
 
 
-@pytest.mark.parametrize("step", WORKER_STEPS)
-def test_worker_killed_at_each_step(root, store_with_bystander, step):
+# Quick runs (-m "not slow") keep one step before the fetch, the one after it, and the last one.
+QUICK_STEPS = ("before-fetch", "after-fetch", "after-rename")
+
+
+@pytest.mark.parametrize("step", [step if step in QUICK_STEPS else pytest.param(step, marks=pytest.mark.slow)
+                                  for step in WORKER_STEPS])
+def test_worker_killed_at_each_step(root, store_with_bystander, step, kill_log):
     upstream, bystander, before = store_with_bystander
     sha = upstream.commit({"new.txt": "a commit the mirror lacks"})  # so every fetch step runs
-    code, answer, _ = run_cli("ensure", upstream.path, sha, "--wait", "1", root=root,
-                              env={"CHECKOUTCACHE_TEST_KILL_AT": step, **SHORT_BACKOFF})
     # Each death makes the commit absent and the waiter starts the next clone; after three deaths
-    # in a row the commit fails with WORKER_DIED and backs off instead of looping.
-    assert code in (0, 75) or answer["error"] == "WORKER_DIED", answer
-    time.sleep(0.3)  # past the (short) back-off
+    # in a row the commit fails with WORKER_DIED and backs off instead of looping. A wait long
+    # enough for three deaths makes the outcome deterministic: every step is reached again by the
+    # next worker, except after-fetch (the commit is in the mirror by then: the next worker
+    # skips the fetch and publishes).
+    code, answer, _ = run_cli("ensure", upstream.path, sha, "--wait", "60", root=root,
+                              env={"CHECKOUTCACHE_TEST_KILL_AT": step, **SHORT_BACKOFF})
+    store = only_repo(root)
+    if step == "after-fetch":
+        assert code == 0 and answer["state"] == "ready", answer
+        assert len(assert_died_at(kill_log, step)) == 1
+    else:
+        assert code == 1 and answer["error"] == "WORKER_DIED", answer
+        assert len(set(assert_died_at(kill_log, step, at_least=3))) == 3, "three workers, each killed at the step"
+        assert not os.path.exists(store.ready_marker(sha)), "no worker killed before its marker published it"
+    wait_until(lambda: past_back_off(store.failure_record(sha)), 10, "the back-off to pass")
     assert_recovered(root, upstream, sha, bystander, before)
 
 
-def test_a_worker_that_keeps_dying_backs_off_instead_of_looping(root, upstream):
+def past_back_off(record: str) -> bool:
+    try:
+        return json.load(open(record))["retry_at"] < time.time()
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_that_keeps_dying_backs_off_instead_of_looping(root, upstream, kill_log):
     # The OOM killer takes every attempt: after three deaths in a row the commit fails and backs off.
     sha = upstream.shas[1]
     env = {"CHECKOUTCACHE_TEST_KILL_AT": "before-checkout", "CHECKOUTCACHE_BACKOFF": "60"}
@@ -87,35 +130,38 @@ def test_a_worker_that_keeps_dying_backs_off_instead_of_looping(root, upstream):
     assert answer["retry_after"] > 30
     code, again, _ = run_cli("ensure", upstream.path, sha, root=root)  # no new attempt during the back-off
     assert code == 1 and again["error"] == "WORKER_DIED"
-    log = open(os.path.join(repo_base(root), "logs", f"{sha}.log")).read()
+    log = open(only_repo(root).clone_log(sha)).read()
     assert log.count("clone of") == 3
+    assert len(set(assert_died_at(kill_log, "before-checkout", at_least=3))) == 3
 
 
-def test_gc_killed_between_rename_and_delete(root, store_with_bystander):
+def test_gc_killed_between_rename_and_delete(root, store_with_bystander, kill_log):
     upstream, bystander, before = store_with_bystander
     victim = wait_ready(root, upstream.path, upstream.shas[1])["path"]
-    then = time.time() - 3600
-    os.utime(os.path.join(victim, ".git", "checkoutcache-ready"), (then, then))
-    os.utime(os.path.join(bystander, ".git", "checkoutcache-ready"))
+    make_idle(victim, 3600)
+    os.utime(marker(bystander))
     code, _, _ = run_cli("gc", "--max-checkouts", "1", "--grace", "10m", root=root,
                          env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-evict-rename"})
     assert code == -9 and not os.path.exists(victim)
+    assert len(assert_died_at(kill_log, "gc-after-evict-rename")) == 1
+    assert len(os.listdir(only_repo(root).trash_dir)) == 1, "killed between the rename and the delete"
     assert_recovered(root, upstream, upstream.shas[1], bystander, before)
 
 
-def test_gc_killed_during_a_mirror_repack(root, store_with_bystander):
+def test_gc_killed_during_a_mirror_repack(root, store_with_bystander, kill_log):
     upstream, bystander, before = store_with_bystander
     victim = wait_ready(root, upstream.path, upstream.shas[2])["path"]
-    then = time.time() - 3600
-    os.utime(os.path.join(victim, ".git", "checkoutcache-ready"), (then, then))
+    make_idle(victim, 3600)
     code, _, _ = run_cli("gc", "--max-checkouts", "1", "--grace", "10m", root=root,
                          env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-during-repack"})
     assert code == -9
+    assert len(assert_died_at(kill_log, "gc-during-repack")) == 1
     # The orphaned git gc still holds the mirror lock it inherited: a clone waits for it, then proceeds.
     assert_recovered(root, upstream, upstream.shas[2], bystander, before)
-    assert git("fsck", "--connectivity-only", cwd=os.path.join(repo_base(root), "mirror.git")) == ""
+    assert git("fsck", "--connectivity-only", cwd=only_repo(root).mirror) == ""
 
 
+@pytest.mark.slow
 def test_random_kills_of_clones_and_gcs(root, tmp_path):
     """Many clones and gcs, SIGKILLed at random steps and random instants, then everything still works."""
     upstream = Upstream(str(tmp_path / "many"))
@@ -143,16 +189,18 @@ def test_random_kills_of_clones_and_gcs(root, tmp_path):
         time.sleep(rng.uniform(0, 0.2))
     for proc in procs:
         proc.wait(60)
-    time.sleep(0.5)  # past any (short) back-off a run of deaths left
+    store = only_repo(root)
+    wait_until(lambda: all(past_back_off(store.failure_record(sha)) for sha in upstream.shas), 10,
+               "the (short) back-off of any run of deaths to pass")
     for sha in upstream.shas:
         answer = wait_ready(root, upstream.path, sha, timeout=120)
         assert_checkout_matches(answer["path"], upstream.path, sha)
     code, report, _ = run_cli("gc", root=root)
     assert code == 0
-    base = repo_base(root)
-    assert os.listdir(os.path.join(base, "scratch")) == [] and os.listdir(os.path.join(base, "trash")) == []
+    store = only_repo(root)
+    assert os.listdir(store.scratch_dir) == [] and os.listdir(store.trash_dir) == []
     assert run_cli("verify", root=root)[0] == 0
-    assert git("fsck", "--connectivity-only", cwd=os.path.join(base, "mirror.git")) == ""
+    assert git("fsck", "--connectivity-only", cwd=store.mirror) == ""
 
 
 # ---------------------------------------------------------------- a full disk
@@ -165,6 +213,7 @@ def can_mount_tmpfs(path: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
     upstream = Upstream(str(tmp_path / "up"))
     for number in range(3):
@@ -186,17 +235,16 @@ def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
         code, answer, _ = run_cli("ensure", upstream.path, upstream.shas[2], "--wait", "30", root=root,
                                   env={**env, **fault})
         assert code == 1 and answer["error"] == "DISK_FULL", answer
-        base = repo_base(root)
-        assert os.listdir(os.path.join(base, "scratch")) == []
+        store = only_repo(root)
+        assert os.listdir(store.scratch_dir) == []
         assert_checkout_matches(first, upstream.path, upstream.shas[0])
         assert_checkout_matches(second, upstream.path, upstream.shas[1])
-        assert git("cat-file", "-e", upstream.shas[2], cwd=os.path.join(base, "mirror.git")) == ""
+        assert git("cat-file", "-e", upstream.shas[2], cwd=store.mirror) == ""
         for path in (first, second):
-            then = time.time() - 3600
-            os.utime(os.path.join(path, ".git", "checkoutcache-ready"), (then, then))
+            make_idle(path, 3600)
         code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "1m", root=root)
         assert code == 0 and report["bytes_freed"] >= 2 << 20
-        time.sleep(0.2)
+        wait_until(lambda: past_back_off(store.failure_record(upstream.shas[2])), 10, "the back-off to pass")
         answer = wait_ready(root, upstream.path, upstream.shas[2])
         assert_checkout_matches(answer["path"], upstream.path, upstream.shas[2])
     finally:
@@ -208,7 +256,7 @@ def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
 
 def test_stale_git_locks_from_a_killed_fetch_do_not_block_the_next(root, store_with_bystander):
     upstream, bystander, before = store_with_bystander
-    mirror = os.path.join(repo_base(root), "mirror.git")
+    mirror = only_repo(root).mirror
     sha = upstream.commit({"after-crash.txt": "x"})
     for name in ("shallow.lock", "HEAD.lock", "packed-refs.lock", f"refs/keep/{sha}.lock"):
         os.makedirs(os.path.dirname(os.path.join(mirror, name)), exist_ok=True)
@@ -220,7 +268,7 @@ def test_stale_git_locks_from_a_killed_fetch_do_not_block_the_next(root, store_w
 @pytest.mark.parametrize("damage", ["missing HEAD", "truncated pack", "mirror deleted"])
 def test_a_damaged_mirror_is_rebuilt_and_checkouts_keep_working(root, store_with_bystander, damage):
     upstream, bystander, before = store_with_bystander
-    mirror = os.path.join(repo_base(root), "mirror.git")
+    mirror = only_repo(root).mirror
     if damage == "missing HEAD":
         os.unlink(os.path.join(mirror, "HEAD"))
     elif damage == "mirror deleted":
@@ -247,22 +295,29 @@ def test_a_checkout_emptied_by_rm_is_not_served_and_is_remade(root, store_with_b
     status = run_cli("status", root=root)[1]
     (damaged,) = [c for c in status["repos"][0]["checkouts"] if c["commit"] == upstream.shas[1]]
     assert damaged["intact"] is False
-    assert Cache(root).ensure(upstream.path, upstream.shas[1]).state != "ready"
+    assert Cache(root).ensure(upstream.path, upstream.shas[1]).state == "cloning"  # not served: re-made
     answer = wait_ready(root, upstream.path, upstream.shas[1])
     assert_checkout_matches(answer["path"], upstream.path, upstream.shas[1])
     assert snapshot(bystander) == before
 
 
 def test_a_checkout_that_lost_its_marker_is_not_served_and_gc_removes_it(root, upstream):
-    path = wait_ready(root, upstream.path, upstream.shas[1])["path"]
-    os.unlink(os.path.join(path, ".git", "checkoutcache-ready"))
-    assert Cache(root).ensure(upstream.path, upstream.shas[1]).state != "ready" or os.path.exists(
-        os.path.join(path, ".git", "checkoutcache-ready"))  # either not served, or already re-made whole
-    time.sleep(0.5)
+    sha = upstream.shas[1]
+    path = wait_ready(root, upstream.path, sha)["path"]
+    os.unlink(marker(path))
+    # Not served: the answer starts a clone (no wait, so it cannot be the re-made checkout yet).
+    assert Cache(root).ensure(upstream.path, sha).state == "cloning"
+    answer = wait_ready(root, upstream.path, sha)
+    assert_checkout_matches(answer["path"], upstream.path, sha)
+    # Lost again, with no clone running: gc removes it as unpublished.
+    os.unlink(marker(path))
     report = run_cli("gc", root=root)[1]
-    assert all(r["reason"] in ("unpublished", "trash") for r in report["removed"])
-    answer = wait_ready(root, upstream.path, upstream.shas[1])
-    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[1])
+    assert [r["name"] for r in report["removed"] if r["reason"] == "unpublished"] == [sha], report
+    # Besides, at most the checkout the re-make moved aside, if its worker had not deleted it yet.
+    assert {r["reason"] for r in report["removed"]} <= {"unpublished", "trash"}, report
+    assert not os.path.exists(path)
+    answer = wait_ready(root, upstream.path, sha)
+    assert_checkout_matches(answer["path"], upstream.path, sha)
 
 
 def test_verify_finds_a_deep_damage_and_removes_it(root, store_with_bystander):
@@ -317,8 +372,7 @@ def test_symlinks_pointing_outside_stay_links_and_gc_never_follows_them(root, tm
     assert_checkout_matches(path, upstream.path, sha)
     assert os.path.islink(os.path.join(path, "escape"))
     assert sorted(os.listdir(outside)) == ["precious.txt"]
-    then = time.time() - 3600
-    os.utime(os.path.join(path, ".git", "checkoutcache-ready"), (then, then))
+    make_idle(path, 3600)
     report = run_cli("gc", "--max-checkouts", "0", "--grace", "1m", root=root)[1]
     assert [r["reason"] for r in report["removed"]] == ["lru"]
     assert (outside / "precious.txt").read_text() == "must survive"
@@ -343,11 +397,12 @@ def test_a_tree_with_a_dot_git_entry_is_refused_and_writes_nothing_outside(root,
     code, answer, _ = run_cli("ensure", upstream.path, sha, "--wait", "30", root=root)
     assert code == 1 and answer["state"] == "failed"
     assert not hook.exists()
-    base = repo_base(root)
-    assert os.listdir(os.path.join(base, "scratch")) == []
-    assert not os.path.exists(os.path.join(base, "checkouts", sha))
+    store = only_repo(root)
+    assert os.listdir(store.scratch_dir) == []
+    assert not os.path.exists(store.checkout(sha))
 
 
+@pytest.mark.slow
 def test_a_large_file_is_checked_out_whole(root, tmp_path):
     upstream = Upstream(str(tmp_path / "large"))
     data = os.urandom(24 << 20)
@@ -365,17 +420,17 @@ def test_nothing_is_world_writable_even_with_umask_zero(root, upstream):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     loose = []
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            full = os.path.join(directory, name)
-            mode = os.lstat(full).st_mode
-            if not stat.S_ISLNK(mode) and mode & stat.S_IWOTH:
-                loose.append(full)
+    entries = list(walk(root))
+    assert len(entries) > 10, "the store was walked"
+    for entry in entries:
+        if not entry.is_link and entry.info.st_mode & stat.S_IWOTH:
+            loose.append(entry.path)
     assert loose == []
 
 
 # ---------------------------------------------------------------- load
 
+@pytest.mark.slow
 def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
     upstream = Upstream(str(tmp_path / "load"))
     for number in range(6):
@@ -393,16 +448,21 @@ def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
         rng = random.Random(index)
         while time.monotonic() < stop:
             sha = rng.choice(upstream.shas)
+            asked = time.time()  # the answer's use (the marker's touch) comes later than this
             done = subprocess.run([sys.executable, "-m", "checkoutcache", "--root", root, "ensure", upstream.path,
                                    sha, "--wait", "30"], capture_output=True, text=True)
             if done.returncode != 0:
                 problems.append(f"exit {done.returncode}: {done.stdout[-200:]} {done.stderr[-300:]}")
                 continue
             path = json.loads(done.stdout)["path"]
-            time.sleep(rng.uniform(0, grace / 2))  # still inside the grace window of our answer
-            if not os.path.isfile(os.path.join(path, "README.md")):
-                problems.append(f"{path} vanished inside the grace window")
-            answers[0] += 1
+            time.sleep(rng.uniform(0, grace / 4))
+            present = os.path.isfile(os.path.join(path, "README.md"))
+            # Judged only when certainly inside the grace window of the use: on a loaded machine the
+            # CLI may take longer than the grace window to exit after answering.
+            if time.time() - asked < grace:
+                if not present:
+                    problems.append(f"{path} vanished inside the grace window")
+                answers[0] += 1
 
     threads = [threading.Thread(target=asker, args=(i,)) for i in range(8)]
     for thread in threads:
@@ -412,7 +472,7 @@ def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
     out, _ = gc_loop.communicate(timeout=60)
     assert problems == []
     assert "GCFAIL" not in out
-    assert answers[0] > 20
+    assert answers[0] > 20, "answers judged inside their grace window"
 
 
 def test_worker_deaths_are_still_counted_after_gc(root, upstream):
@@ -433,9 +493,9 @@ def test_worker_deaths_are_still_counted_after_gc(root, upstream):
     start_and_let_die()
     code, _, _ = run_cli("gc", root=root)
     assert code == 0
-    assert not os.path.exists(os.path.join(repo_base(root), "state", f"{sha}.clone.json"))  # tidied
+    assert not os.path.exists(only_repo(root).clone_record(sha))  # tidied
     start_and_let_die()
     code, answer, _ = run_cli("ensure", upstream.path, sha, root=root, env=env)
     assert code == 1 and answer["error"] == "WORKER_DIED" and "3 times" in answer["message"], answer
-    log = open(os.path.join(repo_base(root), "logs", f"{sha}.log")).read()
+    log = open(only_repo(root).clone_log(sha)).read()
     assert log.count("clone of") == 3

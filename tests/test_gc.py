@@ -15,21 +15,19 @@ from checkoutcache import Cache
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.liveness import own_identity
 
-from .conftest import assert_checkout_matches, git, run_cli, wait_ready
-
-
-def marker(path: str) -> str:
-    return os.path.join(path, ".git", "checkoutcache-ready")
-
-
-def make_idle(path: str, seconds: float) -> None:
-    then = time.time() - seconds
-    os.utime(marker(path), (then, then))
-
-
-def repo_base(root: str) -> str:
-    (key,) = os.listdir(os.path.join(root, "repos"))
-    return os.path.join(root, "repos", key)
+from .helpers import (
+    Upstream,
+    assert_checkout_matches,
+    git,
+    make_idle,
+    marker,
+    only_repo,
+    pid_alive,
+    run_cli,
+    store_snapshot,
+    wait_ready,
+    wait_until,
+)
 
 
 def gc(root: str, *args: str, env: dict | None = None) -> dict:
@@ -42,6 +40,18 @@ def gc(root: str, *args: str, env: dict | None = None) -> dict:
 def three_ready(root, upstream):
     paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
     return upstream, paths
+
+
+@pytest.fixture(scope="module")
+def three_idle_shared(tmp_path_factory):
+    """A store with three idle checkouts, shared by tests that must leave it unchanged."""
+    base = tmp_path_factory.mktemp("three-idle")
+    upstream = Upstream(str(base / "upstream"))
+    upstream.standard_history()
+    root = str(base / "cache")
+    for sha in upstream.shas:
+        make_idle(wait_ready(root, upstream.path, sha)["path"], 3600)
+    return root
 
 
 def test_lru_order_follows_the_sequence_of_ensures(root, three_ready):
@@ -72,27 +82,29 @@ def test_dry_run_changes_nothing(root, three_ready):
     upstream, paths = three_ready
     for path in paths:
         make_idle(path, 3600)
-    before = sorted(os.listdir(os.path.join(repo_base(root), "checkouts")))
+    before = sorted(os.listdir(only_repo(root).checkouts_dir))
     report = gc(root, "--max-checkouts", "0", "--dry-run")
     assert report["dry_run"] and len([r for r in report["removed"] if r["reason"] == "lru"]) == 3
-    assert sorted(os.listdir(os.path.join(repo_base(root), "checkouts"))) == before
-    refs = git("for-each-ref", "--format=%(refname)", "refs/keep/", cwd=os.path.join(repo_base(root), "mirror.git"))
+    assert sorted(os.listdir(only_repo(root).checkouts_dir)) == before
+    refs = git("for-each-ref", "--format=%(refname)", "refs/keep/", cwd=only_repo(root).mirror)
     assert len(refs.split()) == 3
 
 
 def test_an_exec_held_checkout_survives_until_the_command_ends(root, three_ready, tmp_path):
     upstream, paths = three_ready
-    flag = tmp_path / "started"
+    flag, release = tmp_path / "started", tmp_path / "release"
+    # The command runs until the test releases it (bounded: 30 s), not for a fixed time.
+    command = f"touch {flag}; i=0; while [ ! -e {release} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; " \
+              "cat README.md"
     proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "exec", upstream.path,
-                             upstream.shas[0], "--", "sh", "-c", f"touch {flag}; sleep 3; cat README.md"],
-                            stdout=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while not flag.exists() and time.time() < deadline:
-        time.sleep(0.05)
+                             upstream.shas[0], "--", "sh", "-c", command], stdout=subprocess.PIPE, text=True)
+    wait_until(flag.exists, 30, "the exec'd command to start")
     make_idle(paths[0], 10 * 24 * 3600)
     report = gc(root, "--max-checkouts", "0", "--grace", "0")
     assert {k["commit"]: k["why"] for k in report["kept_over_limit"]} == {upstream.shas[0]: "held"}
     assert os.path.isdir(paths[0])
+    assert proc.poll() is None, "the command was still running during gc"
+    release.touch()
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "version 0" in out
     status = run_cli("status", root=root)[1]
@@ -110,18 +122,20 @@ def test_exec_passes_exit_status_and_runs_in_the_checkout(root, upstream):
     assert code == 125 and "BAD_COMMIT" in out
 
 
-def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready):
+def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready, kill_log):
     upstream, paths = three_ready
     make_idle(paths[0], 3600)
     code, _, _ = run_cli("gc", "--max-checkouts", "2", root=root,
                          env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-evict-rename"})
     assert code == -9
-    trash = os.listdir(os.path.join(repo_base(root), "trash"))
+    (line,) = kill_log.read_text().splitlines()  # it died at that step, not anywhere else
+    assert line.split()[0] == "gc-after-evict-rename" and not pid_alive(int(line.split()[1]))
+    trash = os.listdir(only_repo(root).trash_dir)
     assert len(trash) == 1 and upstream.shas[0] in trash[0]
     assert not os.path.exists(paths[0])  # renamed away first: no reader sees half of it
     report = gc(root)
     assert [r["reason"] for r in report["removed"]] == ["trash"]
-    assert os.listdir(os.path.join(repo_base(root), "trash")) == []
+    assert os.listdir(only_repo(root).trash_dir) == []
     # The pruned checkout is simply absent: the next ensure clones it again.
     answer = wait_ready(root, upstream.path, upstream.shas[0])
     assert_checkout_matches(answer["path"], upstream.path, upstream.shas[0])
@@ -133,11 +147,11 @@ def test_a_pruned_checkout_is_cloned_again(root, upstream):
     make_idle(path, 3600)
     gc(root, "--max-checkouts", "0", "--grace", "1m")
     assert not os.path.exists(path)
-    base = repo_base(root)
-    assert not os.path.exists(os.path.join(base, "locks", f"clone-{sha}.lock"))
-    assert not os.path.exists(os.path.join(base, "logs", f"{sha}.log"))
+    store = only_repo(root)
+    assert not os.path.exists(store.clone_lock(sha))
+    assert not os.path.exists(store.clone_log(sha))
     code, answer, _ = run_cli("ensure", upstream.path, sha, root=root)
-    assert code in (75, 0)
+    assert code == 75 and answer["state"] == "cloning"  # without a wait, the clone has only just started
     answer = wait_ready(root, upstream.path, sha)
     assert answer["path"] == path
     assert_checkout_matches(path, upstream.path, sha)
@@ -155,8 +169,8 @@ time.sleep(60)
 
 def test_dead_scratch_is_reaped_and_live_scratch_kept(root, upstream):
     wait_ready(root, upstream.path, upstream.shas[0])
-    base = repo_base(root)
-    key = os.path.basename(base)
+    store = only_repo(root)
+    key = store.key
     live = subprocess.Popen([sys.executable, "-c", HOLDER, root, key], stdout=subprocess.PIPE, text=True)
     live_path = live.stdout.readline().strip()
     dead = subprocess.Popen([sys.executable, "-c", HOLDER, root, key], stdout=subprocess.PIPE, text=True)
@@ -165,15 +179,16 @@ def test_dead_scratch_is_reaped_and_live_scratch_kept(root, upstream):
     dead.wait()
     # A pid reused by an unrelated live process: our own pid, with another start time.
     pid, start = own_identity()
-    reused = os.path.join(base, "scratch", f".clone-{pid}")
+    reused = store.scratch_dir_for(pid, "0ld0wner")
     os.makedirs(reused)
-    json.dump({"pid": pid, "start_time": start - 1000, "commit": "x"}, open(os.path.join(reused, "owner.json"), "w"))
+    json.dump({"pid": pid, "start_time": start - 1000, "pidns": os.readlink("/proc/self/ns/pid"), "commit": "x"},
+              open(store.scratch_owner_json(reused), "w"))
     # An old live clone is never touched, however old.
     os.utime(live_path, (0, 0))
     try:
         report = gc(root)
         reaped = sorted(r["name"] for r in report["removed"] if r["reason"] == "dead-scratch")
-        assert reaped == sorted([os.path.basename(dead_path), f".clone-{pid}"])
+        assert reaped == sorted([os.path.basename(dead_path), os.path.basename(reused)])
         assert os.path.isdir(live_path) and not os.path.exists(dead_path) and not os.path.exists(reused)
         status = run_cli("status", root=root)[1]
         assert [s["owner_alive"] for s in status["repos"][0]["scratch"]] == [True]
@@ -188,7 +203,7 @@ def test_mirror_maintenance_drops_refs_and_never_breaks_a_checkout(root, three_r
     upstream, paths = three_ready
     for path in paths[:2]:
         make_idle(path, 3600)
-    mirror = os.path.join(repo_base(root), "mirror.git")
+    mirror = only_repo(root).mirror
     stale = os.path.join(mirror, "shallow.lock")
     open(stale, "w").close()
     os.utime(stale, (0, 0))
@@ -240,10 +255,12 @@ def test_gc_and_status_on_an_empty_root_write_nothing(tmp_path):
 
 @pytest.mark.parametrize("args", [["--max-checkouts", "-1"], ["--max-bytes", "lots"], ["--grace", "soon"],
                                   ["--min-free", "150%"], ["--max-age", "1y"]])
-def test_gc_bad_limits_are_bad_input(root, three_ready, args):
+def test_gc_bad_limits_are_bad_input(three_idle_shared, args):
+    root = three_idle_shared
+    before = store_snapshot(root)
     code, answer, _ = run_cli("gc", *args, root=root)
     assert code == 2 and answer["error"] == "BAD_ARGUMENT"
-    assert len(os.listdir(os.path.join(repo_base(root), "checkouts"))) == 3
+    assert len(only_repo(root).checkout_shas()) == 3 and store_snapshot(root) == before
 
 
 def test_limits_come_from_the_environment(root, three_ready):
@@ -264,10 +281,11 @@ def test_cron_script_runs_gc_with_the_environments_limits(root, three_ready, tmp
                CHECKOUTCACHE_GC_LOG=str(log), CHECKOUTCACHE=f"{sys.executable} -m checkoutcache")
     done = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert len(os.listdir(os.path.join(repo_base(root), "checkouts"))) == 1
+    assert len(os.listdir(only_repo(root).checkouts_dir)) == 1
     assert '"removed"' in log.read_text()
 
 
+@pytest.mark.slow
 def test_concurrent_ensure_during_gc_never_answers_a_missing_path(root, upstream):
     import random
 

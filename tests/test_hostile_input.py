@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from .conftest import run_cli, wait_ready
+from .helpers import Upstream, run_cli, store_snapshot, wait_ready
 
 pytestmark = pytest.mark.faults
 
@@ -65,24 +65,12 @@ CASES = cases()
 
 @pytest.fixture(scope="module")
 def populated(tmp_path_factory):
-    from .conftest import Upstream
-
     base = tmp_path_factory.mktemp("hostile")
     upstream = Upstream(str(base / "upstream"))
     upstream.standard_history(1)
     root = str(base / "cache")
     wait_ready(root, upstream.path, upstream.shas[0])
     return root, upstream
-
-
-def store_snapshot(root: str) -> dict:
-    seen = {}
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            full = os.path.join(directory, name)
-            info = os.lstat(full)
-            seen[full] = (info.st_size, info.st_mtime_ns, info.st_mode)
-    return seen
 
 
 def test_the_table_has_at_least_forty_cases():
@@ -95,6 +83,7 @@ def test_hostile_input(populated, index):
     args, code, exit_status = CASES[index]
     args = [a.replace("{repo}", upstream.path) for a in args]
     before = store_snapshot(root)
+    assert before, "the store holds a checkout, so a write would show"
     status, answer, out = run_cli(*args, root=root)
     if status == 125:  # exec: the answer goes to stderr, its command did not run
         import json

@@ -9,7 +9,7 @@ import pytest
 
 from checkoutcache.store.layout import CLONE_LOG_CAP, RootPaths
 
-from .conftest import GitDaemon, Upstream, assert_checkout_matches, run_cli
+from .helpers import GitDaemon, Upstream, assert_checkout_matches, run_cli
 
 FLOOD_BYTES = 24 << 20
 

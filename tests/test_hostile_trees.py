@@ -15,7 +15,7 @@ import pytest
 
 from checkoutcache.store.checkouts import remove_tree
 
-from .conftest import GIT_ENV, git, run_cli, wait_ready
+from .helpers import GIT_ENV, git, run_cli, wait_ready
 
 pytestmark = pytest.mark.faults
 

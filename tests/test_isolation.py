@@ -21,7 +21,7 @@ import pytest
 from checkoutcache.store import locks
 from checkoutcache.store.layout import RepoPaths, RootPaths
 
-from .conftest import assert_checkout_matches, run_cli, wait_ready
+from .helpers import assert_checkout_matches, run_cli, wait_ready
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="PID namespaces need root and unshare (CI runs as root)")
@@ -100,25 +100,30 @@ def test_random_kills_in_two_namespaces_recover(root, served_upstream):
     wait_ready(root, url, shas[0])
     paths = repo_paths(root)
     rng = random.Random(7)
-    killed = 0
-    for round_number in range(6):
+    for round_number in range(4):
         # Every round starts from absent commits, so there is a clone to kill.
         assert run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)[0] == 0
+        mirror_lock = locks.mirror_write(paths, timeout=10)  # both workers wait at the mirror...
         procs = [in_new_pid_namespace(root, url, sha, wait=30) for sha in (shas[1], shas[2])]
-        victim = procs[rng.randrange(2)]
-        time.sleep(rng.uniform(0.02, 0.3))
-        # Killing a namespace's init kills every process in it: the CLI and its worker.
-        for child in psutil.Process(victim.pid).children():
-            try:
-                child.kill()
-                killed += 1
-            except psutil.NoSuchProcess:
-                pass
-        for proc in procs:
-            proc.communicate(timeout=120)
-        if round_number % 2:
-            assert run_cli("gc", root=root)[0] == 0
-    assert killed >= 3, f"only {killed} kills happened"
+        names = wait_until(lambda: len(scratch_names(paths)) == 2 and scratch_names(paths), 30,
+                           "both workers' scratch directories")
+        victim = rng.randrange(2)
+        time.sleep(rng.uniform(0.0, 0.2))
+        # ...so killing a namespace's init kills a live clone: its CLI and its worker.
+        for child in psutil.Process(procs[victim].pid).children():
+            child.kill()
+        procs[victim].communicate(timeout=30)
+        owners = [RepoPaths.scratch_owner_lock(os.path.join(paths.scratch_dir, n)) for n in names]
+        dead = wait_until(lambda: [o for o in owners if not locks.is_locked(o)], 10, "the victim's worker to die")
+        assert len(dead) == 1, "exactly the victim's worker died"
+        if round_number % 2:  # gc between the death and the survivor: reaps only the dead scratch
+            code, report, _ = run_cli("gc", root=root)
+            assert code == 0
+            assert [r["name"] for r in report["removed"] if r["reason"] == "dead-scratch"] == \
+                [os.path.basename(os.path.dirname(dead[0]))]
+        mirror_lock.release()
+        out, err = procs[1 - victim].communicate(timeout=120)
+        assert "exit=0" in out, (out, err)
     for sha in shas[1:3]:
         answer = wait_ready(root, url, sha)
         assert_checkout_matches(answer["path"], upstream.path, sha)

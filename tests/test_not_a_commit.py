@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from .conftest import git, run_cli
+from .helpers import git, run_cli
 
 
 @pytest.mark.parametrize("transport", ["cli", "pygit2"])

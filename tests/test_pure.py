@@ -10,7 +10,16 @@ import pytest
 from freezegun import freeze_time
 
 from checkoutcache.answers import State
-from checkoutcache.clone.decide import CommitFacts, backoff_seconds, next_failure, state_of
+from checkoutcache.clone.decide import (
+    MAX_DEATHS,
+    CommitFacts,
+    NextStep,
+    Step,
+    backoff_seconds,
+    next_failure,
+    next_step_for_not_ready,
+    state_of,
+)
 from checkoutcache.store.records import Failure
 from checkoutcache.config import Config, options_table
 from checkoutcache.credentials import redact
@@ -84,6 +93,33 @@ def failure(retry_at: float, attempts: int = 1) -> Failure:
 ])
 def test_state_of(marker, held, fail, now, expected):
     assert state_of(CommitFacts(marker_present=marker, clone_lock_held=held, failure=fail, now=now)) is expected
+
+
+@pytest.mark.parametrize("fail,dead_owner_deaths,now,expected", [
+    # A failure inside its back-off is answered as it is, whatever a dead owner left.
+    (failure(100.0), None, 50.0, NextStep(Step.BACK_OFF)),
+    (failure(100.0), MAX_DEATHS - 1, 99.9, NextStep(Step.BACK_OFF)),
+    # No record of a dead owner: a first clone.
+    (None, None, 0.0, NextStep(Step.CLONE, 0)),
+    # A dead owner's record: clone again, telling the worker how many died before it.
+    (None, 0, 0.0, NextStep(Step.CLONE, 1)),
+    (None, MAX_DEATHS - 2, 0.0, NextStep(Step.CLONE, MAX_DEATHS - 1)),
+    # The MAX_DEATHS-th death in a row: give up (record WORKER_DIED), never clone again in a loop.
+    (None, MAX_DEATHS - 1, 0.0, NextStep(Step.GIVE_UP, MAX_DEATHS)),
+    (None, MAX_DEATHS + 5, 0.0, NextStep(Step.GIVE_UP, MAX_DEATHS + 6)),
+    # A failure whose retry time has passed (exactly, or long ago) is retried: a clone.
+    (failure(100.0), None, 100.0, NextStep(Step.CLONE, 0)),
+    (failure(100.0, attempts=4), 1, 1e9, NextStep(Step.CLONE, 2)),
+    (failure(100.0), MAX_DEATHS - 1, 100.0, NextStep(Step.GIVE_UP, MAX_DEATHS)),
+])
+def test_next_step_for_not_ready(fail, dead_owner_deaths, now, expected):
+    assert next_step_for_not_ready(fail, dead_owner_deaths, now) == expected
+
+
+def test_next_step_gives_up_at_the_given_max_deaths():
+    assert next_step_for_not_ready(None, 0, 0.0, max_deaths=1) == NextStep(Step.GIVE_UP, 1)
+    assert next_step_for_not_ready(None, None, 0.0, max_deaths=1) == NextStep(Step.CLONE, 0)
+    assert MAX_DEATHS == 3
 
 
 def test_backoff_doubles_up_to_the_cap():

@@ -12,7 +12,7 @@ import pytest
 from checkoutcache.repospec import parse_repo, repo_key
 from checkoutcache.store.layout import RootPaths
 
-from .conftest import Upstream, git, run_cli, wait_ready
+from .helpers import Upstream, git, run_cli, wait_ready
 
 
 @pytest.mark.parametrize("first, second", [

@@ -15,7 +15,22 @@ import time
 
 import pytest
 
-from .conftest import assert_checkout_matches, free_port, run_cli, wait_ready
+from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.locks import is_locked
+
+from .helpers import (
+    assert_checkout_matches,
+    free_port,
+    make_idle,
+    marker,
+    only_repo,
+    run_cli,
+    wait_ready,
+    wait_until,
+)
+
+
+TOKEN = "test-token-" + "0123456789abcdef"
 
 
 class Server:
@@ -24,15 +39,17 @@ class Server:
         self.unix = unix
         ready = tmp_path / f"ready-{self.port}"
         where = ["--unix", unix] if unix else ["--listen", f"127.0.0.1:{self.port}"]
+        # The API's defaults refuse local paths; these tests serve the test's own repositories.
         self.proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "serve", *where,
-                                      "--ready-file", str(ready), *extra],
-                                     env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while not ready.exists():
+                                      "--ready-file", str(ready), "--allow-local", *extra],
+                                     env=dict(os.environ, CHECKOUTCACHE_API_TOKEN=TOKEN, **(env or {})),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def started() -> bool:
             assert self.proc.poll() is None, self.proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            return ready.exists()
+
+        wait_until(started, 30, "serve to write its ready file")
 
     def connection(self) -> http.client.HTTPConnection:
         if self.unix:
@@ -48,7 +65,10 @@ class Server:
         conn = conn or self.connection()
         try:
             data = json.dumps(body).encode() if body is not None else None
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            if data:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
             response = conn.getresponse()
             text = response.read().decode()
             kind = response.getheader("Content-Type", "")
@@ -73,7 +93,7 @@ def server(root, tmp_path):
 def test_ensure_over_http_answers_like_the_cli(server, root, upstream):
     sha = upstream.shas[1]
     status, first = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": sha})
-    assert (status, first["state"]) in ((202, "cloning"), (200, "ready"))
+    assert (status, first["state"]) == (202, "cloning")  # no wait: the clone has only just started
     status, ready = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": sha, "wait": 60})
     assert status == 200 and ready["state"] == "ready"
     assert_checkout_matches(ready["path"], upstream.path, sha)
@@ -92,7 +112,8 @@ def test_bad_input_and_failures_over_http(server, upstream):
     status, body = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": "1" * 40, "wait": 30})
     assert status == 503 and body["error"] == "UNKNOWN_COMMIT" and body["retry_after"] > 0
     conn = server.connection()
-    conn.request("POST", "/v1/ensure", body=b"{not json", headers={"Content-Type": "application/json"})
+    conn.request("POST", "/v1/ensure", body=b"{not json", headers={"Content-Type": "application/json",
+                                                                  "Authorization": f"Bearer {TOKEN}"})
     response = conn.getresponse()
     assert response.status == 400 and json.loads(response.read())["error"] == "BAD_ARGUMENT"
     assert server.request("GET", "/v1/nothing")[0] == 404
@@ -105,15 +126,20 @@ def test_health_status_gc_and_metrics(server, upstream):
     server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[0]})
     status, report = server.request("GET", "/v1/status")
     assert status == 200 and report["totals"]["checkouts"] == 1
+    # The API may tighten the limits but never lower the grace window (the operator's 15m).
     status, gc = server.request("POST", "/v1/gc", {"max_checkouts": 0, "grace": "0"})
-    assert status == 200 and [r["reason"] for r in gc["removed"]] == ["lru"]
+    assert status == 200 and gc["removed"] == [] and [k["why"] for k in gc["kept_over_limit"]] == ["grace"]
     status, bad = server.request("POST", "/v1/gc", {"max_checkouts": "lots"})
     assert status == 400 and bad["error"] == "BAD_ARGUMENT"
-    time.sleep(1.2)  # the journal follower's period
-    status, metrics = server.request("GET", "/metrics")
-    assert status == 200
+    # The journal follower reads the clones' journal periodically: wait for it to count the clone.
+    published = 'checkoutcache_clones_total{error="",outcome="published"} 1.0'
+
+    def counted() -> str | None:
+        status, metrics = server.request("GET", "/metrics")
+        return metrics if status == 200 and published in metrics else None
+
+    metrics = wait_until(counted, 30, "the journal follower to count the clone")
     assert 'checkoutcache_answers_total{error="",state="ready"} 2.0' in metrics
-    assert 'checkoutcache_evictions_total{reason="lru"} 1.0' in metrics
     assert 'checkoutcache_clones_total{error="",outcome="published"} 1.0' in metrics
     assert "checkoutcache_clone_seconds_bucket" in metrics and 'checkoutcache_gc_runs_total{result="ok"} 1.0' in metrics
 
@@ -131,11 +157,13 @@ def test_hold_and_release_protect_a_checkout_from_gc(server, root, upstream):
     assert [r["reason"] for r in report["removed"]] == ["lru"] and not os.path.exists(held["path"])
 
 
+@pytest.mark.slow
 def test_a_hold_expires_after_its_ttl(server, root, upstream):
     status, held = server.request("POST", "/v1/hold", {"repo": upstream.path, "commit": upstream.shas[0],
                                                         "wait": 60, "ttl": 1})
     assert status == 200
-    time.sleep(2.5)
+    assert is_locked(marker(held["path"])), "held"  # (a 1 s ttl: too short to run a gc reliably first)
+    wait_until(lambda: not is_locked(marker(held["path"])), 30, "the hold to expire and its lock to be free")
     code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)
     assert [r["reason"] for r in report["removed"]] == ["lru"]
 
@@ -174,13 +202,16 @@ def test_sixty_four_concurrent_clients_while_a_slow_clone_runs(root, tmp_path, u
         running.stop()
 
 
+@pytest.mark.slow
 def test_sigterm_lets_in_flight_requests_finish_and_leaves_clones_running(root, tmp_path, upstream, fake_git):
     running = Server(root, tmp_path, "--gc-interval", "0", env=fake_git('case "$*" in *" checkout "*) sleep 3;; esac'))
     answers = []
     waiter = threading.Thread(target=lambda: answers.append(running.request(
         "POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[1], "wait": 1.5})))
     waiter.start()
-    time.sleep(0.5)
+    # The request is in flight once its clone runs (the request waits for it up to 1.5 s).
+    wait_until(lambda: RootPaths(root).repo_keys() and is_locked(only_repo(root).clone_lock(upstream.shas[1])),
+               30, "the clone to start")
     assert running.stop() == 0
     waiter.join(10)
     assert answers and answers[0][1]["state"] == "cloning"  # answered, not cut off
@@ -201,16 +232,17 @@ def test_serve_on_a_unix_socket(root, tmp_path, upstream):
     assert not os.path.exists(sock)
 
 
+@pytest.mark.slow
 def test_scheduled_gc_runs(root, tmp_path, upstream):
     path = wait_ready(root, upstream.path, upstream.shas[0])["path"]
-    then = time.time() - 3600
-    os.utime(os.path.join(path, ".git", "checkoutcache-ready"), (then, then))
+    make_idle(path, 3600)
     running = Server(root, tmp_path, "--gc-interval", "1", "--max-checkouts", "0", "--grace", "1m")
     try:
-        deadline = time.monotonic() + 15
-        while os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not os.path.exists(path)
+        wait_until(lambda: not os.path.exists(path), 15, "the scheduled gc to evict the idle checkout")
+        metrics = wait_until(lambda: (m := running.request("GET", "/metrics")[1]) and
+                             'checkoutcache_evictions_total{reason="lru"} 1.0' in m and m, 15,
+                             "the eviction to be counted")
+        assert 'checkoutcache_checkouts 0.0' in metrics
     finally:
         running.stop()
 

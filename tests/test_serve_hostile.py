@@ -21,7 +21,7 @@ import pytest
 from checkoutcache.client import Client
 from checkoutcache.store.layout import RootPaths
 
-from .conftest import assert_checkout_matches, free_port, run_cli, wait_ready
+from .helpers import assert_checkout_matches, free_port, run_cli
 
 TOKEN = "tok-" + "a" * 28
 SCOPED = "tok-" + "b" * 28

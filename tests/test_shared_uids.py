@@ -20,7 +20,7 @@ import pytest
 
 from checkoutcache.store.layout import RootPaths
 
-from .conftest import assert_checkout_matches
+from .helpers import assert_checkout_matches
 
 USER, GROUP = "ccother", "ccshare"
 
@@ -41,7 +41,8 @@ def second_user():
 def shared_root():
     """A root in a setgid directory of the shared group. pytest's own tmp dirs
     are private to root (0700), so this one is made beside them and removed."""
-    base = tempfile.mkdtemp(prefix="ccshared-")
+    # /tmp itself: pytest's tmp dirs (and TMPDIR) are private to root, and the other uid must get in.
+    base = tempfile.mkdtemp(prefix="ccshared-", dir="/tmp")
     os.chown(base, 0, grp.getgrnam(GROUP).gr_gid)
     os.chmod(base, 0o2775)
     yield os.path.join(base, "cache")

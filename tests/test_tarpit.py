@@ -14,7 +14,7 @@ import pytest
 
 from checkoutcache import Cache
 
-from .conftest import run_cli
+from .helpers import run_cli
 
 
 @pytest.fixture

@@ -178,7 +178,7 @@ def verify(ctx: Context, repo: str | None, commit: str | None, scope: str, remov
         sha = parse_commit(commit) if commit is not None else None
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
-    from checkoutcache.git.backend import pick_backend
+    from checkoutcache.git.transport import pick_backend
 
     backend = pick_backend(load_config({}).transport)
     report = run_verify(RootPaths(ctx.cache().root), backend, key, sha, remove_broken)

@@ -21,7 +21,7 @@ from checkoutcache.clone.spawn import start_worker
 from checkoutcache.config import Config
 from checkoutcache.credentials import credential_for, unbound_credential_note
 from checkoutcache.errors import CheckoutCacheError, describe
-from checkoutcache.git.backend import pick_backend
+from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists

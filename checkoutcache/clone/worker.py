@@ -33,7 +33,8 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git import mirror
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, not_a_commit, pick_backend
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, not_a_commit
+from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (

@@ -1,7 +1,7 @@
 """git: every git operation, behind one interface.
 
-- backend.py  the interface (GitBackend), keep-refs' name, failure codes, and
-              `pick_backend`: the one place that chooses an implementation.
+- backend.py    the interface (GitBackend), keep-refs' name, failure codes.
+- transport.py  `pick_backend`: the one place that chooses an implementation.
 - cli.py      the implementation on the git CLI (the default where git exists).
 - libgit2.py  the implementation on pygit2, for machines without git.
 - mirror.py   stale git lock files in a mirror, found and removed.

@@ -1,6 +1,7 @@
 """The git interface: every git operation the store needs, behind one small
-interface with two implementations (git/cli.py, git/libgit2.py), and the one
-place that decides which runs (`pick_backend`, from the transport setting).
+interface with two implementations (git/cli.py, git/libgit2.py).
+
+Which implementation runs is decided in one place: transport.py.
 
 Operations: probe an upstream, create and check a mirror, fetch into it, test
 for a commit (that very object: a tag that points to one is not a commit), say
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from typing import Callable, Protocol
 
 from checkoutcache.credentials import Credential, redact
@@ -118,14 +118,3 @@ def not_a_commit(sha: str, kind: str, target: str | None) -> CheckoutCacheError:
 def write_alternates(tree_dir: str, mirror_objects: str) -> None:
     with open(os.path.join(tree_dir, ".git", "objects", "info", "alternates"), "w") as handle:
         handle.write(mirror_objects + "\n")
-
-
-def pick_backend(transport: str) -> GitBackend:
-    """The one place that decides which implementation runs: the git CLI unless
-    the setting says pygit2, or it says auto and no git is installed."""
-    from checkoutcache.git.cli import GitCliBackend
-    from checkoutcache.git.libgit2 import Pygit2Backend
-
-    if transport == "pygit2" or (transport == "auto" and shutil.which("git") is None):
-        return Pygit2Backend()
-    return GitCliBackend()

@@ -28,7 +28,7 @@ from checkoutcache.errors import CODES, CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE, parse_repo
 from checkoutcache.serve.metrics import Metrics
 from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, tightened
-from checkoutcache.store import locks
+from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_root
 from checkoutcache.units import parse_duration
 from checkoutcache.upkeep.gc import run_gc
@@ -188,26 +188,22 @@ class Service:
         return report
 
     def health(self) -> tuple[bool, dict]:
-        checks = {}
+        checks = {"root_writable": False, "locks_work": False}
+        # One probe file per call, locked, written and removed: concurrent probes
+        # never share a name or a lock, so one never fails another.
+        probe = self.cache.paths.health_probe(f"{os.getpid()}-{next(_PROBES)}")
         try:
             init_root(self.cache.paths)
-            # One probe file per call: concurrent probes never race on one name.
-            probe = self.cache.paths.health_probe(f"{os.getpid()}-{next(_PROBES)}")
-            with open(probe, "w") as handle:
-                handle.write("ok")
-            os.unlink(probe)
+            held = locks.try_lock(probe)
             checks["root_writable"] = True
-        except (OSError, CheckoutCacheError) as exc:
-            checks["root_writable"] = False
-            checks["root_error"] = getattr(exc, "message", str(exc))
-        try:
-            # Another probe may hold it this instant: that too proves locks work.
-            held = locks.try_lock(self.cache.paths.health_lock)
-            checks["locks_work"] = held is not None or locks.is_locked(self.cache.paths.health_lock)
             if held is not None:
-                held.release()
-        except (OSError, CheckoutCacheError):
-            checks["locks_work"] = False
+                with held:
+                    os.write(held.fileno(), b"ok")
+                    checks["locks_work"] = True
+        except (OSError, CheckoutCacheError) as exc:
+            checks["root_error"] = getattr(exc, "message", str(exc))
+        finally:
+            records.remove_quietly(probe)
         checks["git"] = shutil.which("git") is not None
         try:
             import pygit2  # noqa: F401  (importable is the check)

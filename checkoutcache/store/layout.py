@@ -8,8 +8,7 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     ├── README                     says which tool maintains this directory
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
-    │   ├── health.lock            taken and dropped by serve's /healthz probe
-    │   └── .health-<pid>-<n>      a probe file /healthz writes and removes at once
+    │   └── .health-<pid>-<n>      a probe file /healthz locks, writes and removes at once
     ├── serve/
     │   └── <pid>.journal          a running serve's clone journal: its workers append one
     │                              JSON line per event; opened without following symlinks
@@ -103,7 +102,7 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
                                          or /v1/hold (the command's run)      command
                               exclusive  eviction, moving a checkout aside   one rename (never
                                                                               waits)
-    locks/health.lock         exclusive  /healthz                            a probe
+    locks/.health-<pid>-<n>   exclusive  /healthz (a fresh file per probe)   a probe
 
 Order in which locks may nest (outer first); an inner lock taken against this
 order is only ever tried without waiting, so no cycle can deadlock:
@@ -126,7 +125,6 @@ FILE_MODE = 0o664
 # What one clone attempt may write to its log: a server's endless `remote:`
 # output must not fill the disk.
 CLONE_LOG_CAP = 1 << 20
-REPO_KEY_DOMAIN = b"checkoutcache-repo-v1"
 READY_MARKER = "checkoutcache-ready"
 SCRATCH_PREFIX = ".clone-"
 CLONE_RECORD_SUFFIX = ".clone.json"
@@ -192,10 +190,6 @@ class RootPaths:
     @property
     def gc_lock(self) -> str:
         return os.path.join(self.root, "locks", "gc.lock")
-
-    @property
-    def health_lock(self) -> str:
-        return os.path.join(self.root, "locks", "health.lock")
 
     def health_probe(self, token: str) -> str:
         return os.path.join(self.root, "locks", f".health-{token}")

@@ -41,7 +41,7 @@ import attrs
 
 from checkoutcache.config import Config
 from checkoutcache.git import mirror
-from checkoutcache.git.backend import pick_backend
+from checkoutcache.git.transport import pick_backend
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (
     GONE,

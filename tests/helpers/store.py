@@ -1,0 +1,75 @@
+"""A checkoutcache store seen from the tests: every path comes from
+checkoutcache.store.layout (never a string join), snapshots, and the check
+that a checkout equals its commit."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+from checkoutcache.store.layout import READY_MARKER, RepoPaths, RootPaths
+
+from .repos import git
+from .tree import walk
+
+
+def only_repo(root: str) -> RepoPaths:
+    """The paths of the one repository store under root (fails if there is not exactly one)."""
+    root_paths = RootPaths(root)
+    keys = root_paths.repo_keys()
+    assert len(keys) == 1, keys
+    return root_paths.repo(keys[0])
+
+
+def marker(checkout: str) -> str:
+    """The ready marker of a checkout directory."""
+    return RepoPaths.ready_marker_in(checkout)
+
+
+def make_idle(checkout: str, seconds: float) -> None:
+    """Make a checkout look last used `seconds` ago (its marker's mtime is the last use)."""
+    then = time.time() - seconds
+    os.utime(marker(checkout), (then, then))
+
+
+def store_snapshot(root: str) -> dict[str, tuple[int, int, int]]:
+    """Size, mtime and mode of every entry under root: any write shows."""
+    return {entry.path: (entry.info.st_size, entry.info.st_mtime_ns, entry.info.st_mode) for entry in walk(root)}
+
+
+def blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def checkout_tree(checkout: str) -> dict[str, tuple[str, str]]:
+    """The work tree as git would list it: path -> (mode, blob id); .git excluded."""
+    actual = {}
+    for entry in walk(checkout, skip_top=(".git",)):
+        if entry.is_link:
+            actual[entry.rel] = ("120000", blob_id(os.readlink(entry.path).encode()))
+        elif entry.is_file:
+            with open(entry.path, "rb") as handle:
+                data = handle.read()
+            actual[entry.rel] = ("100755" if entry.info.st_mode & 0o100 else "100644", blob_id(data))
+    return actual
+
+
+def assert_checkout_matches(checkout: str, upstream_path: str, sha: str) -> None:
+    """The work tree equals the commit's tree (paths, modes, symlinks, content) and git agrees."""
+    listing = git("ls-tree", "-r", "-z", sha, cwd=upstream_path)
+    expected = {}
+    for item in filter(None, listing.split("\0")):
+        meta, path = item.split("\t", 1)
+        mode, _type, oid = meta.split()
+        expected[path] = (mode, oid)
+    assert expected, f"commit {sha} lists no files: nothing would be compared"
+    assert checkout_tree(checkout) == expected
+    assert os.path.isfile(marker(checkout)), "a checkout answered ready has its marker"
+    assert git("status", "--porcelain", cwd=checkout) == ""
+    assert git("rev-parse", "HEAD", cwd=checkout) == sha
+    assert git("log", "-1", "--format=%H", cwd=checkout) == sha
+
+
+__all__ = ["READY_MARKER", "assert_checkout_matches", "blob_id", "checkout_tree", "make_idle", "marker",
+           "only_repo", "store_snapshot"]

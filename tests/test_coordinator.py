@@ -1,0 +1,123 @@
+"""The coordinator in process (checkoutcache.clone.coordinator), driven
+directly against a real repository in tmp_path, without the CLI: each branch
+of step() from a store set up by hand (clone lock, clone record, failure
+record), so each answer is deterministic."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from checkoutcache import Cache
+from checkoutcache.answers import State
+from checkoutcache.clone.coordinator import Coordinator
+from checkoutcache.clone.decide import MAX_DEATHS
+from checkoutcache.config import Config
+from checkoutcache.repospec import parse_repo
+from checkoutcache.store import locks, records
+from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.records import Failure, read_failure
+
+from .helpers import assert_checkout_matches, files_under, pid_alive
+
+
+@pytest.fixture
+def coordinator(root, upstream):
+    """A coordinator for upstream's second commit, after first contact (the store exists, nothing else)."""
+    def make(sha: str | None = None) -> Coordinator:
+        return Coordinator(RootPaths(root), Config.from_env({}), parse_repo(upstream.path), sha or upstream.shas[1])
+    made = make()
+    made.first_contact()
+    assert os.path.isfile(made.paths.repo_json)
+    made.make = make
+    return made
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not pid_alive(child.pid)
+    return child.pid
+
+
+def test_a_published_checkout_is_answered_ready(root, upstream, coordinator):
+    sha = upstream.shas[1]
+    assert Cache(root).ensure(upstream.path, sha, wait=60).state == "ready"
+    answer = coordinator.step()
+    assert answer.state == State.READY and answer.path == coordinator.paths.checkout(sha)
+    assert answer.commit == sha and answer.repo == coordinator.spec.url
+    assert_checkout_matches(answer.path, upstream.path, sha)
+
+
+def test_a_clone_lock_held_by_someone_else_answers_cloning_with_its_owner(coordinator):
+    paths, sha = coordinator.paths, coordinator.sha
+    held = locks.try_lock(paths.clone_lock(sha))  # another open file: the coordinator's try fails
+    assert held is not None
+    try:
+        started = time.time()
+        records.write_json(paths.clone_record(sha), {"pid": os.getpid(), "started_at": started, "commit": sha,
+                                                      "progress": {"phase": "fetching"}, "deaths": 0})
+        answer = coordinator.step()
+        assert answer.state == State.CLONING and answer.pid == os.getpid()
+        assert answer.progress == {"phase": "fetching"} and answer.started_at.endswith("Z")
+        assert answer.exit_code == 75
+    finally:
+        held.release()
+    # Nothing was started and nothing recorded on the owner's behalf.
+    assert records.read_json(paths.clone_record(sha))["pid"] == os.getpid()
+    assert not os.path.exists(paths.failure_record(sha))
+    assert files_under(paths.scratch_dir) == []
+
+
+def test_a_recorded_failure_within_its_back_off_answers_failed_with_retry_after(coordinator):
+    paths, sha = coordinator.paths, coordinator.sha
+    now = time.time()
+    failure = Failure(code="UNREACHABLE", message="could not reach it", next="check the network", attempts=2,
+                      failed_at=now, retry_at=now + 100)
+    records.write_json(paths.failure_record(sha), failure.to_record())
+    answer = coordinator.step()
+    assert answer.state == State.FAILED and answer.error == "UNREACHABLE"
+    assert answer.message == "could not reach it" and answer.next == "check the network"
+    assert 95 <= answer.retry_after <= 100
+    assert answer.exit_code == 1
+    # Backing off starts no clone: no clone record, no scratch, no lock left held.
+    assert not os.path.exists(paths.clone_record(sha))
+    assert files_under(paths.scratch_dir) == []
+    assert not locks.is_locked(paths.clone_lock(sha))
+
+
+def test_a_dead_owner_record_at_the_last_death_gives_worker_died(coordinator):
+    paths, sha = coordinator.paths, coordinator.sha
+    # The record a third worker in a row left when it died: the two before it died too.
+    records.write_json(paths.clone_record(sha), {"pid": dead_pid(), "started_at": time.time() - 5, "commit": sha,
+                                                  "progress": {"phase": "checking out"},
+                                                  "deaths": MAX_DEATHS - 1})
+    answer = coordinator.step()
+    assert answer.state == State.FAILED and answer.error == "WORKER_DIED"
+    assert f"{MAX_DEATHS} times" in answer.message
+    backoff = coordinator.config.backoff
+    assert backoff - 1 <= answer.retry_after <= backoff + 1
+    # The dead owner's record is gone and the failure recorded, so the next look backs off.
+    assert not os.path.exists(paths.clone_record(sha))
+    recorded = read_failure(paths.failure_record(sha))
+    assert recorded.code == "WORKER_DIED" and recorded.attempts == 1
+    again = coordinator.step()
+    assert again.state == State.FAILED and again.error == "WORKER_DIED"
+    assert files_under(paths.scratch_dir) == []
+
+
+def test_a_dead_owner_record_before_the_last_death_starts_a_clone_counting_it(coordinator, upstream):
+    paths, sha = coordinator.paths, coordinator.sha
+    records.write_json(paths.clone_record(sha), {"pid": dead_pid(), "started_at": time.time() - 5, "commit": sha,
+                                                  "deaths": 0})
+    answer = coordinator.step()
+    assert answer.state == State.CLONING and answer.pid and answer.pid != os.getpid()
+    assert records.read_json(paths.clone_record(sha))["deaths"] == 1
+    ready = coordinator.run(wait=60)
+    assert ready.state == State.READY
+    assert_checkout_matches(ready.path, upstream.path, sha)
