@@ -332,3 +332,24 @@ def test_a_slow_sender_is_dropped(serve):
         elapsed = time.monotonic() - started
     assert closed and elapsed < 18, f"the server kept a one-byte-a-half-second sender {elapsed:.1f}s"
     assert serve.client().health()["ok"]
+
+
+def test_a_forward_jump_of_the_clock_cannot_make_serve_evict_what_it_just_served(root, tmp_path, upstream):
+    running = Serve(root, tmp_path, "--allow-local")
+    try:
+        client = running.client()
+        sha = upstream.shas[0]
+        answer = client.ensure(upstream.path, sha, wait=60)
+        assert answer.state == "ready"
+        # The wall clock jumps two hours forward: by its marker, the use looks two hours old.
+        marker = RootPaths(root).repo(RootPaths(root).repo_keys()[0]).ready_marker(sha)
+        then = time.time() - 7200
+        os.utime(marker, (then, then))
+        report = client.gc(max_checkouts=0)
+        assert report["removed"] == [] and [k["why"] for k in report["kept_over_limit"]] == ["grace"]
+        assert os.path.isdir(answer.path)
+    finally:
+        running.stop()
+    # What is not protected: a gc of another process (cron) knows only the marker's wall-clock time.
+    code, report, _ = run_cli("gc", "--max-checkouts", "0", root=root)
+    assert code == 0 and [r["reason"] for r in report["removed"] if r["name"] == sha] == ["lru"]

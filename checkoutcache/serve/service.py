@@ -42,6 +42,7 @@ GC_SETTINGS = ("max_checkouts", "max_bytes", "min_free", "free_headroom", "max_a
 JOURNAL_ROTATE_BYTES = 1 << 20
 _PROBES = itertools.count()
 HTTP_STATUS = {State.READY: 200, State.CLONING: 202}
+MAX_RECENT_USES = 100_000
 
 
 @attrs.define
@@ -73,6 +74,11 @@ class Service:
         self.journal = journal
         self.metrics = Metrics()
         self.holds: dict[str, HeldCheckout] = {}
+        # (repository key, commit) -> time.monotonic() of this process's last ready
+        # answer for it: a forward jump of the wall clock cannot make our own gc evict
+        # what we served within the grace window (the markers' mtimes are wall-clock).
+        self.recent_uses: dict[tuple[str, str], float] = {}
+        self.recent_lock = threading.Lock()
         self.holds_lock = threading.Lock()
         self.stopping = threading.Event()
         for name in ("max_checkouts", "max_bytes"):
@@ -97,7 +103,32 @@ class Service:
         repo, commit, wait, scope = self.request(params, grant)
         answer = self.cache.ensure(repo, commit, wait=wait, scope=scope)
         self.metrics.answers.labels(answer.state, answer.error or "").inc()
+        self.note_use(answer)
         return answer
+
+    def note_use(self, answer: Answer) -> None:
+        if answer.state != State.READY or not answer.path:
+            return
+        key = os.path.basename(os.path.dirname(os.path.dirname(answer.path)))
+        with self.recent_lock:
+            if len(self.recent_uses) >= MAX_RECENT_USES:
+                self.forget_old_uses(time.monotonic())
+            self.recent_uses[(key, answer.commit)] = time.monotonic()
+
+    def forget_old_uses(self, now: float) -> None:
+        """Only uses within the grace window matter; the map stays bounded."""
+        old = [k for k, t in self.recent_uses.items() if now - t > self.config.grace]
+        for k in old:
+            del self.recent_uses[k]
+        if len(self.recent_uses) >= MAX_RECENT_USES:  # a flood of distinct commits: keep the newest half
+            for k, _t in sorted(self.recent_uses.items(), key=lambda item: item[1])[:MAX_RECENT_USES // 2]:
+                del self.recent_uses[k]
+
+    def used_within_grace(self) -> frozenset[tuple[str, str]]:
+        now = time.monotonic()
+        with self.recent_lock:
+            self.forget_old_uses(now)
+            return frozenset(self.recent_uses)
 
     def hold(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[int, dict]:
         ttl = parse_duration(params.get("ttl", DEFAULT_HOLD_TTL), "ttl")
@@ -106,6 +137,7 @@ class Service:
         repo, commit, wait, scope = self.request(params, grant)
         self.check_hold_room(grant)
         held = self.cache.hold(repo, commit, wait=wait, scope=scope)
+        self.note_use(held.answer)
         if not held.held:
             return http_status(held.answer), held.answer.to_json()
         hold_id = uuid.uuid4().hex
@@ -163,7 +195,7 @@ class Service:
             dry_run = params.get("dry_run", False)
             if not isinstance(dry_run, bool):
                 raise CheckoutCacheError("BAD_ARGUMENT", what="dry_run must be true or false")
-            report = run_gc(self.cache.paths, config, dry_run=dry_run)
+            report = run_gc(self.cache.paths, config, dry_run=dry_run, used_within_grace=self.used_within_grace())
         except Exception:
             self.metrics.gc_runs.labels("error").inc()
             raise

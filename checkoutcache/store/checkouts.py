@@ -398,4 +398,4 @@ def _remove_entry(name: str, dir_fd: int, rel: bytes, is_dir: bool, removal: Rem
 
 
 def trash_entries(paths: RepoPaths) -> list[str]:
-    return [os.path.join(paths.trash_dir, name) for name in entries(paths.trash_dir)]
+    return [paths.trash_entry(name) for name in entries(paths.trash_dir)]

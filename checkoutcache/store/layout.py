@@ -147,6 +147,12 @@ def entries(directory: str) -> list[str]:
         return []
 
 
+def _names_like(names: list[str], prefix: str, suffix: str) -> list[str]:
+    """The middles of names of the form <prefix><middle><suffix> (keys: 32 hex digits)."""
+    return [name[len(prefix):len(name) - len(suffix)] for name in names
+            if name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix) + len(suffix)]
+
+
 def _commits_named(names: list[str], prefix: str, suffix: str) -> list[str]:
     """The commit ids in names of the form <prefix><sha><suffix>."""
     found = []
@@ -205,6 +211,11 @@ class RootPaths:
     def unreachable_dir(self) -> str:
         return os.path.join(self.root, "unreachable")
 
+    def unreachable_records(self) -> list[tuple[str, str]]:
+        """(key, record path) of every repository never reached."""
+        return [(key, self.unreachable_record(key)) for key in
+                _names_like(entries(self.unreachable_dir), "", FAILURE_RECORD_SUFFIX)]
+
     def unreachable_record(self, key: str) -> str:
         return os.path.join(self.root, "unreachable", f"{key}{FAILURE_RECORD_SUFFIX}")
 
@@ -226,6 +237,11 @@ class RepoPaths:
     @property
     def key(self) -> str:
         return os.path.basename(self.base)
+
+    @property
+    def root(self) -> str:
+        """The cache root this repository's store is in (<root>/repos/<key>)."""
+        return os.path.dirname(os.path.dirname(self.base))
 
     @property
     def repo_json(self) -> str:
@@ -287,6 +303,12 @@ class RepoPaths:
     @property
     def trash_dir(self) -> str:
         return os.path.join(self.base, "trash")
+
+    def trash_entry(self, name: str) -> str:
+        return os.path.join(self.base, "trash", name)
+
+    def scratch_entry(self, name: str) -> str:
+        return os.path.join(self.base, "scratch", name)
 
     def trash_slot(self, what: str) -> str:
         """A fresh, unique name in trash/ for something about to be renamed there."""

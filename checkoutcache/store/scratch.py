@@ -77,7 +77,7 @@ def scratch_facts(paths: RepoPaths) -> list[ScratchFacts]:
     facts = []
     for name in entries(paths.scratch_dir):
         pid = RepoPaths.scratch_pid(name)
-        path = os.path.join(paths.scratch_dir, name)
+        path = paths.scratch_entry(name)
         owner = records.read_json(RepoPaths.scratch_owner_json(path)) or {}
         facts.append(ScratchFacts(
             name=name, pid=pid, commit=owner.get("commit"),
@@ -110,7 +110,7 @@ def reap_dead_scratch(paths: RepoPaths, dry_run: bool = False) -> list[tuple[str
             if dry_run:
                 reaped.append((fact.name, ""))
                 continue
-            slot = to_trash(paths, os.path.join(paths.scratch_dir, fact.name), "scratch")
+            slot = to_trash(paths, paths.scratch_entry(fact.name), "scratch")
             if slot is not None:
                 reaped.append((fact.name, slot))
     return reaped

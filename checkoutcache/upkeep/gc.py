@@ -54,7 +54,6 @@ from checkoutcache.store.checkouts import (
 from checkoutcache.store.create import make_dirs
 from checkoutcache.store.inventory import RepoInfo, disk_usage, inventory
 from checkoutcache.store.layout import RepoPaths, RootPaths
-from checkoutcache.store.layout import entries as listing
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
@@ -129,8 +128,7 @@ def size_of(path: str) -> int:
 
 def note_unremovable(report: GcReport, paths: RepoPaths, path: str, removal: Removal) -> None:
     """Report what a removal left behind, each with its path relative to the root."""
-    root = os.path.dirname(os.path.dirname(paths.base))
-    where = os.path.relpath(path, root)
+    where = os.path.relpath(path, paths.root)
     for stuck in removal.unremovable:
         report.unremovable.append({"repo": paths.key, "path": os.path.join(where, stuck.path) if stuck.path else where,
                                    "error": stuck.error, "entry": os.path.basename(path)})
@@ -268,8 +266,7 @@ def forget_unreachable(root_paths: RootPaths, report: GcReport, now: float) -> N
     """Records of repositories never reached go a day after their retry time (nobody asked since)."""
     if report.dry_run:
         return
-    for name in listing(root_paths.unreachable_dir):
-        path = os.path.join(root_paths.unreachable_dir, name)
+    for _key, path in root_paths.unreachable_records():
         failure = read_failure(path)
         if failure is None or now - failure.retry_at > DEATHS_MEMORY:
             records.remove_quietly(path)
@@ -382,7 +379,11 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
     report.mirrors.append(entry)
 
 
-def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcReport:
+def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
+           used_within_grace: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
+    """used_within_grace: (repository key, commit) pairs the caller knows were used
+    within the grace window by a clock that cannot jump (serve's monotonic record
+    of its own ready answers); they count as used now, whatever the markers say."""
     report = GcReport(dry_run=dry_run)
     forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
     if not os.path.isdir(root_paths.repos_dir):
@@ -401,10 +402,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False) -> GcRe
                 tidy(info, report)
         repos = inventory(root_paths)
         by_key = {info.key: info for info in repos}
-        entries = [Entry(repo=info.key, sha=c.sha, last_used=c.last_used, size=c.size, held=c.held)
-                   for info in repos for c in info.checkouts if c.ready and c.intact]
         limits = Limits.from_config(config)
         now = time.time()
+        entries = [Entry(repo=info.key, sha=c.sha, size=c.size, held=c.held,
+                         last_used=now if (info.key, c.sha) in used_within_grace else c.last_used)
+                   for info in repos for c in info.checkouts if c.ready and c.intact]
         for info in repos:
             for c in info.checkouts:
                 if c.ready and c.last_used is not None and c.last_used > now:

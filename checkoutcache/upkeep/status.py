@@ -14,7 +14,7 @@ import attrs
 from checkoutcache.config import Config
 from checkoutcache.store import records
 from checkoutcache.store.inventory import RepoInfo, inventory
-from checkoutcache.store.layout import RootPaths, entries
+from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.records import read_failure
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
@@ -46,7 +46,7 @@ def stuck_in_trash(info: RepoInfo) -> list[dict]:
     record = records.read_json(info.paths.unremovable_record) or {}
     return [{"path": e.get("path"), "error": e.get("error"), "since": iso(e.get("since"))}
             for e in record.get("entries", [])
-            if os.path.lexists(os.path.join(info.paths.trash_dir, str(e.get("entry", ""))))]
+            if os.path.lexists(info.paths.trash_entry(os.path.basename(str(e.get("entry", "")))))]
 
 
 def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = None) -> dict:
@@ -70,13 +70,12 @@ def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = N
 def unreachable(root_paths: RootPaths, now: float) -> list[dict]:
     """Repositories never reached (their first contact failed), from unreachable/<key>.failed.json."""
     found = []
-    for name in entries(root_paths.unreachable_dir):
-        path = os.path.join(root_paths.unreachable_dir, name)
+    for key, path in root_paths.unreachable_records():
         failure = read_failure(path)
         if failure is None:
             continue
         meta = records.read_json(path) or {}
-        found.append({"key": name.split(".")[0], "repo": meta.get("repo"), "scope": meta.get("scope"),
+        found.append({"key": key, "repo": meta.get("repo"), "scope": meta.get("scope"),
                       "error": failure.code, "message": failure.message, "attempts": failure.attempts,
                       "failed_at": iso(failure.failed_at), "retry_after": max(0, round(failure.retry_at - now))})
     return found
