@@ -46,6 +46,7 @@ from checkoutcache.store.checkouts import (
     remove_tree,
     to_trash,
 )
+from checkoutcache.store.inventory import record_size
 from checkoutcache.store.layout import CLONE_LOG_CAP, FILE_MODE, RepoPaths, RootPaths
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
@@ -207,6 +208,8 @@ class Worker:
             records.remove_quietly(self.paths.failure_record(self.sha))
             self.log("published" if published else "another clone published first; discarded ours", always=True)
             self.journal("published" if published else "discarded", seconds=round(time.time() - self.started_at, 3))
+            if published:  # after the marker: readers never wait for this walk
+                record_size(self.paths, self.sha)
             self.cleanup()
 
     def ensure_mirror(self, rebuild: bool = False) -> bool:

@@ -5,6 +5,11 @@ status prints it; both see the same facts the same way.
 "Held" is probed by trying the checkout marker's exclusive lock without
 waiting (and dropping it at once): an exec holds the shared lock for its whole
 run, so a held checkout refuses us.
+
+Sizes cost a walk of every file, so they are recorded (state/<sha>.size.json,
+written whole) when a checkout is published and measured again only for a
+checkout used since its last measure (a review's build outputs grow it): the
+cost of gc and status grows with the number of checkouts, not of their files.
 """
 
 from __future__ import annotations
@@ -73,7 +78,39 @@ def disk_usage(path: str) -> int:
     return total
 
 
-def checkout_info(paths: RepoPaths, sha: str, with_size: bool = True) -> CheckoutInfo:
+NO_SIZES, RECORDED_SIZES, FRESH_SIZES = "none", "recorded", "fresh"
+
+
+def record_size(paths: RepoPaths, sha: str) -> int:
+    """Measure a checkout and record its size with the last use it was measured at."""
+    try:
+        use = os.stat(paths.ready_marker(sha)).st_mtime
+    except OSError:
+        use = None
+    size = disk_usage(paths.checkout(sha))
+    try:
+        records.write_json(paths.size_record(sha), {"bytes": size, "use_at_measure": use})
+    except OSError:
+        pass  # a size not recorded is measured again next time
+    return size
+
+
+def checkout_size(paths: RepoPaths, sha: str, last_used: float | None, sizes: str) -> int:
+    """The recorded size; measured (and recorded) again when there is none, or,
+    for FRESH_SIZES, when the checkout was used after its last measure."""
+    if sizes == NO_SIZES:
+        return 0
+    record = records.read_json(paths.size_record(sha)) or {}
+    size, use = record.get("bytes"), record.get("use_at_measure")
+    if isinstance(size, int) and size >= 0:
+        stale = sizes == FRESH_SIZES and last_used is not None and (not isinstance(use, (int, float))
+                                                                     or last_used > use)
+        if not stale:
+            return size
+    return record_size(paths, sha)
+
+
+def checkout_info(paths: RepoPaths, sha: str, sizes: str = RECORDED_SIZES) -> CheckoutInfo:
     path = paths.checkout(sha)
     marker = paths.ready_marker(sha)
     try:
@@ -83,7 +120,7 @@ def checkout_info(paths: RepoPaths, sha: str, with_size: bool = True) -> Checkou
         last_used, ready = None, False
     intact = ready and looks_intact(path, records.read_json(marker) or {})
     return CheckoutInfo(sha=sha, path=path, ready=ready, intact=intact, last_used=last_used,
-                        size=disk_usage(path) if with_size else 0,
+                        size=checkout_size(paths, sha, last_used, sizes) if ready else 0,
                         held=ready and locks.checkout_held(marker))
 
 
@@ -105,12 +142,12 @@ def failures(paths: RepoPaths) -> dict[str, Failure]:
     return found
 
 
-def repo_info(paths: RepoPaths, with_sizes: bool = True) -> RepoInfo:
+def repo_info(paths: RepoPaths, sizes: str = RECORDED_SIZES) -> RepoInfo:
     meta = records.read_json(paths.repo_json) or {}
     return RepoInfo(key=paths.key, url=meta.get("url"), scope=meta.get("scope"), paths=paths,
-                    checkouts=[checkout_info(paths, sha, with_sizes) for sha in paths.checkout_shas()],
+                    checkouts=[checkout_info(paths, sha, sizes) for sha in paths.checkout_shas()],
                     clones=clone_infos(paths), failures=failures(paths), scratch=scratch_facts(paths))
 
 
-def inventory(root_paths: RootPaths, with_sizes: bool = True) -> list[RepoInfo]:
-    return [repo_info(root_paths.repo(key), with_sizes) for key in root_paths.repo_keys()]
+def inventory(root_paths: RootPaths, sizes: str = RECORDED_SIZES) -> list[RepoInfo]:
+    return [repo_info(root_paths.repo(key), sizes) for key in root_paths.repo_keys()]

@@ -65,6 +65,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                      when gc removes a dead clone's record (so an OOM-killed
             │   │                      worker still ends in WORKER_DIED); removed when a clone
             │   │                      publishes or fails, or a day after the last death.
+            │   ├── <sha>.size.json    the checkout's size and the last use it was measured at:
+            │   │                      written at publish, measured again by gc only after a use.
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │   │                      were dropped since (a repack is then due at the interval).
             │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
@@ -335,6 +337,9 @@ class RepoPaths:
 
     def failure_record_shas(self) -> list[str]:
         return _commits_named(entries(self.state_dir), "", FAILURE_RECORD_SUFFIX)
+
+    def size_record(self, sha: str) -> str:
+        return os.path.join(self.base, "state", f"{sha}.size.json")
 
     @property
     def mirror_gc_stamp(self) -> str:

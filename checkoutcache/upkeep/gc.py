@@ -52,7 +52,7 @@ from checkoutcache.store.checkouts import (
     trash_entries,
 )
 from checkoutcache.store.create import make_dirs
-from checkoutcache.store.inventory import RepoInfo, disk_usage, inventory
+from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, disk_usage, inventory
 from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
@@ -296,6 +296,7 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
                 continue  # a dead clone's record just became a deaths record: keep its lock and log
             records.remove_quietly(paths.clone_log(sha))
             records.remove_quietly(paths.previous_clone_log(sha))
+            records.remove_quietly(paths.size_record(sha))
             records.remove_quietly(paths.clone_lock(sha))
 
 
@@ -396,11 +397,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     with gc_lock:
         before = disk_of(root_paths.root)
         report.disk_before = attrs.asdict(before)
-        for info in inventory(root_paths, with_sizes=False):
+        for info in inventory(root_paths, sizes=NO_SIZES):
             empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
-        repos = inventory(root_paths)
+        repos = inventory(root_paths, sizes=FRESH_SIZES)
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
