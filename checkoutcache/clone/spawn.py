@@ -16,7 +16,10 @@ Two ways to start it:
   for starting Python and importing what the worker needs (about 100 ms of
   a new commit's ~500). Only for a process we own: the child closes every
   descriptor but the lock, which is safe in the CLI and not in a host process.
-- spawn (the library, serve): a fresh `python -m checkoutcache.clone.worker`.
+- a worker server (serve): a pre-forked single-threaded child of serve forks
+  the worker as the CLI does (workserver.py), so serve pays no Python start;
+- spawn (the library, or serve when its worker server is gone): a fresh
+  `python -m checkoutcache.clone.worker`.
 """
 
 from __future__ import annotations
@@ -44,6 +47,15 @@ _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspat
 _STARTED: list[subprocess.Popen] = []
 
 
+_WORKER_SERVER = None  # a WorkerServer (workserver.py) this process started, if any
+
+
+def use_worker_server(server) -> None:
+    """Start this process's workers through a pre-forked worker server (None: spawn them)."""
+    global _WORKER_SERVER
+    _WORKER_SERVER = server
+
+
 def reap_finished_workers() -> None:
     _STARTED[:] = [proc for proc in _STARTED if proc.poll() is None]
 
@@ -53,6 +65,11 @@ def start_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
     """Start the worker; returns its pid. deaths: how many workers died on this commit in a row."""
     if fork:
         return _fork_worker(root, paths, sha, lock_fd, config, credential, deaths)
+    if _WORKER_SERVER is not None:
+        try:
+            return _WORKER_SERVER.start_worker(root, paths.key, sha, lock_fd, config, credential, deaths)
+        except OSError:
+            pass  # the server is gone (killed): spawning still works, only slower
     return _spawn_worker(root, paths, sha, lock_fd, config, credential, deaths)
 
 
@@ -76,10 +93,11 @@ def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: C
 
 
 def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                 credential: Credential | None, deaths: int) -> int:
-    # A child starts with our argv, which may carry a token in a URL: clean ours
-    # first, so that no instant of any child shows it.
-    setproctitle.setproctitle(redact(" ".join(sys.argv)))
+                 credential: Credential | None, deaths: int, retitle_caller: bool = True) -> int:
+    if retitle_caller:
+        # A child starts with our argv, which may carry a token in a URL: clean ours
+        # first, so that no instant of any child shows it.
+        setproctitle.setproctitle(redact(" ".join(sys.argv)))
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:  # the middle child: a new session, then the worker, then gone

@@ -42,6 +42,8 @@ from checkoutcache.cache import Cache
 from checkoutcache.config import Config
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.serve.metrics import CONTENT_TYPE_LATEST, generate_latest
+from checkoutcache.clone.spawn import use_worker_server
+from checkoutcache.clone.workserver import WorkerServer
 from checkoutcache.serve.policy import ApiPolicy, Grant
 from checkoutcache.serve.service import Bounds, Service, http_status
 from checkoutcache.store.create import init_root, make_dirs
@@ -376,7 +378,10 @@ def serve(cache: Cache, config: Config, listen: tuple[str, int] | None, unix: st
     init_root(cache.paths)
     make_dirs(cache.paths.serve_dir)
     journal = cache.paths.serve_journal(os.getpid())
-    os.environ["CHECKOUTCACHE_CLONE_JOURNAL"] = journal  # workers we spawn report to us
+    os.environ["CHECKOUTCACHE_CLONE_JOURNAL"] = journal  # workers we start report to us
+    # Forked while we are still single-threaded: it forks our clone workers later.
+    worker_server = WorkerServer()
+    use_worker_server(worker_server)
     service = Service(cache, config, gc_interval, journal, policy, bounds)
     server = make_server(service, listen, unix, max_connections)
     stop = threading.Event()
@@ -403,6 +408,8 @@ def serve(cache: Cache, config: Config, listen: tuple[str, int] | None, unix: st
         service.stopping.set()
         server.server_close()  # waits for in-flight requests
         service.release_all()
+        use_worker_server(None)
+        worker_server.close()
         try:
             os.unlink(journal)
         except FileNotFoundError:
