@@ -21,7 +21,7 @@ import pytest
 from checkoutcache.store import locks
 from checkoutcache.store.layout import RepoPaths, RootPaths
 
-from .helpers import assert_checkout_matches, run_cli, wait_ready
+from .helpers import assert_checkout_matches, run_cli, wait_ready, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="PID namespaces need root and unshare (CI runs as root)")
@@ -35,16 +35,6 @@ def in_new_pid_namespace(root: str, url: str, sha: str, wait: int = 60) -> subpr
               "echo exit=$?")
     return subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def repo_paths(root: str) -> RepoPaths:
@@ -70,7 +60,9 @@ def test_equal_pids_in_two_namespaces_never_touch_each_others_clone(root, served
         pids = {RepoPaths.scratch_pid(name) for name in names}
         assert len(pids) == 1, f"the workers should have equal pids in their namespaces: {names}"
         owners = [os.path.join(paths.scratch_dir, name) for name in names]
-        assert all(locks.is_locked(RepoPaths.scratch_owner_lock(path)) for path in owners)
+        # Each owner takes its lock right after making its directory: wait for both.
+        wait_until(lambda: all(locks.is_locked(RepoPaths.scratch_owner_lock(path)) for path in owners), 10,
+                   "both owners' locks")
         # gc from a third namespace (ours) while both are alive: nothing alive is reaped.
         code, report, err = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root, timeout=120)
         assert code == 0, err

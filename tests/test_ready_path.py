@@ -1,4 +1,4 @@
-"""The ready path stays cheap: no git library, no portalocker, no psutil, no
+"""The ready path stays cheap: no git library, no psutil, no
 subprocess; just the marker check and touch."""
 
 from __future__ import annotations
@@ -26,3 +26,32 @@ def test_ready_answer_imports_no_git_library(root, upstream):
     out = subprocess.run([sys.executable, "-c", PROBE, root, upstream.path, sha], capture_output=True,
                          text=True, check=True).stdout
     assert json.loads(out) == {"state": "ready", "heavy": []}
+
+
+def imported_by(*args: str) -> set[str]:
+    """Modules a command imports beyond what `python -c pass` does (python -X importtime)."""
+    def modules(argv: list[str]) -> set[str]:
+        done = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True, text=True)
+        return {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+
+    return modules(list(args)) - modules(["-c", "pass"])
+
+
+# Budgets, in modules beyond a bare Python start: the CLI's ready answer and its slow path
+# (a new commit: the coordinator and a forked worker). Measured: 78 and 120 on this machine.
+READY_BUDGET, SLOW_BUDGET = 100, 160
+NEVER_ON_THE_READY_PATH = {"pygit2", "psutil", "subprocess", "checkoutcache.clone.coordinator",
+                           "checkoutcache.clone.worker", "prometheus_client", "setproctitle"}
+NEVER_ON_THE_SLOW_PATH = {"pygit2", "portalocker", "prometheus_client", "checkoutcache.serve.http",
+                          "checkoutcache.upkeep.gc", "uvicorn", "schemathesis"}
+
+
+def test_cli_import_budgets(root, upstream):
+    ready_sha, new_sha = upstream.shas[0], upstream.shas[1]
+    assert Cache(root).ensure(upstream.path, ready_sha, wait=60).state == "ready"
+    ready = imported_by("-m", "checkoutcache", "--root", root, "ensure", upstream.path, ready_sha)
+    assert "checkoutcache.store.ready" in ready, "the probe measured a ready answer"
+    assert not ready & NEVER_ON_THE_READY_PATH and len(ready) <= READY_BUDGET, (len(ready), ready & NEVER_ON_THE_READY_PATH)
+    slow = imported_by("-m", "checkoutcache", "--root", root, "ensure", upstream.path, new_sha, "--wait", "60")
+    assert "checkoutcache.clone.coordinator" in slow, "the probe measured the slow path"
+    assert not slow & NEVER_ON_THE_SLOW_PATH and len(slow) <= SLOW_BUDGET, (len(slow), slow & NEVER_ON_THE_SLOW_PATH)

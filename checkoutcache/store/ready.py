@@ -1,10 +1,9 @@
 """The ready answer's fast path: is this checkout published, and mark it used.
 
 This runs on nearly every tool call of every review, so it imports only the
-standard library: no git library, no portalocker (whose import alone costs
-about as much as starting Python). It uses fcntl.flock directly, which is the
-same primitive portalocker uses on POSIX, so its shared lock and the evictor's
-exclusive lock (taken through checkoutcache.locks) exclude each other.
+standard library: no git library. It uses fcntl.flock, the same primitive as
+store/locks.py, so its shared lock and the evictor's exclusive lock exclude
+each other.
 
 Invariant 4, the ready side: we hold the marker's shared lock while we check
 that the marker is still at its published path and set its mtime (the last
