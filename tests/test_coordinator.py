@@ -121,3 +121,21 @@ def test_a_dead_owner_record_before_the_last_death_starts_a_clone_counting_it(co
     ready = coordinator.run(wait=60)
     assert ready.state == State.READY
     assert_checkout_matches(ready.path, upstream.path, sha)
+
+
+def test_a_waiter_wakes_on_the_state_directory_not_by_polling(tmp_path):
+    """The watch returns as soon as a record appears or goes in state/, long before its timeout."""
+    import threading
+    import time
+
+    from checkoutcache.store.watch import StateWatch
+
+    state = tmp_path / "state"
+    state.mkdir()
+    with StateWatch(str(state)) as watch:
+        assert watch.fd >= 0, "inotify is available on Linux"
+        threading.Timer(0.1, lambda: os.replace(tmp_path / "x.tmp", state / "abc.failed.json")).start()
+        (tmp_path / "x.tmp").write_text("{}")
+        started = time.monotonic()
+        watch.wait(30)
+        assert time.monotonic() - started < 10, "woken by the rename, not by the timeout"

@@ -27,12 +27,14 @@ from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.ready import touch_if_ready
+from checkoutcache.store.watch import StateWatch
 from checkoutcache.store.records import Failure, read_failure
 from checkoutcache.units import iso
 
-# Waiting polls cheaply (a stat and a non-blocking lock attempt): every 5 ms at
-# first, so a fast clone is seen as soon as it publishes, then every 10 ms.
-POLL_FIRST, POLL_MAX = 0.005, 0.01
+# A waiter wakes on every change in the repository's state/ (store/watch.py): a
+# publish or a failure at once. A worker's death writes nothing; it is seen by
+# looking again after this long at most (the clone lock is then free).
+LOOK_AGAIN = 0.1
 # How long an asker that finds the clone lock held waits for the owner's record
 # to appear (the starter writes it within milliseconds of taking the lock).
 RECORD_GRACE = 0.5
@@ -180,18 +182,18 @@ class Coordinator:
         if unreachable is not None:
             return unreachable
         deadline = time.monotonic() + wait
-        interval = POLL_FIRST
-        while True:
-            try:
-                answer = self.step()
-            except CheckoutCacheError as exc:
-                return self.error(exc)
-            if answer.state != State.CLONING or time.monotonic() >= deadline:
-                return answer
-            if on_progress is not None:
-                on_progress(answer)
-            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-            interval = min(interval * 1.5, POLL_MAX)
+        # Watch before the first look: an event between our look and our wait is never missed.
+        with StateWatch(self.paths.state_dir) as watch:
+            while True:
+                try:
+                    answer = self.step()
+                except CheckoutCacheError as exc:
+                    return self.error(exc)
+                if answer.state != State.CLONING or time.monotonic() >= deadline:
+                    return answer
+                if on_progress is not None:
+                    on_progress(answer)
+                watch.wait(min(LOOK_AGAIN, deadline - time.monotonic()))
 
 
 def _deaths(dead_record: dict | None) -> int | None:

@@ -33,7 +33,7 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git import mirror
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, not_a_commit
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, keep_ref, not_a_commit
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
 from checkoutcache.store import locks, records
@@ -205,6 +205,9 @@ class Worker:
         checkpoint("after-checkout")
         with self._finishing:
             published = publish(self.paths, self.scratch.tree, self.sha)
+            # Our record goes at once: its removal is the event a waiter wakes on
+            # (store/watch.py); askers find the marker first from now on.
+            records.remove_quietly(self.paths.clone_record(self.sha))
             records.remove_quietly(self.paths.failure_record(self.sha))
             self.log("published" if published else "another clone published first; discarded ours", always=True)
             self.journal("published" if published else "discarded", seconds=round(time.time() - self.started_at, 3))
@@ -278,35 +281,44 @@ class Worker:
             keep_fds = (mirror_lock.fileno(),)
             rebuilt = self.ensure_mirror(rebuild)
             mirror_dir = self.paths.mirror
-            self.refuse_non_commit(mirror_dir)
-            if not self.backend.has_commit(mirror_dir, self.sha):
+            kept = False
+            if self.refuse_non_commit(mirror_dir) is None:  # absent: fetch it
                 for stale in mirror.remove_stale_git_locks(mirror_dir):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
                 checkpoint("before-fetch")
+                # Fetched straight into its keep-ref where the backend can: one git execution less.
+                by_id = f"+{self.sha}:{keep_ref(self.sha)}" if self.backend.fetches_into_refs else self.sha
                 try:
-                    self.fetch([self.sha], keep_fds)
+                    self.fetch([by_id], keep_fds)
+                    kept = self.backend.fetches_into_refs
                 except CheckoutCacheError as exc:
-                    if exc.code == "DISK_FULL":
-                        raise
                     self.log(f"fetch by id refused ({exc.detail}); fetching all refs")
                     self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds)
                 checkpoint("after-fetch")
-                if not self.backend.has_commit(mirror_dir, self.sha):
-                    self.refuse_non_commit(mirror_dir)
+                try:
+                    found = self.refuse_non_commit(mirror_dir)
+                except CheckoutCacheError:
+                    if kept:
+                        self.backend.drop_keep(mirror_dir, self.sha)  # a tag, tree or blob is never kept
+                    raise
+                if found is None:
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
                                              detail="the server does not have it")
-            self.keep(self.sha, keep_fds)
+            if not kept:
+                self.keep(self.sha, keep_fds)
             if rebuilt:
                 self.restore_borrowed_objects(keep_fds)
         self.log("mirror has the commit")
 
-    def refuse_non_commit(self, mirror_dir: str) -> None:
-        """An id naming a tag, tree or blob is the caller's mistake (NOT_A_COMMIT), whatever
-        the transport: nothing is kept or checked out for it."""
+    def refuse_non_commit(self, mirror_dir: str) -> tuple[str, str | None] | None:
+        """What the id names in the mirror (None: absent). An id naming a tag, tree or
+        blob is the caller's mistake (NOT_A_COMMIT), whatever the transport: nothing is
+        kept or checked out for it."""
         found = self.backend.object_kind(mirror_dir, self.sha)
         if found is not None and found[0] != "commit":
             raise not_a_commit(self.sha, *found)
+        return found
 
     def explain(self, exc: BaseException) -> tuple[str, str, str]:
         """(code, message, next step) for whatever stopped the clone."""

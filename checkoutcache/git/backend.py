@@ -59,6 +59,7 @@ def keep_ref(sha: str) -> str:
 
 class GitBackend(Protocol):
     name: str
+    fetches_into_refs: bool  # fetch(refspecs=["<sha>:refs/keep/<sha>"]) works
 
     def probe(self, url: str, is_local: bool, credential: Credential | None, timeout: float) -> None: ...
     def init_mirror(self, path: str) -> None: ...

@@ -46,6 +46,7 @@ def _ignore_ambient_config() -> None:
 
 class Pygit2Backend:
     name = "pygit2"
+    fetches_into_refs = False  # the keep-ref is written after the fetch
 
     def __init__(self):
         _ignore_ambient_config()
