@@ -5,6 +5,7 @@ caller's git config never applies, the operator's only where allowed."""
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -14,7 +15,8 @@ import pytest
 from .helpers import Upstream, assert_checkout_matches, grep_tree, run_cli
 from .https_git import GitHttpsServer
 
-TOKEN = "s3cr3t-token-4d1f"
+# Random per run: the argv test scans every process on the machine, other sessions' included.
+TOKEN = "s3cr3t-" + secrets.token_hex(8)
 
 
 @pytest.fixture
