@@ -15,7 +15,14 @@ import time
 
 import pytest
 
-from .helpers import Upstream, assert_checkout_matches, only_repo, run_cli, wait_ready, wait_until
+from .helpers import (
+    Upstream,
+    assert_checkout_matches,
+    only_repo,
+    run_cli,
+    wait_ready,
+    wait_until,
+)
 from .https_git import GitHttpsServer
 
 pytestmark = pytest.mark.faults
@@ -211,6 +218,11 @@ class CuttingProxy:
                 pass
 
 
+def failure_record(store, sha: str) -> dict:
+    with open(store.failure_record(sha)) as handle:
+        return json.load(handle)
+
+
 @pytest.fixture
 def big_served(daemon, request):
     """A repository on the tests' git daemon whose pack is far larger than the cut (2 MiB of noise)."""
@@ -235,13 +247,12 @@ def test_a_fetch_cut_after_the_first_contact_is_a_recorded_failure(root, daemon,
         assert answer["message"] and answer["next"] and answer["retry_after"] >= 1, answer
         assert proxy.connections >= 2 and proxy.cuts >= 1, "the probe went through and a fetch was cut"
         store = only_repo(root)
-        with open(store.failure_record(sha)) as handle:
-            assert json.load(handle)["code"] == answer["error"]
+        assert failure_record(store, sha)["code"] == answer["error"]
         assert not os.path.lexists(store.checkout(sha))
         assert os.listdir(store.scratch_dir) == []
 
         proxy.forward_all = True
-        wait_until(lambda: json.load(open(store.failure_record(sha)))["retry_at"] < time.time(), 10,
+        wait_until(lambda: failure_record(store, sha)["retry_at"] < time.time(), 10,
                    "the back-off to pass")
         ready = wait_ready(root, url, sha, env=env)
         assert_checkout_matches(ready["path"], upstream.path, sha)

@@ -225,26 +225,31 @@ def test_a_repack_stays_due_after_refs_were_dropped_by_an_earlier_run(root, thre
     for index, path in enumerate(paths):
         make_idle(path, 3600 - index * 60)  # shas[0] oldest
     store = only_repo(root)
+
+    def stamp() -> dict:
+        with open(store.mirror_gc_stamp) as handle:
+            return json.load(handle)
+
     # gc #0: drops shas[0]'s keep-ref and repacks (nothing repacked yet): the interval starts now.
     report = gc(root, "--max-checkouts", "2", "--grace", "1m", "--mirror-gc-interval", "0")
     assert [r["name"] for r in report["removed"]] == [upstream.shas[0]], report
     assert report["mirrors"][0]["refs_dropped"] == 1 and report["mirrors"][0]["repacked"] is True, report
-    repacked_at = json.load(open(store.mirror_gc_stamp))["at"]
+    repacked_at = stamp()["at"]
 
     # gc #1: drops shas[1]'s keep-ref, but a repack is not due for an hour: pending.
     report = gc(root, "--max-checkouts", "1", "--grace", "1m", "--mirror-gc-interval", "1h")
     assert [r["name"] for r in report["removed"]] == [upstream.shas[1]], report
     (entry,) = report["mirrors"]
     assert entry["refs_dropped"] == 1 and entry["repacked"] is False and "skipped" not in entry, entry
-    assert json.load(open(store.mirror_gc_stamp)) == {"at": repacked_at, "pending": True}
+    assert stamp() == {"at": repacked_at, "pending": True}
 
     # gc #2: nothing new to drop; the interval (0) has passed: the pending repack is done.
     report = gc(root, "--mirror-gc-interval", "0")
     assert report["removed"] == [], report
     (entry,) = report["mirrors"]
     assert entry["refs_dropped"] == 0 and entry["repacked"] is True, entry
-    stamp = json.load(open(store.mirror_gc_stamp))
-    assert stamp["pending"] is False and stamp["at"] > repacked_at, stamp
+    after = stamp()
+    assert after["pending"] is False and after["at"] > repacked_at, after
     refs = git("for-each-ref", "--format=%(refname)", cwd=store.mirror).split()
     assert refs == [f"refs/keep/{upstream.shas[2]}"]
     assert_checkout_matches(paths[2], upstream.path, upstream.shas[2])

@@ -121,7 +121,8 @@ def test_verify_remove_broken_keeps_a_broken_checkout_an_exec_holds(root, upstre
     (result,) = report["checkouts"]
     assert result["commit"] == sha and result["ok"] is False and result["held"] is True, result
     assert result["removed"] is False and result["kept"] == "held", result
-    assert open(deep).read() == "changed by a review\n", "the held checkout is left as it is"
+    with open(deep) as handle:
+        assert handle.read() == "changed by a review\n", "the held checkout is left as it is"
     assert os.listdir(only_repo(root).trash_dir) == []
     assert held.running()
 
