@@ -216,6 +216,49 @@ def test_mirror_maintenance_drops_refs_and_never_breaks_a_checkout(root, three_r
     assert git("fsck", "--connectivity-only", cwd=paths[2]) == ""
 
 
+def test_a_repack_stays_due_after_refs_were_dropped_by_an_earlier_run(root, three_ready):
+    """Keep-refs dropped by a gc that was not yet due to repack leave the repack pending: a later
+    gc repacks once the interval has passed, though it drops nothing itself. (The old rule
+    repacked only when the same run dropped refs, so the objects stayed until some later
+    eviction happened to coincide with the interval.)"""
+    upstream, paths = three_ready
+    for index, path in enumerate(paths):
+        make_idle(path, 3600 - index * 60)  # shas[0] oldest
+    store = only_repo(root)
+
+    def stamp() -> dict:
+        with open(store.mirror_gc_stamp) as handle:
+            return json.load(handle)
+
+    # gc #0: drops shas[0]'s keep-ref and repacks (nothing repacked yet): the interval starts now.
+    report = gc(root, "--max-checkouts", "2", "--grace", "1m", "--mirror-gc-interval", "0")
+    assert [r["name"] for r in report["removed"]] == [upstream.shas[0]], report
+    assert report["mirrors"][0]["refs_dropped"] == 1 and report["mirrors"][0]["repacked"] is True, report
+    repacked_at = stamp()["at"]
+
+    # gc #1: drops shas[1]'s keep-ref, but a repack is not due for an hour: pending.
+    report = gc(root, "--max-checkouts", "1", "--grace", "1m", "--mirror-gc-interval", "1h")
+    assert [r["name"] for r in report["removed"]] == [upstream.shas[1]], report
+    (entry,) = report["mirrors"]
+    assert entry["refs_dropped"] == 1 and entry["repacked"] is False and "skipped" not in entry, entry
+    assert stamp() == {"at": repacked_at, "pending": True}
+
+    # gc #2: nothing new to drop; the interval (0) has passed: the pending repack is done.
+    report = gc(root, "--mirror-gc-interval", "0")
+    assert report["removed"] == [], report
+    (entry,) = report["mirrors"]
+    assert entry["refs_dropped"] == 0 and entry["repacked"] is True, entry
+    after = stamp()
+    assert after["pending"] is False and after["at"] > repacked_at, after
+    refs = git("for-each-ref", "--format=%(refname)", cwd=store.mirror).split()
+    assert refs == [f"refs/keep/{upstream.shas[2]}"]
+    assert_checkout_matches(paths[2], upstream.path, upstream.shas[2])
+
+    # Nothing pending any more: another gc does not repack again.
+    (entry,) = gc(root, "--mirror-gc-interval", "0")["mirrors"]
+    assert entry["refs_dropped"] == 0 and entry["repacked"] is False, entry
+
+
 def test_overlapping_gcs_never_run_together(root, three_ready):
     from checkoutcache.store import locks
 
