@@ -45,7 +45,7 @@ MIRROR_CONFIG = {
     # Several uids in one group share the store: objects stay group-writable.
     "core.sharedRepository": "group",
 }
-CHECKOUT_CONFIG = {k: v for k, v in SAFE_CONFIG.items() if k != "protocol.ext.allow"}
+CHECKOUT_CONFIG = {k: v for k, v in SAFE_CONFIG.items() if k not in ("protocol.ext.allow", "safe.directory")}
 CHECKOUT_CONFIG.update({"core.symlinks": "true", "core.filemode": "true"})
 # Where the commits a mirror must keep are named: spelled here only.
 KEEP_PREFIX = "refs/keep/"

@@ -32,6 +32,10 @@ SAFE_CONFIG = {
     "maintenance.auto": "false",
     "fetch.writeCommitGraph": "false",
     "protocol.ext.allow": "never",
+    # Callers of several uids share the store (one group): git must work in a mirror
+    # or checkout another member made. Only our own store's repositories are ever
+    # opened, and the settings above override what a repository's config says.
+    "safe.directory": "*",
 }
 ALLOWED_PROTOCOLS = "https:ssh:git:file"
 
