@@ -25,6 +25,18 @@ def _count(value: str | int) -> int:
     return number
 
 
+def _ref_patterns(value: str | tuple) -> tuple[str, ...]:
+    if isinstance(value, str) and value.strip() == "none":
+        return ()
+    patterns = tuple(value) if isinstance(value, (tuple, list)) else \
+        tuple(p.strip() for p in str(value).split(",") if p.strip())
+    for pattern in patterns:
+        if not pattern.startswith("refs/") or pattern.count("*") > 1 or any(c in pattern for c in " :^~?[\\"):
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"review ref pattern {pattern[:60]!r} is not refs/... "
+                                                          f"with at most one '*'")
+    return patterns
+
+
 def _transport(value: str) -> str:
     if value not in ("auto", "cli", "pygit2"):
         raise CheckoutCacheError("BAD_ARGUMENT", what=f"transport {str(value)[:40]!r} is not auto, cli or pygit2")
@@ -65,6 +77,10 @@ class Config:
     probe_timeout: float = setting(30.0, "CHECKOUTCACHE_PROBE_TIMEOUT",
                                    "How long the first contact with a new repository may take.",
                                    parse_duration, "30s")
+    review_refs: tuple[str, ...] = setting(
+        ("refs/pull/*", "refs/merge-requests/*", "refs/changes/*"), "CHECKOUTCACHE_REVIEW_REFS",
+        "Where review commits live, fetched when a server refuses a commit by id (comma-separated, or none).",
+        lambda v: _ref_patterns(v), "refs/pull/*,refs/merge-requests/*,refs/changes/*")
     transport: str = setting("auto", "CHECKOUTCACHE_TRANSPORT",
                              "Fetch and check out with the git CLI (cli), libgit2 (pygit2), or the CLI when installed (auto).",
                              _transport)
@@ -94,7 +110,7 @@ class Config:
         for field in attrs.fields(type(self)):
             value = getattr(self, field.name)
             if value is not None:
-                env[field.metadata["env"]] = str(value)
+                env[field.metadata["env"]] = (",".join(value) or "none") if isinstance(value, tuple) else str(value)
         return env
 
 

@@ -33,7 +33,8 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git import mirror
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, keep_ref, not_a_commit
+from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, keep_ref, not_a_commit,
+                                       review_refspec)
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
 from checkoutcache.store import locks, records
@@ -295,6 +296,8 @@ class Worker:
                 except CheckoutCacheError as exc:
                     self.log(f"fetch by id refused ({exc.detail}); fetching all refs")
                     self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds)
+                    if self.backend.object_kind(mirror_dir, self.sha) is None:
+                        kept = self.fetch_from_review_refs(keep_fds)
                 checkpoint("after-fetch")
                 try:
                     found = self.refuse_non_commit(mirror_dir)
@@ -310,6 +313,27 @@ class Worker:
             if rebuilt:
                 self.restore_borrowed_objects(keep_fds)
         self.log("mirror has the commit")
+
+    def fetch_from_review_refs(self, keep_fds: tuple[int, ...]) -> bool:
+        """The commit is on no branch or tag, and the server refuses it by id (a
+        review ref's tip is advertised, so fetching it by id already worked): fetch
+        the review refs (refs/pull/*, ...), only when the server has some, into a
+        namespace of their own, keep the commit, and drop them again. True when the
+        commit is now kept."""
+        patterns = self.config.review_refs
+        if not patterns:
+            return False
+        tips = self.backend.remote_refs(self.url, patterns, self.credential, self.config.probe_timeout)
+        if tips:
+            self.log(f"fetching {len(tips)} review ref(s) under {', '.join(patterns)}")
+            try:
+                self.fetch([review_refspec(p) for p in patterns], keep_fds)
+                if self.backend.object_kind(self.paths.mirror, self.sha) is not None:
+                    self.keep(self.sha, keep_fds)
+            finally:
+                self.backend.drop_refs_under(self.paths.mirror, REVIEW_PREFIX)  # kept by keep-ref, or not needed
+            return self.backend.object_kind(self.paths.mirror, self.sha) is not None
+        return False
 
     def refuse_non_commit(self, mirror_dir: str) -> tuple[str, str | None] | None:
         """What the id names in the mirror (None: absent). An id naming a tag, tree or

@@ -158,6 +158,27 @@ class GitCliBackend:
         if done.returncode != 0:
             raise probe_failure(url, is_local, last_meaningful_line(done.stderr), secrets)
 
+    def remote_refs(self, url: str, patterns: tuple[str, ...], credential: Credential | None,
+                    timeout: float) -> dict[str, str]:
+        """ref -> id of the upstream's refs matching the patterns (git ls-remote)."""
+        try:
+            done = subprocess.run([self.git, "ls-remote", "--", url, *patterns], capture_output=True, text=True,
+                                  env=git_env(credential=credential, url=url), timeout=timeout,
+                                  stdin=subprocess.DEVNULL, cwd="/", errors="replace")
+        except subprocess.TimeoutExpired:
+            return {}
+        refs = {}
+        for line in done.stdout.splitlines() if done.returncode == 0 else []:
+            sha, _, ref = line.partition("\t")
+            refs[ref.strip()] = sha.strip()
+        return refs
+
+    def drop_refs_under(self, mirror: str, prefix: str) -> None:
+        listed = self._run(["-C", mirror, "for-each-ref", "--format=delete %(refname)", prefix])
+        if listed.stdout.strip():
+            subprocess.run([self.git, "-C", mirror, "update-ref", "--stdin"], input=listed.stdout, text=True,
+                           env=git_env(), capture_output=True, cwd="/")
+
     def init_mirror(self, path: str) -> None:
         self._check(self._run(["init", "-q", "--bare", "--template=", path]))
         write_git_config(path, MIRROR_CONFIG)

@@ -90,6 +90,33 @@ class Pygit2Backend:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def remote_refs(self, url: str, patterns: tuple[str, ...], credential: Credential | None,
+                    timeout: float) -> dict[str, str]:
+        import fnmatch
+
+        import pygit2
+
+        scratch = tempfile.mkdtemp(prefix="checkoutcache-refs-")
+        try:
+            repo = pygit2.init_repository(scratch, bare=True)
+            heads = repo.remotes.create_anonymous(url).list_heads(callbacks=self._callbacks(credential, None))
+        except _errors():
+            return {}
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return {head.name: str(head.oid) for head in heads
+                if any(fnmatch.fnmatchcase(head.name, p) for p in patterns)}
+
+    def drop_refs_under(self, mirror: str, prefix: str) -> None:
+        import pygit2
+
+        repo = pygit2.Repository(mirror)
+        for name in [n for n in repo.references if n.startswith(prefix)]:
+            try:
+                repo.references.delete(name)
+            except _errors():
+                pass
+
     def init_mirror(self, path: str) -> None:
         import pygit2
 
