@@ -5,5 +5,7 @@
 - service.py  what each endpoint does (ensure, hold, release, gc, status,
               health) and the background work (hold leases, scheduled gc,
               the clone journal).
+- policy.py   who may do what: tokens, scopes, repositories, tightened gc limits.
 - metrics.py  the Prometheus registry.
+- openapi.json  the API's OpenAPI 3.1 document (served at /openapi.json).
 """
