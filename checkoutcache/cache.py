@@ -47,6 +47,10 @@ class Hold:
     def held(self) -> bool:
         return self._fd is not None
 
+    def descriptors(self) -> tuple[int, ...]:
+        """What a child process must inherit to hold the checkout as long as it runs."""
+        return (self._fd,) if self._fd is not None else ()
+
     def release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import os
 
-
 from .helpers import walk
 
 PACKAGE = "checkoutcache"

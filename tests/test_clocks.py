@@ -9,7 +9,16 @@ import time
 
 from freezegun import freeze_time
 
-from checkoutcache.upkeep.eviction import AGE, GRACE, LRU, Entry, Limits, idle_seconds, last_use, plan_eviction
+from checkoutcache.upkeep.eviction import (
+    AGE,
+    GRACE,
+    LRU,
+    Entry,
+    Limits,
+    idle_seconds,
+    last_use,
+    plan_eviction,
+)
 
 from .helpers import run_cli, wait_ready
 

@@ -22,7 +22,7 @@ from checkoutcache.store import locks, records
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.records import Failure, read_failure
 
-from .helpers import assert_checkout_matches, files_under, pid_alive
+from .helpers import assert_checkout_matches, files_under, only_repo, pid_alive
 
 
 @pytest.fixture
@@ -139,3 +139,28 @@ def test_a_waiter_wakes_on_the_state_directory_not_by_polling(tmp_path):
         started = time.monotonic()
         watch.wait(30)
         assert time.monotonic() - started < 10, "woken by the rename, not by the timeout"
+
+
+def test_a_clone_lock_held_without_a_live_owner_never_answers_cloning_without_one(root, upstream):
+    """gc holds a commit's clone lock for a moment with no clone record (or a dead
+    owner's): an asker waits for the lock instead of answering `cloning` with no owner."""
+    import threading
+    import time
+
+    from checkoutcache import Cache
+    from checkoutcache.store import locks, records
+
+    sha = upstream.shas[1]
+    cache = Cache(root)
+    assert cache.ensure(upstream.path, upstream.shas[0], wait=60).state == "ready"  # the store exists
+    store = only_repo(root)
+    records.write_json(store.clone_record(sha), {"pid": 999999, "pid_start": 1.0,
+                                                 "pidns": os.readlink("/proc/self/ns/pid")})  # a dead owner's
+    held = locks.clone_of(store, sha)
+    assert held is not None
+    threading.Timer(0.2, held.release).start()  # as gc's tidy does, briefly
+    started = time.monotonic()
+    answer = cache.ensure(upstream.path, sha)
+    assert answer.state == "cloning" and answer.pid not in (None, 999999), answer
+    assert time.monotonic() - started >= 0.15, "it waited for the lock to go free"
+    assert cache.ensure(upstream.path, sha, wait=60).state == "ready"

@@ -12,7 +12,14 @@ import pytest
 from checkoutcache import Cache
 from checkoutcache.answers import Answer
 
-from .helpers import assert_checkout_matches, git, marker, only_repo, run_cli, wait_ready
+from .helpers import (
+    assert_checkout_matches,
+    git,
+    marker,
+    only_repo,
+    run_cli,
+    wait_ready,
+)
 
 
 def test_cli_answers_cloning_then_ready_with_a_complete_checkout(root, served_upstream):

@@ -7,9 +7,9 @@ import json
 import os
 import time
 
-from checkoutcache import Cache
-
 import pytest
+
+from checkoutcache import Cache
 
 from .helpers import (
     Upstream,

@@ -17,10 +17,10 @@ import time
 import pytest
 
 from checkoutcache import Cache
-
 from checkoutcache.store.layout import READY_MARKER
 
 from .helpers import (
+    SHORT_BACKOFF,
     Upstream,
     assert_checkout_matches,
     content_snapshot,
@@ -37,7 +37,6 @@ from .helpers import (
 
 pytestmark = pytest.mark.faults
 
-SHORT_BACKOFF = {"CHECKOUTCACHE_BACKOFF": "0.1", "CHECKOUTCACHE_BACKOFF_MAX": "0.2"}
 WORKER_STEPS = ["after-scratch", "before-fetch", "during-fetch", "after-fetch", "before-checkout",
                 "during-checkout", "after-checkout", "after-rename"]
 

@@ -17,6 +17,7 @@ import pytest
 from checkoutcache import Cache
 
 from .helpers import (
+    SHORT_BACKOFF,
     assert_checkout_matches,
     make_idle,
     only_repo,
@@ -28,7 +29,6 @@ from .helpers import (
 
 pytestmark = pytest.mark.faults
 
-SHORT_BACKOFF = {"CHECKOUTCACHE_BACKOFF": "0.1", "CHECKOUTCACHE_BACKOFF_MAX": "0.2"}
 
 
 class Exec:
@@ -171,3 +171,22 @@ def test_a_clone_never_replaces_a_damaged_checkout_that_is_held(root, upstream):
     assert answer["path"] == path
     assert_checkout_matches(path, upstream.path, sha)
     assert os.stat(path).st_ino != inode, "re-made, not the damaged one"
+
+
+def test_a_killed_exec_wrapper_leaves_its_command_holding_the_checkout(root, upstream, tmp_path):
+    """The command inherits the hold: SIGKILL of `checkoutcache exec` (the OOM killer,
+    a pipeline's kill -9) never leaves a running command in a checkout gc may evict."""
+    sha = upstream.shas[0]
+    path = wait_ready(root, upstream.path, sha)["path"]
+    running = Exec(root, upstream.path, sha, tmp_path)  # returns once the command runs
+    try:
+        running.proc.kill()  # the wrapper, not its command
+        running.proc.wait(10)
+        make_idle(path, 3600)
+        code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)
+        assert code == 0 and [k["why"] for k in report["kept_over_limit"]] == ["held"], report
+        assert os.path.isdir(path)
+    finally:
+        running.release.touch()
+    wait_until(lambda: run_cli("gc", "--max-checkouts", "0", "--grace", "0", root=root)[1]["removed"], 20,
+               "the checkout to go once the command ended")

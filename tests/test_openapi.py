@@ -18,7 +18,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from checkoutcache.errors import CODES
 
-from .test_serve_hostile import TOKEN, Serve
+from .helpers import TOKEN, Serve
 
 DOCUMENT = os.path.join(os.path.dirname(__file__), "..", "checkoutcache", "serve", "openapi.json")
 SPEC = json.load(open(DOCUMENT))

@@ -20,12 +20,12 @@ from checkoutcache.clone.decide import (
     next_step_for_not_ready,
     state_of,
 )
-from checkoutcache.store.records import Failure
 from checkoutcache.config import Config, options_table
 from checkoutcache.credentials import redact
 from checkoutcache.errors import CODES, CheckoutCacheError
 from checkoutcache.repospec import parse_commit, parse_repo, repo_key
 from checkoutcache.store.layout import RepoPaths, RootPaths, default_root
+from checkoutcache.store.records import Failure
 from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size
 
 

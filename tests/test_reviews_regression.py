@@ -16,9 +16,9 @@ import sys
 import threading
 import time
 
-from checkoutcache import Cache
-
 import pytest
+
+from checkoutcache import Cache
 
 from .helpers import Upstream, git, marker, only_repo, run_cli, wait_until
 

@@ -3,13 +3,8 @@ against a real serve process and real repositories."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,8 +14,9 @@ from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.locks import is_locked
 
 from .helpers import (
+    TOKEN,
+    Serve,
     assert_checkout_matches,
-    free_port,
     make_idle,
     marker,
     only_repo,
@@ -30,57 +26,9 @@ from .helpers import (
 )
 
 
-TOKEN = "test-token-" + "0123456789abcdef"
-
-
-class Server:
-    def __init__(self, root: str, tmp_path, *extra: str, env: dict | None = None, unix: str | None = None):
-        self.port = free_port()
-        self.unix = unix
-        ready = tmp_path / f"ready-{self.port}"
-        where = ["--unix", unix] if unix else ["--listen", f"127.0.0.1:{self.port}"]
-        # The API's defaults refuse local paths; these tests serve the test's own repositories.
-        self.proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "serve", *where,
-                                      "--ready-file", str(ready), "--allow-local", *extra],
-                                     env=dict(os.environ, CHECKOUTCACHE_API_TOKEN=TOKEN, **(env or {})),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-        def started() -> bool:
-            assert self.proc.poll() is None, self.proc.communicate()
-            return ready.exists()
-
-        wait_until(started, 30, "serve to write its ready file")
-
-    def connection(self) -> http.client.HTTPConnection:
-        if self.unix:
-            conn = http.client.HTTPConnection("localhost", timeout=60)
-            sock = socket.socket(socket.AF_UNIX)
-            sock.connect(self.unix)
-            conn.sock = sock
-            return conn
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-
-    def request(self, method: str, path: str, body: dict | None = None, conn=None) -> tuple[int, dict | str]:
-        own = conn is None
-        conn = conn or self.connection()
-        try:
-            data = json.dumps(body).encode() if body is not None else None
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            if data:
-                headers["Content-Type"] = "application/json"
-            conn.request(method, path, body=data, headers=headers)
-            response = conn.getresponse()
-            text = response.read().decode()
-            kind = response.getheader("Content-Type", "")
-            return response.status, json.loads(text) if kind.startswith("application/json") else text
-        finally:
-            if own:
-                conn.close()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(30)
+def Server(root: str, tmp_path, *extra: str, **kw) -> Serve:
+    """These tests serve the test's own repositories, which the API's defaults refuse."""
+    return Serve(root, tmp_path, "--allow-local", *extra, **kw)
 
 
 @pytest.fixture

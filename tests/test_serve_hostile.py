@@ -8,81 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import stat
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from checkoutcache.client import Client
 from checkoutcache.store.layout import RootPaths
 
-from .helpers import assert_checkout_matches, free_port, run_cli
-
-TOKEN = "tok-" + "a" * 28
-SCOPED = "tok-" + "b" * 28
-
-
-class Serve:
-    def __init__(self, root: str, tmp_path, *extra: str, unix: str | None = None, tokens: str | None = None):
-        self.root = root
-        self.port = free_port()
-        self.unix = unix
-        token_file = tmp_path / f"tokens-{self.port}"
-        token_file.write_text(tokens if tokens is not None else f"{TOKEN}\n{SCOPED} team-a\n")
-        ready = tmp_path / f"ready-{self.port}"
-        where = ["--unix", unix] if unix else ["--listen", f"127.0.0.1:{self.port}"]
-        self.proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "serve", *where,
-                                      "--ready-file", str(ready), "--gc-interval", "0",
-                                      "--token-file", str(token_file), *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert self.proc.poll() is None, self.proc.communicate()
-            assert time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.02)
-
-    def client(self, token: str | None = TOKEN) -> Client:
-        if self.unix:
-            return Client(unix=self.unix, token=token)
-        return Client(f"http://127.0.0.1:{self.port}", token=token)
-
-    def raw(self, data: bytes, timeout: float = 10) -> bytes:
-        """Send bytes as they are; the whole answer (until the server closes or goes quiet)."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
-            sock.sendall(data)
-            chunks = []
-            try:
-                while chunk := sock.recv(65536):
-                    chunks.append(chunk)
-                    if b"\r\n\r\n" in b"".join(chunks) and self._complete(b"".join(chunks)):
-                        break
-            except socket.timeout:
-                pass
-            return b"".join(chunks)
-
-    @staticmethod
-    def _complete(data: bytes) -> bool:
-        head, _, body = data.partition(b"\r\n\r\n")
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-length:"):
-                return len(body) >= int(line.split(b":")[1])
-        return False
-
-    def vm_hwm_kib(self) -> int:
-        for line in open(f"/proc/{self.proc.pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmHWM")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(30)
+from .helpers import SCOPED, TOKEN, Serve, assert_checkout_matches, free_port, run_cli
 
 
 @pytest.fixture
@@ -353,3 +288,20 @@ def test_a_forward_jump_of_the_clock_cannot_make_serve_evict_what_it_just_served
     # What is not protected: a gc of another process (cron) knows only the marker's wall-clock time.
     code, report, _ = run_cli("gc", "--max-checkouts", "0", root=root)
     assert code == 0 and [r["reason"] for r in report["removed"] if r["name"] == sha] == ["lru"]
+
+
+def test_a_scoped_token_may_not_run_gc_over_every_scope(root, tmp_path, served_upstream):
+    served, url = served_upstream
+    code, _, _ = run_cli("ensure", url, served.shas[0], "--scope", "team-b", "--wait", "60", root=root)
+    assert code == 0
+    running = Serve(root, tmp_path, "--grace", "0s")
+    try:
+        scoped = running.client(token=SCOPED)  # scope team-a only
+        for request in ({"max_checkouts": 0}, {"dry_run": True}):
+            status, body = running.request("POST", "/v1/gc", request, token=SCOPED)
+            assert status == 403 and body["error"] == "FORBIDDEN_SCOPE", body
+        assert scoped.status()["repos"] == []
+        report = running.client().gc(max_checkouts=0)  # a token of every scope may
+        assert [r["reason"] for r in report["removed"]] == ["lru"]
+    finally:
+        running.stop()

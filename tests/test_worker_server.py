@@ -9,8 +9,7 @@ import threading
 
 import psutil
 
-from .helpers import assert_checkout_matches, wait_until
-from .test_serve_hostile import Serve
+from .helpers import Serve, assert_checkout_matches, wait_until
 
 
 def command_lines_during(action) -> list[str]:

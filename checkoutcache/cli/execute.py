@@ -31,7 +31,9 @@ def run_held(cache: Cache, repo: str, commit: str, command: list[str], wait: flo
         return EXIT_EXEC_FAILED
     with hold:
         try:
-            proc = subprocess.Popen(command, cwd=hold.answer.path)
+            # The command inherits the hold (the marker's shared lock): killed, this
+            # wrapper never leaves a running command in a checkout gc may evict.
+            proc = subprocess.Popen(command, cwd=hold.answer.path, pass_fds=hold.descriptors())
         except FileNotFoundError:
             sys.stderr.write(f"checkoutcache exec: command not found: {command[0]}\n")
             return 127

@@ -35,6 +35,8 @@ from checkoutcache.units import iso
 # publish or a failure at once. A worker's death writes nothing; it is seen by
 # looking again after this long at most (the clone lock is then free).
 LOOK_AGAIN = 0.1
+# How many times an asker looks again when the clone lock goes free under it.
+LOOKS_WHILE_LOCK_FLAPS = 3
 # How long an asker that finds the clone lock held waits for the owner's record
 # to appear (the starter writes it within milliseconds of taking the lock).
 RECORD_GRACE = 0.5
@@ -73,15 +75,22 @@ class Coordinator:
         return read_failure(self.paths.failure_record(self.sha))
 
     def owner_record(self) -> dict | None:
-        """The clone record of the live owner; waits briefly while it is being written,
-        never longer than the owner holds the lock (a finishing owner removes it)."""
+        """The clone record of the live owner, or None once the clone lock is free.
+
+        The lock held is not enough: gc holds it for a moment to tidy (with no
+        record, or a dead owner's), and a starter writes its record a moment before
+        its worker's. So this waits, briefly, for a record naming a live owner
+        (by pid and start time where it shares our PID namespace; elsewhere the
+        lock is the only evidence) or for the lock to go free."""
         deadline = time.monotonic() + RECORD_GRACE
         while True:
             record = records.read_json(self.paths.clone_record(self.sha))
-            if record and record.get("pid") or time.monotonic() >= deadline:
+            if record and record.get("pid") and _owner_lives(record):
                 return record
             if not locks.clone_running(self.paths, self.sha):
-                return record
+                return None
+            if time.monotonic() >= deadline:
+                return record or {}
             time.sleep(0.005)
 
     def first_contact(self) -> Answer | None:
@@ -128,8 +137,18 @@ class Coordinator:
         if touch_if_ready(marker):
             return self.ready()
         clone_lock = locks.clone_of(self.paths, self.sha)
+        for _ in range(LOOKS_WHILE_LOCK_FLAPS):
+            if clone_lock is not None:
+                break
+            owner = self.owner_record()
+            if owner is not None:
+                return self.cloning(owner)
+            # The lock went free while we waited for its owner (gc let go, a worker ended).
+            if touch_if_ready(marker):
+                return self.ready()
+            clone_lock = locks.clone_of(self.paths, self.sha)
         if clone_lock is None:
-            return self.cloning(self.owner_record())
+            return self.cloning(records.read_json(self.paths.clone_record(self.sha)) or {})
         # A worker may have published since our first look: look again under the lock.
         with locks.rechecked(clone_lock, lambda: not touch_if_ready(marker)) as still_absent:
             if still_absent is None:
@@ -159,20 +178,22 @@ class Coordinator:
         return failure
 
     def start_clone(self, clone_lock: locks.Lock, deaths: int = 0) -> Answer:
+        # The record is written before the worker starts, never after: a fast worker
+        # removes its own record when it ends, and a starter's record written later
+        # would outlive it and count as a death. The worker rewrites it with its pid.
+        record = {"started_at": time.time(), "commit": self.sha, "progress": {"phase": "starting"},
+                  "deaths": deaths}
+        records.write_json(self.paths.clone_record(self.sha), record)
+        records.remove_quietly(self.paths.deaths_record(self.sha))  # the count is in the clone record now
         try:
             pid = start_worker(self.root_paths.root, self.paths, self.sha, clone_lock.fileno(),
                                self.config, self.credential, fork=self.fork_workers, deaths=deaths)
         except OSError as exc:
+            records.remove_quietly(self.paths.clone_record(self.sha))
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
-        # psutil only off the ready path
-        from checkoutcache.store.liveness import pid_namespace, process_start_time
+        from checkoutcache.store.liveness import pid_namespace  # psutil only off the ready path
 
-        record = {"pid": pid, "pid_start": process_start_time(pid), "pidns": pid_namespace(),
-                  "started_at": time.time(),
-                  "commit": self.sha, "progress": {"phase": "starting"}, "deaths": deaths}
-        records.write_json(self.paths.clone_record(self.sha), record)
-        records.remove_quietly(self.paths.deaths_record(self.sha))  # the count is in the clone record now
-        return self.cloning(record)
+        return self.cloning({**record, "pid": pid, "pidns": pid_namespace()})
 
     def run(self, wait: float, on_progress: Callable[[Answer], None] | None = None) -> Answer:
         try:
@@ -203,3 +224,11 @@ def _deaths(dead_record: dict | None) -> int | None:
         return max(0, int(dead_record.get("deaths", 0)))
     except (TypeError, ValueError):
         return 0
+
+
+def _owner_lives(record: dict) -> bool:
+    from checkoutcache.store.liveness import is_alive, same_pid_namespace
+
+    if not same_pid_namespace(record.get("pidns")):
+        return True  # its pid means nothing here: the held lock is the evidence
+    return is_alive(record.get("pid"), record.get("pid_start"))

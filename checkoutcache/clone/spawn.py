@@ -50,6 +50,10 @@ _STARTED: list[subprocess.Popen] = []
 _WORKER_SERVER = None  # a WorkerServer (workserver.py) this process started, if any
 
 
+class WorkerServerGone(OSError):
+    """A request never reached the worker server: spawning a worker instead is safe."""
+
+
 def use_worker_server(server) -> None:
     """Start this process's workers through a pre-forked worker server (None: spawn them)."""
     global _WORKER_SERVER
@@ -68,8 +72,8 @@ def start_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
     if _WORKER_SERVER is not None:
         try:
             return _WORKER_SERVER.start_worker(root, paths.key, sha, lock_fd, config, credential, deaths)
-        except OSError:
-            pass  # the server is gone (killed): spawning still works, only slower
+        except WorkerServerGone:
+            pass  # the server is gone (killed) and has nothing of ours: spawning still works
     return _spawn_worker(root, paths, sha, lock_fd, config, credential, deaths)
 
 

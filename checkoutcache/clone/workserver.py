@@ -28,11 +28,13 @@ import threading
 
 import setproctitle
 
+from checkoutcache.clone.spawn import WorkerServerGone, _fork_worker
 from checkoutcache.config import Config
 from checkoutcache.credentials import Credential, credential_env, credential_from_env
 from checkoutcache.store.layout import RootPaths
 
 MAX_MESSAGE = 1 << 16
+ANSWER_WAIT = 10.0  # a fork takes milliseconds; a server stopped (SIGSTOP) must not hang serve
 
 
 class WorkerServer:
@@ -45,6 +47,7 @@ class WorkerServer:
             ours.close()
             _serve_forever(theirs)  # never returns
         theirs.close()
+        ours.settimeout(ANSWER_WAIT)
         self.pid = pid
         self._sock = ours
         self._lock = threading.Lock()  # serve's threads take turns on the one socket
@@ -56,11 +59,19 @@ class WorkerServer:
         with self._lock:
             try:
                 socket.send_fds(self._sock, [request], [lock_fd])
+            except OSError as exc:  # nothing was handed over: the caller may spawn instead
+                raise WorkerServerGone(f"the worker server is gone ({exc.strerror or exc})") from None
+            try:
                 answer = self._sock.recv(64)
-            except OSError as exc:
-                raise OSError(f"the worker server is gone ({exc.strerror or exc})") from None
-        if not answer or not answer.isdigit():
-            raise OSError("the worker server did not start the worker")
+            except OSError as exc:  # socket timeout included
+                answer = b""
+                detail = exc.strerror or str(exc)
+            else:
+                detail = "it did not answer"
+        if not answer.isdigit():
+            # The lock may have reached a worker: never start a second one. The commit
+            # is answered from its record (or found absent once the lock is free).
+            raise OSError(f"the worker server may not have started the worker ({detail})")
         return int(answer)
 
     def close(self) -> None:
@@ -81,8 +92,6 @@ def _serve_forever(sock: socket.socket) -> None:
         # Everything a worker imports, imported once here: a forked worker starts warm.
         import checkoutcache.clone.worker  # noqa: F401
         import checkoutcache.git.transport  # noqa: F401
-        from checkoutcache.clone.spawn import _fork_worker
-
         while True:
             try:
                 message, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 1)

@@ -221,7 +221,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             elif path == "/v1/status" and method == "GET":
                 self.send_json(200, service.status(grant))
             elif path == "/v1/gc" and method == "POST":
-                self.send_json(200, service.gc(self.params()))
+                self.send_json(200, service.gc(self.params(), grant=grant))
             elif path == "/v1/hold" and method == "POST":
                 self.send_json(*service.hold(self.params(), grant))
             elif path == "/v1/release" and method == "POST":

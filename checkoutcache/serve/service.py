@@ -186,7 +186,10 @@ class Service:
                 held.hold.release()
             self.holds.clear()
 
-    def gc(self, params: dict, from_api: bool = True) -> dict:
+    def gc(self, params: dict, from_api: bool = True, grant: Grant = ANONYMOUS) -> dict:
+        if from_api and grant.scopes is not None:
+            # gc spans every scope's repositories: a token limited to some may not run it.
+            raise CheckoutCacheError("FORBIDDEN_SCOPE", scope=",".join(sorted(grant.scopes))[:64] + " (gc runs on all)")
         config = self.config
         if from_api:  # a caller may only tighten the operator's limits
             config = tightened(self.config, self.config.with_overrides(**{k: params.get(k) for k in GC_SETTINGS}))

@@ -45,6 +45,7 @@ from checkoutcache.git.transport import pick_backend
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (
     GONE,
+    is_published,
     move_checkout_aside,
     Removal,
     Unremovable,
@@ -187,6 +188,15 @@ def record_unremovable(paths: RepoPaths, report: GcReport, now: float) -> None:
         records.remove_quietly(paths.unremovable_record)
 
 
+def still_damaged(paths: RepoPaths, sha: str):
+    """A recheck under the marker's exclusive lock: a clone may have replaced the
+    damaged checkout with a whole one since the inventory looked."""
+    def recheck(_last_use: float) -> str | None:
+        return None if not is_published(paths, sha) else "replaced-meanwhile"
+
+    return recheck
+
+
 def tidy(info: RepoInfo, report: GcReport) -> None:
     """Leftovers of dead processes: scratch, clone records, temp files, unmarked or damaged checkouts."""
     paths = info.paths
@@ -213,7 +223,7 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                 if report.dry_run:
                     report.removed.append(Removed("damaged", paths.key, checkout.sha, checkout.size))
                     continue
-                moved = move_checkout_aside(paths, checkout.sha, "damaged")
+                moved = move_checkout_aside(paths, checkout.sha, "damaged", still_damaged(paths, checkout.sha))
                 if moved.slot is not None:
                     remove_moved(paths, moved.slot, report,
                                  Removed("damaged", paths.key, checkout.sha, checkout.size))

@@ -42,6 +42,23 @@ def verify_checkout(paths: RepoPaths, sha: str, backend: GitBackend) -> dict:
             "held": locks.checkout_held(paths.ready_marker(sha))}
 
 
+def marker_identity(paths: RepoPaths, sha: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(paths.ready_marker(sha))
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def same_marker_as(paths: RepoPaths, sha: str, seen: tuple[int, int] | None):
+    """A recheck under the marker's exclusive lock: what is moved is the checkout
+    verify judged, not one a clone published meanwhile (a new marker)."""
+    def recheck(_last_use: float) -> str | None:
+        return None if marker_identity(paths, sha) == seen else "replaced-meanwhile"
+
+    return recheck
+
+
 def run_verify(root_paths: RootPaths, backend: GitBackend, key: str | None = None, sha: str | None = None,
                remove_broken: bool = False) -> dict:
     results = []
@@ -52,13 +69,15 @@ def run_verify(root_paths: RootPaths, backend: GitBackend, key: str | None = Non
         for commit in paths.checkout_shas():
             if sha is not None and commit != sha:
                 continue
+            seen = marker_identity(paths, commit)
             result = verify_checkout(paths, commit, backend)
             result["repo"] = repo_key
             if not result["ok"] and remove_broken:
                 # The clone lock (if free) lets an unmarked leftover go too; a running clone keeps it.
                 clone_lock = locks.clone_of(paths, commit)
                 try:
-                    moved = move_checkout_aside(paths, commit, "broken", clone_lock_held=clone_lock is not None)
+                    moved = move_checkout_aside(paths, commit, "broken", same_marker_as(paths, commit, seen),
+                                                clone_lock_held=clone_lock is not None)
                 finally:
                     if clone_lock is not None:
                         clone_lock.release()

@@ -1,0 +1,112 @@
+"""A real `checkoutcache serve` process for the tests, on 127.0.0.1 (or a Unix
+socket), with bearer tokens from a file: raw requests, the typed client, and
+the process's own figures."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from checkoutcache.client import Client
+
+from .daemons import free_port
+from .waiting import wait_until
+
+TOKEN = "tok-" + "a" * 28  # every scope
+SCOPED = "tok-" + "b" * 28  # scope team-a only
+SHORT_BACKOFF = {"CHECKOUTCACHE_BACKOFF": "0.1", "CHECKOUTCACHE_BACKOFF_MAX": "0.2"}
+
+
+class Serve:
+    def __init__(self, root: str, tmp_path, *extra: str, env: dict | None = None, unix: str | None = None,
+                 tokens: str | None = None):
+        self.root = root
+        self.port = free_port()
+        self.unix = unix
+        token_file = tmp_path / f"tokens-{self.port}"
+        token_file.write_text(tokens if tokens is not None else f"{TOKEN}\n{SCOPED} team-a\n")
+        ready = tmp_path / f"ready-{self.port}"
+        where = ["--unix", unix] if unix else ["--listen", f"127.0.0.1:{self.port}"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "serve", *where,
+                                      "--ready-file", str(ready), "--token-file", str(token_file), *extra],
+                                     env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+        def started() -> bool:
+            assert self.proc.poll() is None, self.proc.communicate()
+            return ready.exists()
+
+        wait_until(started, 30, "serve to write its ready file")
+
+    def client(self, token: str | None = TOKEN) -> Client:
+        if self.unix:
+            return Client(unix=self.unix, token=token)
+        return Client(f"http://127.0.0.1:{self.port}", token=token)
+
+    def connection(self) -> http.client.HTTPConnection:
+        if self.unix:
+            conn = http.client.HTTPConnection("localhost", timeout=60)
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(self.unix)
+            conn.sock = sock
+            return conn
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+
+    def request(self, method: str, path: str, body: dict | None = None, conn=None,
+                token: str | None = TOKEN) -> tuple[int, dict | str]:
+        """One request through http.client (JSON body); (status, parsed JSON or text)."""
+        own = conn is None
+        conn = conn or self.connection()
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            if data:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            response = conn.getresponse()
+            text = response.read().decode()
+            kind = response.getheader("Content-Type", "")
+            return response.status, json.loads(text) if kind.startswith("application/json") else text
+        finally:
+            if own:
+                conn.close()
+
+    def raw(self, data: bytes, timeout: float = 10) -> bytes:
+        """Send bytes as they are; the whole answer (until the server closes or goes quiet)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
+            sock.sendall(data)
+            chunks = []
+            try:
+                while chunk := sock.recv(65536):
+                    chunks.append(chunk)
+                    if _complete(b"".join(chunks)):
+                        break
+            except socket.timeout:
+                pass
+            return b"".join(chunks)
+
+    def vm_hwm_kib(self) -> int:
+        for line in open(f"/proc/{self.proc.pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmHWM")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(30)
+
+
+def _complete(data: bytes) -> bool:
+    head, separator, body = data.partition(b"\r\n\r\n")
+    if not separator:
+        return False
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":")[1])
+    return False
