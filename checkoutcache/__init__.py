@@ -19,7 +19,18 @@ The package, bottom layer first (each folder's __init__ says which file does wha
 - cli/, client   the command line; the sidecar's typed client
 """
 
-from checkoutcache.answers import Answer
-from checkoutcache.cache import Cache
-
 __all__ = ["Answer", "Cache"]
+
+
+def __getattr__(name: str):
+    # Imported on first use, so that `python -m checkoutcache` can answer a ready
+    # checkout before attrs is imported (cli/fast.py).
+    if name == "Cache":
+        from checkoutcache.cache import Cache
+
+        return Cache
+    if name == "Answer":
+        from checkoutcache.answers import Answer
+
+        return Answer
+    raise AttributeError(name)

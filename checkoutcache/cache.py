@@ -17,21 +17,16 @@ from typing import Callable
 from checkoutcache.answers import Answer, State
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE, RepoSpec, parse_commit, parse_repo
-from checkoutcache.store.layout import RepoPaths, RootPaths, default_root
+from checkoutcache.store.layout import RepoPaths, RootPaths, default_root, existing_key
 from checkoutcache.store.ready import open_marker_shared, record_use, touch_if_ready
 
 MAX_WAIT = 24 * 3600.0
 
 
 def store_key(root_paths: RootPaths, spec: RepoSpec) -> RepoSpec:
-    """The spec with the key of the store to use: a store made under an older
-    key for this spelling (layout v1 keyed spellings apart) goes on serving,
-    unless the repository's own store exists already."""
-    if spec.legacy_key is None or os.path.isdir(root_paths.repo(spec.key).base) \
-            or not os.path.isdir(root_paths.repo(spec.legacy_key).base):
-        return spec
-    return RepoSpec(url=spec.url, scope=spec.scope, key=spec.legacy_key, is_local=spec.is_local,
-                    credential=spec.credential)
+    """The spec with the key of the store to use (store/layout.py existing_key)."""
+    key = existing_key(root_paths, spec.key, spec.legacy_key)
+    return spec if key == spec.key else spec._replace(key=key, legacy_key=None)
 
 
 class Hold:

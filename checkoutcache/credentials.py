@@ -23,9 +23,8 @@ from __future__ import annotations
 import base64
 import re
 import urllib.parse
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
-import attrs
 
 USERNAME_VAR = "CHECKOUTCACHE_GIT_USERNAME"
 PASSWORD_VAR = "CHECKOUTCACHE_GIT_PASSWORD"
@@ -40,13 +39,18 @@ _HELPER = (f'!f() {{ test "$1" = get || exit 0; echo "username=${_HELPER_USERNAM
 DEFAULT_USERNAME = "x-access-token"
 
 
-@attrs.frozen
-class Credential:
-    """A username and secret for https fetches. Never written, never shown."""
+class Credential(NamedTuple):
+    """A username and secret for https fetches. Never written, never shown (its
+    repr hides both); hosts: the lower-case host or host:port names it may go to."""
 
-    username: str = attrs.field(repr=False)
-    password: str = attrs.field(repr=False)
-    hosts: tuple[str, ...] = ()  # lower-case host or host:port names it may be sent to
+    username: str
+    password: str
+    hosts: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"Credential(hosts={self.hosts!r})"
+
+    __str__ = __repr__
 
     def secrets(self) -> list[str]:
         return [self.username, self.password]

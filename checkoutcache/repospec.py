@@ -22,8 +22,7 @@ import hashlib
 import os
 import re
 import urllib.parse
-
-import attrs
+from typing import NamedTuple
 
 from checkoutcache.credentials import Credential, https_host, strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
@@ -43,13 +42,12 @@ _SCHEMES = {"https": 443, "ssh": 22, "git": 9418, "file": None}
 _SCHEME_ALIASES = {"git+ssh": "ssh", "ssh+git": "ssh"}
 
 
-@attrs.frozen
-class RepoSpec:
+class RepoSpec(NamedTuple):
     url: str
     scope: str
     key: str
     is_local: bool
-    credential: Credential | None = attrs.field(default=None, repr=False, eq=False)
+    credential: Credential | None = None  # its repr shows no secret
     # The key layout v1 gave this spelling, when it differs from `key`: a store
     # made under it keeps being used (see cache.py's store_key).
     legacy_key: str | None = None
@@ -169,7 +167,7 @@ def _url(raw: str, scheme: str) -> tuple[str, bool, Credential | None]:
         netloc += f":{port}"
     normalized = f"{scheme}://{user}{netloc}{path}".rstrip("/")
     if credential is not None:  # a credential in a URL goes to that URL's host only
-        credential = attrs.evolve(credential, hosts=(https_host(normalized),))
+        credential = credential._replace(hosts=(https_host(normalized),))
     return normalized, False, credential
 
 

@@ -38,10 +38,11 @@ def imported_by(*args: str) -> set[str]:
 
 
 # Budgets, in modules beyond a bare Python start: the CLI's ready answer and its slow path
-# (a new commit: the coordinator and a forked worker). Measured: 78 and 120 on this machine.
-READY_BUDGET, SLOW_BUDGET = 100, 160
+# (a new commit: the coordinator and a forked worker). Measured: 20 and 120 on this machine.
+READY_BUDGET, SLOW_BUDGET = 40, 160
 NEVER_ON_THE_READY_PATH = {"pygit2", "psutil", "subprocess", "checkoutcache.clone.coordinator",
-                           "checkoutcache.clone.worker", "prometheus_client", "setproctitle"}
+                           "checkoutcache.clone.worker", "prometheus_client", "setproctitle",
+                           "click", "attrs", "attr"}  # cli/fast.py answers before either
 NEVER_ON_THE_SLOW_PATH = {"pygit2", "portalocker", "prometheus_client", "checkoutcache.serve.http",
                           "checkoutcache.upkeep.gc", "uvicorn", "schemathesis"}
 
@@ -50,8 +51,25 @@ def test_cli_import_budgets(root, upstream):
     ready_sha, new_sha = upstream.shas[0], upstream.shas[1]
     assert Cache(root).ensure(upstream.path, ready_sha, wait=60).state == "ready"
     ready = imported_by("-m", "checkoutcache", "--root", root, "ensure", upstream.path, ready_sha)
-    assert "checkoutcache.store.ready" in ready, "the probe measured a ready answer"
+    assert "checkoutcache.store.ready" in ready and "checkoutcache.cli.fast" in ready, "a ready answer was measured"
     assert not ready & NEVER_ON_THE_READY_PATH and len(ready) <= READY_BUDGET, (len(ready), ready & NEVER_ON_THE_READY_PATH)
     slow = imported_by("-m", "checkoutcache", "--root", root, "ensure", upstream.path, new_sha, "--wait", "60")
     assert "checkoutcache.clone.coordinator" in slow, "the probe measured the slow path"
     assert not slow & NEVER_ON_THE_SLOW_PATH and len(slow) <= SLOW_BUDGET, (len(slow), slow & NEVER_ON_THE_SLOW_PATH)
+
+
+def test_the_fast_ready_answer_is_the_full_clis_answer(root, upstream):
+    """cli/fast.py answers a plain ensure of a ready checkout; the full CLI (reached
+    here with --wait 0) must say the same, for every scope and output form."""
+    from .helpers import run_cli
+
+    sha = upstream.shas[0]
+    for scope in ("default", "tenant-a"):
+        assert run_cli("ensure", upstream.path, sha, "--scope", scope, "--wait", "60", root=root)[0] == 0
+        fast = run_cli("ensure", upstream.path, sha, "--scope", scope, root=root)
+        full = run_cli("ensure", upstream.path, sha, "--scope", scope, "--wait", "0", root=root)
+        assert fast[0] == full[0] == 0 and fast[1] == full[1] and fast[1]["state"] == "ready"
+        assert run_cli("--json", "ensure", upstream.path, sha, "--scope", scope, root=root)[1] == full[1]
+    # Not ready, bad input, other commands: the full CLI answers (and the fast path wrote nothing).
+    assert run_cli("ensure", upstream.path, "main", root=root)[1]["error"] == "BAD_COMMIT"
+    assert run_cli("ensure", upstream.path, upstream.shas[1], root=root)[1]["state"] == "cloning"

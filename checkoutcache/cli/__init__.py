@@ -1,12 +1,23 @@
 """cli: the command line, `checkoutcache [--root DIR] [--json] COMMAND ...`.
 
-- commands.py  the click commands and `main` (the console script).
+- fast.py      the ready answer of `ensure`, before click and attrs are imported.
+- commands.py  the click commands and the full `main`.
 - output.py    how answers and reports read: one JSON object, or short text,
                a progress bar on a terminal.
 - execute.py   `exec`: a command run inside a held checkout.
 - demo.py      `demo`: the whole story on a repository built on the spot.
 """
 
-from checkoutcache.cli.commands import main
+import sys
 
-__all__ = ["main"]
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: the ready answer without click when it can (fast.py)."""
+    from checkoutcache.cli.fast import ready_answer
+
+    code = ready_answer(sys.argv[1:] if argv is None else argv)
+    if code is not None:
+        sys.exit(code)
+    from checkoutcache.cli.commands import main as full_cli
+
+    full_cli(argv)

@@ -166,6 +166,16 @@ def _commits_named(names: list[str], prefix: str, suffix: str) -> list[str]:
     return found
 
 
+def existing_key(root_paths: "RootPaths", key: str, legacy_key: str | None) -> str:
+    """The key of the store to use: a store made under an older key for this
+    spelling (layout v1 keyed some spellings apart) goes on serving, unless the
+    repository's own store exists already."""
+    if legacy_key is None or os.path.isdir(root_paths.repo(key).base) \
+            or not os.path.isdir(root_paths.repo(legacy_key).base):
+        return key
+    return legacy_key
+
+
 def default_root() -> str:
     """$CHECKOUTCACHE_ROOT, else $XDG_CACHE_HOME/checkoutcache, else ~/.cache/checkoutcache."""
     explicit = os.environ.get("CHECKOUTCACHE_ROOT")

@@ -1,0 +1,74 @@
+"""The CLI's ready answer, before click, attrs or anything else is imported.
+
+`checkoutcache [--root DIR] [--json] ensure REPO COMMIT [--scope NAME]` is the
+call made on nearly every tool call of every review. When its checkout is
+ready, this module answers it with the standard library and the package's
+small modules only (the same validation, key and marker check as Cache.ensure,
+the same output as the full CLI) and the process exits. Anything else (other
+commands, --wait, bad input, a checkout that is not ready) returns None, and
+the full CLI answers as it always does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def ready_answer(argv: list[str]) -> int | None:
+    request = _ensure_request(argv)
+    if request is None:
+        return None
+    root, as_json, repo, commit, scope = request
+    from checkoutcache.errors import CheckoutCacheError
+    from checkoutcache.repospec import parse_commit, parse_repo
+    from checkoutcache.store.layout import RootPaths, default_root, existing_key
+    from checkoutcache.store.ready import touch_if_ready
+
+    try:
+        sha = parse_commit(commit)
+        spec = parse_repo(repo, scope)
+    except CheckoutCacheError:
+        return None  # the full CLI explains what is wrong
+    root_paths = RootPaths(os.path.realpath(os.path.expanduser(root)) if root else default_root())
+    paths = root_paths.repo(existing_key(root_paths, spec.key, spec.legacy_key))
+    if not touch_if_ready(paths.ready_marker(sha)):
+        return None
+    path = paths.checkout(sha)
+    if as_json or not sys.stdout.isatty():
+        answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
+        sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(f"ready {path}\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str] | None:
+    """(root, as_json, repo, commit, scope) of a plain ensure, else None."""
+    args = list(argv)
+    root, as_json = None, False
+    while args and args[0] in ("--root", "--json"):
+        if args[0] == "--json":
+            as_json = True
+            del args[0]
+        elif len(args) >= 2:
+            root = args[1]
+            del args[:2]
+        else:
+            return None
+    if not args or args[0] != "ensure":
+        return None
+    scope, positional, rest = "default", [], args[1:]
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--scope" and rest:
+            scope = rest.pop(0)
+        elif arg.startswith("-"):
+            return None  # --wait, --help, anything else: the full CLI
+        else:
+            positional.append(arg)
+    if len(positional) != 2:
+        return None
+    return root, as_json, positional[0], positional[1], scope
