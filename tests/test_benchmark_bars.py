@@ -20,29 +20,40 @@ def run():
     return module
 
 
+def shape(serve: float = 1.0, cli: float = 0.9, first: float = 0.95) -> dict:
+    return {"new_commit": {"ratio_serve": serve, "ratio_cli_to_worktree_plus_python": cli},
+            "first_clone": {"ratio_to_mirror_plus_worktree": first}}
+
+
 GOOD = {
-    "ready": {"ratio_cli_to_python": 2.1},
-    "new_commit": {"ratio": 1.05, "ratio_library": 0.98},
-    "first_clone": {"ratio": 1.2},
-    "reviews": {"ours, grace > pause": {"errors": 0, "lost": 0},
-                "ours, grace < pause, exec": {"errors": 0, "lost": 0},
-                "old keep-newest-3": {"errors": 40, "lost": 12}},
+    "main_shape": "large",
+    "ready": {"ratio_cli_to_python": 1.9},
+    "shapes": {"small": shape(), "history": shape(), "large": shape()},
+    "reviews": {"ours, grace > pause": {"errors": 0, "lost": 0, "clones": 24, "distinct_commits": 23, "evictions": 6},
+                "ours, grace < pause, exec": {"errors": 0, "lost": 0, "clones": 30, "distinct_commits": 23,
+                                              "evictions": 7},
+                "old keep-newest-3": {"errors": 40, "lost": 12, "clones": 24}},
+    "scaling": {"bar": {"gc_seconds": 0.4, "status_seconds": 0.3}},
 }
 
 
 def test_all_bars_met_exits_zero(run):
     results = run.bars(GOOD)
-    assert len(results) == 8 and all(bar["met"] for bar in results)
+    # ready; 3 shapes x (serve, CLI, first ready); 2 review columns x 3; gc and status
+    assert len(results) == 1 + 9 + 6 + 2 and all(bar["met"] for bar in results)
     assert run.exit_status(results, check=True) == 0
 
 
 @pytest.mark.parametrize("path,value", [
-    (("ready", "ratio_cli_to_python"), 3.01),
-    (("new_commit", "ratio"), 1.16),
-    (("new_commit", "ratio_library"), 1.2),
-    (("first_clone", "ratio"), 1.31),
+    (("ready", "ratio_cli_to_python"), 2.01),
+    (("shapes", "small", "new_commit", "ratio_serve"), 1.06),
+    (("shapes", "history", "new_commit", "ratio_cli_to_worktree_plus_python"), 1.01),
+    (("shapes", "large", "first_clone", "ratio_to_mirror_plus_worktree"), 1.01),
     (("reviews", "ours, grace > pause", "lost"), 1),
     (("reviews", "ours, grace < pause, exec", "errors"), 2),
+    (("reviews", "ours, grace < pause, exec", "clones"), 31),
+    (("scaling", "bar", "gc_seconds"), 1.01),
+    (("scaling", "bar", "status_seconds"), 0.51),
 ])
 def test_any_missed_bar_exits_one_under_check(run, path, value):
     report = copy.deepcopy(GOOD)
@@ -58,5 +69,16 @@ def test_any_missed_bar_exits_one_under_check(run, path, value):
 
 def test_a_bar_exactly_at_its_limit_is_met(run):
     report = copy.deepcopy(GOOD)
-    report["new_commit"]["ratio"] = run.BAR_NEW_COMMIT
+    report["shapes"]["large"]["new_commit"]["ratio_serve"] = run.BAR_NEW_COMMIT_SERVE
+    report["reviews"]["ours, grace > pause"]["clones"] = 29
     assert run.exit_status(run.bars(report), check=True) == 0
+
+
+def test_bars_not_run_are_listed_never_met_and_do_not_fail_check(run):
+    report = copy.deepcopy(GOOD)
+    del report["shapes"]["history"]
+    del report["scaling"]
+    results = run.bars(report)
+    not_run = [bar["name"] for bar in results if bar["met"] is None]
+    assert len(not_run) == 4 and any("history" in name for name in not_run)
+    assert run.exit_status(results, check=True) == 0
