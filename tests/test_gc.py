@@ -358,3 +358,18 @@ def test_concurrent_ensure_during_gc_never_answers_a_missing_path(root, upstream
         gcs.wait(30)
     assert answers > 10
     assert len(publications) > len(upstream.shas), "gc evicted and ensure re-cloned during the run"
+
+
+def test_gc_removes_a_serve_journal_untouched_for_a_day(root, upstream):
+    from checkoutcache.store.layout import RootPaths
+
+    wait_ready(root, upstream.path, upstream.shas[0])
+    paths = RootPaths(root)
+    os.makedirs(paths.serve_dir, exist_ok=True)
+    old, fresh = paths.serve_journal(111), paths.serve_journal(222)
+    for journal in (old, fresh):
+        with open(journal, "w") as handle:
+            handle.write('{"event": "published"}\n')
+    os.utime(old, (time.time() - 2 * 86400,) * 2)
+    assert run_cli("gc", root=root)[0] == 0
+    assert not os.path.exists(old) and os.path.exists(fresh)

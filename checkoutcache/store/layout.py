@@ -11,7 +11,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     │   └── .health-<pid>-<n>      a probe file /healthz locks, writes and removes at once
     ├── serve/
     │   └── <pid>.journal          a running serve's clone journal: its workers append one
-    │                              JSON line per event; opened without following symlinks
+    │                              JSON line per event; opened without following symlinks;
+    │                              gc removes one untouched for a day (a serve gone)
     ├── unreachable/
     │   └── <key>.failed.json      a repository never reached: its first contact failed (code
     │                              UNREACHABLE, message, attempts, retry time). Until the retry

@@ -54,7 +54,7 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.create import make_dirs
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, disk_usage, inventory
-from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.layout import RepoPaths, RootPaths, entries
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
@@ -282,6 +282,25 @@ def forget_unreachable(root_paths: RootPaths, report: GcReport, now: float) -> N
             records.remove_quietly(path)
 
 
+STALE_JOURNAL_AGE = 86400.0
+
+
+def forget_stale_journals(root_paths: RootPaths, report: GcReport, now: float) -> None:
+    """A serve's journal left behind: written by a worker that outlived its serve
+    (O_APPEND|O_CREAT makes it anew), or by a serve killed. A running serve's
+    journal is written at every clone and truncated in place; one untouched for
+    a day is removed (a serve still running just gets a new one at its next clone)."""
+    if report.dry_run:
+        return
+    for name in entries(root_paths.serve_dir):
+        path = os.path.join(root_paths.serve_dir, name)
+        try:
+            if name.endswith(".journal") and now - os.lstat(path).st_mtime > STALE_JOURNAL_AGE:
+                records.remove_quietly(path)
+        except OSError:
+            continue
+
+
 def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
     """Drop the clone lock file and log of commits with no checkout, clone or failure.
 
@@ -397,6 +416,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     of its own ready answers); they count as used now, whatever the markers say."""
     report = GcReport(dry_run=dry_run)
     forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
+    forget_stale_journals(root_paths, report, time.time())
     if not os.path.isdir(root_paths.repos_dir):
         return report
     make_dirs(root_paths.locks_dir)
