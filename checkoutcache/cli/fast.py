@@ -16,7 +16,19 @@ import os
 import sys
 
 
+def hide_userinfo_in_argv(argv: list[str]) -> None:
+    """A token in a URL of our argv shows in /proc/<pid>/cmdline, and in every child's
+    between its fork and its exec (a git probe): retitle ourselves first thing."""
+    from checkoutcache.credentials import strip_userinfo
+
+    if any(strip_userinfo(arg) != arg for arg in argv):
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(["checkoutcache", *(strip_userinfo(arg) for arg in argv)]))
+
+
 def ready_answer(argv: list[str]) -> int | None:
+    hide_userinfo_in_argv(argv)
     request = _ensure_request(argv)
     if request is None:
         return None
