@@ -101,6 +101,10 @@ class Coordinator:
         now = time.time()
         if previous is not None and now < previous.retry_at:
             return self.failed(previous, now)
+        if self.fork_workers:  # the CLI: its argv is the caller's, and may carry a token
+            from checkoutcache.clone.spawn import hide_caller_secrets
+
+            hide_caller_secrets()
         try:
             pick_backend(self.config.transport).probe(self.spec.url, self.spec.is_local, self.credential,
                                                       self.config.probe_timeout)

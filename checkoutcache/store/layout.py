@@ -84,7 +84,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   ├── <sha>.size.json    the checkout's size and the last use it was measured at:
             │   │                      written at publish, measured again by gc only after a use.
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
-            │   │                      were dropped since (a repack is then due at the interval).
+            │   │                      were dropped since (a repack is then due at the interval);
+            │   │                      lfs_pending: an LFS prune of lfs/ could not run yet.
             │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
             │                          root, errno name, stuck since); gone when trash/ empties.
             ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted,
@@ -114,8 +115,9 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
     <key>/locks/scratch.lock  exclusive  a worker creating its scratch;       milliseconds
                                          gc reaping dead scratch
     scratch/.clone-*/owner.lock exclusive the scratch's owner                 the owner's life
-    <key>/locks/mirror.lock   exclusive  a worker's fetch and keep-ref;       the write (bounded
-                                         gc's keep-ref drop and repack        wait, then skip)
+    <key>/locks/mirror.lock   exclusive  a worker's fetch, keep-ref and LFS   the write (bounded
+                                         download; gc's keep-ref drop,        wait, then skip)
+                                         repack and LFS prune (lfs/)
     .git/checkoutcache-ready  shared     a ready answer (briefly); an exec    the answer / the
                                          or /v1/hold (the command's run)      command
                               exclusive  eviction, moving a checkout aside   one rename (never

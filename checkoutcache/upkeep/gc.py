@@ -374,12 +374,11 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             lfs_pending = not prune_lfs(paths, backend, entry)
         pending = bool(entry["refs_dropped"] or stamp.get("pending"))
         due = now - float(stamp.get("at", 0.0)) >= config.mirror_gc_interval
+        lfs_flag = {"lfs_pending": True} if lfs_pending else {}  # an LFS prune still to do
         if not pending and lfs_pending != bool(stamp.get("lfs_pending")):
-            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": False,
-                                                       "lfs_pending": lfs_pending})
+            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": False, **lfs_flag})
         if pending and not due:
-            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": True,
-                                                       "lfs_pending": lfs_pending})
+            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": True, **lfs_flag})
         elif pending:
             repacked = backend.repack(paths.mirror, (mirror_lock.fileno(),), config.clone_timeout,
                                       started=lambda: checkpoint("gc-during-repack"))
@@ -387,7 +386,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             if repacked is None:
                 entry["repack_skipped"] = f"the {backend.name} transport cannot repack"
             records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
-                                                       "pending": not repacked, "lfs_pending": lfs_pending})
+                                                       "pending": not repacked, **lfs_flag})
     report.mirrors.append(entry)
 
 
