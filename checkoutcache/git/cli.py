@@ -255,8 +255,8 @@ class GitCliBackend:
 
     def lfs_objects(self, mirror: str, sha: str) -> list[str]:
         done = self._run(["-C", mirror, "lfs", "ls-files", "--long", sha])
-        if done.returncode != 0:
-            raise lfs_failure(done.stderr, last_meaningful_line(done.stderr), [])
+        if done.returncode != 0:  # a local read of the mirror: classified like git's own failures
+            raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
         oids = {line.split()[0] for line in done.stdout.splitlines() if line.strip()}
         return sorted(oid for oid in oids if re.fullmatch(r"[0-9a-f]{64}", oid))
 
