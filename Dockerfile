@@ -8,9 +8,10 @@
 FROM python:3.11-slim-bookworm
 
 # git: the fast transport and checkout; tini: PID 1 that reaps detached clone
-# workers once they exit (they are reparented to PID 1); ssh for ssh:// remotes.
+# workers once they exit (they are reparented to PID 1); ssh for ssh:// remotes;
+# git-lfs: LFS files are checked out with their content (README "Git LFS").
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git openssh-client ca-certificates tini \
+ && apt-get install -y --no-install-recommends git git-lfs openssh-client ca-certificates tini \
  && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin checkoutcache \

@@ -38,6 +38,8 @@ class Answer:
     commit: str | None
     repo: str | None
     path: str | None = None
+    # Ready answers of commits with Git LFS files: "content", "pointers" or "off" (README "Git LFS").
+    lfs: str | None = None
     pid: int | None = None
     # The owner's PID namespace: its pid names the owner only in that namespace.
     pid_namespace: str | None = None

@@ -31,6 +31,9 @@ MAX_REPO_LEN = 2048
 # The domain tag of repository keys (store/layout.py draws where keys are used).
 REPO_KEY_DOMAIN = b"checkoutcache-repo-v1"
 DEFAULT_SCOPE = "default"
+# CHECKOUTCACHE_LFS: LFS content fetched (the default) or left as pointer files.
+LFS_ON, LFS_OFF = "on", "off"
+LFS_SETTING_VAR = "CHECKOUTCACHE_LFS"
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -51,6 +54,8 @@ class RepoSpec(NamedTuple):
     # The key layout v1 gave this spelling, when it differs from `key`: a store
     # made under it keeps being used (see cache.py's store_key).
     legacy_key: str | None = None
+    # CHECKOUTCACHE_LFS: a store holds checkouts made under one setting only.
+    lfs: str = LFS_ON
 
 
 def identity(url: str, is_local: bool) -> str:
@@ -105,8 +110,20 @@ def parse_scope(scope: object) -> str:
     return scope
 
 
-def repo_key(scope: str, url: str) -> str:
-    digest = hashlib.sha256(REPO_KEY_DOMAIN + b"\0" + scope.encode() + b"\0" + url.encode())
+def parse_lfs(value: object) -> str:
+    """The LFS setting: on (LFS files with their content) or off (pointer files)."""
+    text = str(value).strip().lower() if isinstance(value, str) else ""
+    if text not in (LFS_ON, LFS_OFF):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{LFS_SETTING_VAR} {_shown(str(value), 20)} is not on or off")
+    return text
+
+
+def repo_key(scope: str, url: str, lfs: str = LFS_ON) -> str:
+    """The store's key. A non-default LFS setting is part of it, so checkouts with
+    LFS content and checkouts with pointer files never share a path; the default
+    keeps the keys of stores made before the setting existed."""
+    tail = b"" if lfs == LFS_ON else b"\0lfs=" + lfs.encode()
+    digest = hashlib.sha256(REPO_KEY_DOMAIN + b"\0" + scope.encode() + b"\0" + url.encode() + tail)
     return digest.hexdigest()[:32]
 
 
@@ -171,9 +188,11 @@ def _url(raw: str, scheme: str) -> tuple[str, bool, Credential | None]:
     return normalized, False, credential
 
 
-def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None) -> RepoSpec:
-    """Validate and normalize a repository argument; raise CheckoutCacheError if bad."""
+def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None, lfs: str = LFS_ON) -> RepoSpec:
+    """Validate and normalize a repository argument; raise CheckoutCacheError if bad.
+    lfs: the CHECKOUTCACHE_LFS setting the checkouts are made under (part of the key when off)."""
     scope = parse_scope(scope)
+    lfs = parse_lfs(lfs)
     if not isinstance(raw, str) or raw == "":
         raise _bad("it is empty")
     if len(raw) > MAX_REPO_LEN:
@@ -198,8 +217,8 @@ def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None) 
         url, is_local = f"{user}{scp.group('host').lower()}:{path.rstrip('/')}", False
     else:
         url, is_local = _local(raw, cwd)
-    key = repo_key(scope, identity(url, is_local))
-    legacy = repo_key(scope, url)
+    key = repo_key(scope, identity(url, is_local), lfs)
+    legacy = repo_key(scope, url) if lfs == LFS_ON else key  # stores of layout v1 all had LFS on
     return RepoSpec(url=url, scope=scope, key=key, is_local=is_local, credential=credential,
-                    legacy_key=legacy if legacy != key else None)
+                    legacy_key=legacy if legacy != key else None, lfs=lfs)
 

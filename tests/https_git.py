@@ -5,12 +5,18 @@ http-backend` behind Basic authentication, with a certificate from a test CA
 The same server answers as `localhost` and as `127.0.0.1`, which git treats as
 two hosts: enough to prove that a credential bound to one never reaches the
 other. `/moved/<path>` redirects to the other host name.
+
+With `lfs_objects` (oid -> content) it also serves the Git LFS batch API at
+`/<repo>.git/info/lfs/objects/batch` (behind the same authentication) and the
+objects at `/lfs-objects/<oid>`, counting every download in `lfs_downloads`.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import http.server
+import json
 import os
 import shutil
 import ssl
@@ -26,6 +32,8 @@ class GitHttpsServer:
         self.project_root = project_root
         self.requests: list[dict] = []
         self.accept = accept
+        self.lfs_objects: dict[str, bytes] | None = None
+        self.lfs_downloads: collections.Counter[str] = collections.Counter()
         ca = trustme.CA()
         cert = ca.issue_cert("localhost", "127.0.0.1")
         self.ca_file = os.path.join(workdir, "test-ca.pem")
@@ -55,6 +63,9 @@ class GitHttpsServer:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                if server.lfs_objects is not None and self.path.startswith("/lfs-objects/"):
+                    self.lfs_download(self.path[len("/lfs-objects/"):])
+                    return
                 user = password = None
                 if auth and auth.startswith("Basic "):
                     user, _, password = base64.b64decode(auth[6:]).decode().partition(":")
@@ -65,6 +76,9 @@ class GitHttpsServer:
                     self.end_headers()
                     return
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if server.lfs_objects is not None and self.path.endswith("/info/lfs/objects/batch"):
+                    self.lfs_batch(body)
+                    return
                 path, _, query = self.path.partition("?")
                 env = {"PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": server.project_root,
                        "GIT_HTTP_EXPORT_ALL": "1", "PATH_INFO": path, "QUERY_STRING": query,
@@ -86,6 +100,36 @@ class GitHttpsServer:
                 self.send_response(status)
                 for name, value in headers:
                     self.send_header(name, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def lfs_batch(self, body: bytes) -> None:
+                request = json.loads(body)
+                host = self.headers.get("Host", "")
+                objects = []
+                for wanted in request.get("objects", []):
+                    oid, size = wanted["oid"], wanted["size"]
+                    if oid in server.lfs_objects:
+                        objects.append({"oid": oid, "size": size, "authenticated": True,
+                                        "actions": {"download": {"href": f"https://{host}/lfs-objects/{oid}"}}})
+                    else:
+                        objects.append({"oid": oid, "size": size,
+                                        "error": {"code": 404, "message": "Object does not exist"}})
+                self.reply(200, json.dumps({"transfer": "basic", "objects": objects}).encode(),
+                           "application/vnd.git-lfs+json")
+
+            def lfs_download(self, oid: str) -> None:
+                data = server.lfs_objects.get(oid)
+                if data is None:
+                    self.reply(404, b"", "text/plain")
+                    return
+                server.lfs_downloads[oid] += 1
+                self.reply(200, data, "application/octet-stream")
+
+            def reply(self, status: int, payload: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

@@ -105,7 +105,7 @@ def repo_key_in(ctx: Context, repo: str | None, scope: str) -> str | None:
     from checkoutcache.repospec import parse_repo
 
     cache = ctx.cache()
-    return store_key(cache.paths, parse_repo(repo, scope)).key
+    return store_key(cache.paths, parse_repo(repo, scope, lfs=cache.config.lfs)).key
 
 
 def fail(ctx: Context, exc: CheckoutCacheError) -> int:

@@ -34,22 +34,25 @@ def ready_answer(argv: list[str]) -> int | None:
         return None
     root, as_json, repo, commit, scope = request
     from checkoutcache.errors import CheckoutCacheError
-    from checkoutcache.repospec import parse_commit, parse_repo
+    from checkoutcache.repospec import LFS_ON, LFS_SETTING_VAR, parse_commit, parse_repo
     from checkoutcache.store.layout import RootPaths, default_root, existing_key
-    from checkoutcache.store.ready import touch_if_ready
+    from checkoutcache.store.ready import lfs_of, ready_record
 
     try:
         sha = parse_commit(commit)
-        spec = parse_repo(repo, scope)
+        spec = parse_repo(repo, scope, lfs=os.environ.get(LFS_SETTING_VAR) or LFS_ON)
     except CheckoutCacheError:
         return None  # the full CLI explains what is wrong
     root_paths = RootPaths(os.path.realpath(os.path.expanduser(root)) if root else default_root())
     paths = root_paths.repo(existing_key(root_paths, spec.key, spec.legacy_key))
-    if not touch_if_ready(paths.ready_marker(sha)):
+    record = ready_record(paths.ready_marker(sha))
+    if record is None:
         return None
     path = paths.checkout(sha)
     if as_json or not sys.stdout.isatty():
         answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
+        if lfs_of(record) is not None:
+            answer["lfs"] = lfs_of(record)
         sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
     else:
         sys.stdout.write(f"ready {path}\n")

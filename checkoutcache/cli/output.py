@@ -44,6 +44,8 @@ def fraction(progress: dict | None) -> float:
 
 def answer_text(answer: Answer) -> str:
     if answer.state == State.READY:
+        if answer.lfs in ("pointers", "off"):
+            return f"ready {answer.path}\n(LFS files are pointer files: lfs={answer.lfs}; see `checkoutcache status`)"
         return f"ready {answer.path}"
     if answer.state == State.CLONING:
         return (f"cloning {answer.commit} (pid {answer.pid}, since {answer.started_at}): "
@@ -139,6 +141,11 @@ def status_text(status: dict) -> str:
                          f"{f['retry_after']}s): {f['message']}")
         for s in repo["scratch"]:
             lines.append(f"  scratch {s['name']} ({'live' if s['owner_alive'] else 'dead'} owner)")
+        lfs = repo.get("lfs") or {}
+        if lfs.get("objects") or lfs.get("why") and any((lfs.get("checkouts") or {}).values()):
+            lines.append(f"  lfs {lfs.get('setting')}: {lfs.get('objects')} object(s), "
+                         f"{format_bytes(lfs.get('bytes') or 0)} in {lfs.get('store')}"
+                         + (f"; {lfs['why']}" if lfs.get("why") else ""))
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
     for u in status.get("unreachable", []):

@@ -96,12 +96,18 @@ def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: C
     return proc.pid
 
 
+def hide_caller_secrets() -> None:
+    """Our own argv may carry a token in a URL: clean it, so that no child we start
+    (a forked worker, or git in the instant between vfork and exec) ever shows it."""
+    setproctitle.setproctitle(redact(" ".join(sys.argv)))
+
+
 def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
                  credential: Credential | None, deaths: int, retitle_caller: bool = True) -> int:
     if retitle_caller:
         # A child starts with our argv, which may carry a token in a URL: clean ours
         # first, so that no instant of any child shows it.
-        setproctitle.setproctitle(redact(" ".join(sys.argv)))
+        hide_caller_secrets()
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:  # the middle child: a new session, then the worker, then gone

@@ -4,7 +4,8 @@ Started by `ensure` (see spawn.py) in its own session, it inherits the commit's
 clone lock and holds it for its whole life, so exactly one clone runs per
 commit and its death (even by SIGKILL) frees the commit at once. Steps:
 
-    scratch  -> mirror (fetch by id, fallback all refs; keep-ref)  -> checkout
+    scratch  -> mirror (fetch by id, fallback all refs; keep-ref; LFS objects into lfs/)
+             -> checkout (the LFS filter finds every object in lfs/)
              -> rename scratch tree to checkouts/<sha>  -> ready marker (last)
 
 On failure it records the code and back-off, removes its scratch and exits; a
@@ -33,10 +34,11 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git import mirror
-from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, keep_ref, not_a_commit,
-                                       review_refspec)
+from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, keep_ref, lfs_checkout_config,
+                                       lfs_endpoint, not_a_commit, review_refspec)
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
+from checkoutcache.repospec import LFS_OFF, LFS_ON
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (
     GONE,
@@ -84,6 +86,14 @@ class Worker:
         self.secrets = secrets_of(credential)
         info = records.read_json(paths.repo_json) or {}
         self.url = info.get("url", "")
+        self.is_local = bool(info.get("is_local", False))
+        # The store's LFS setting (repo.json; stores made before it existed: on).
+        self.lfs_setting = info.get("lfs", LFS_ON)
+        # What the ready answer will say of LFS files (None: the commit has none), why,
+        # and the checkout's LFS configuration when their content is there.
+        self.lfs_answer: str | None = None
+        self.lfs_why: str | None = None
+        self.lfs_config: dict[str, str] | None = None
         self.backend = pick_backend(config.transport)
         self.pid, self.pid_start = own_identity()
         self.started_at = time.time()
@@ -191,7 +201,7 @@ class Worker:
         self.on_progress({"phase": "checking out"})
         try:
             self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
-                                  self.log)
+                                  self.log, self.lfs_config)
         except CheckoutCacheError as exc:
             if exc.code == "DISK_FULL" or self.backend.objects_readable(self.paths.mirror, self.sha):
                 raise  # the tree itself cannot be checked out: no rebuild would help
@@ -201,11 +211,14 @@ class Worker:
             remove_tree(self.scratch.tree)
             self.fetch_into_mirror(rebuild=True)
             self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
-                                  self.log)
+                                  self.log, self.lfs_config)
         self.log("checked out")
+        if self.lfs_answer in ("pointers", LFS_OFF) and not self.backend.lfs_in_tree(self.scratch.tree):
+            self.lfs_answer = self.lfs_why = None  # no LFS files: nothing to say
         checkpoint("after-checkout")
+        lfs = {"lfs": self.lfs_answer, "lfs_why": self.lfs_why} if self.lfs_answer else {}
         with self._finishing:
-            published = publish(self.paths, self.scratch.tree, self.sha)
+            published = publish(self.paths, self.scratch.tree, self.sha, lfs)
             # Our record goes at once: its removal is the event a waiter wakes on
             # (store/watch.py); askers find the marker first from now on.
             records.remove_quietly(self.paths.clone_record(self.sha))
@@ -312,7 +325,36 @@ class Worker:
                 self.keep(self.sha, keep_fds)
             if rebuilt:
                 self.restore_borrowed_objects(keep_fds)
-        self.log("mirror has the commit")
+            self.log("mirror has the commit")
+            # Under the mirror lock: gc prunes lfs/ under it too, by the commits kept.
+            self.prepare_lfs(keep_fds)
+
+    def prepare_lfs(self, keep_fds: tuple[int, ...]) -> None:
+        """Decide how the commit's LFS files are checked out, and download their
+        objects into the repository's one LFS store (lfs/) first: only those it lacks,
+        so an object shared by several commits is downloaded once."""
+        self.lfs_config = None
+        if self.lfs_setting == LFS_OFF:
+            self.lfs_answer, self.lfs_why = LFS_OFF, "CHECKOUTCACHE_LFS=off"
+            return
+        reason = self.backend.lfs_unsupported()
+        if reason is not None:
+            self.lfs_answer, self.lfs_why = "pointers", reason
+            return
+        oids = self.backend.lfs_objects(self.paths.mirror, self.sha)
+        if not oids:
+            self.lfs_answer = self.lfs_why = None
+            return
+        missing = [oid for oid in oids if not os.path.isfile(self.paths.lfs_object(oid))]
+        self.log(f"{len(oids)} LFS object(s), {len(missing)} not in the store yet")
+        if missing:
+            self.on_progress({"phase": "fetching lfs objects"})
+            checkpoint("before-lfs-fetch")
+            self.write_mirror(lambda: self.backend.lfs_fetch(
+                self.paths.mirror, self.url, self.is_local, self.sha, self.paths.lfs_store, self.credential,
+                self.on_progress, self.log, keep_fds))
+        self.lfs_answer, self.lfs_why = "content", None
+        self.lfs_config = lfs_checkout_config(self.paths.lfs_store, lfs_endpoint(self.url, self.is_local))
 
     def fetch_from_review_refs(self, keep_fds: tuple[int, ...]) -> bool:
         """The commit is on no branch or tag, and the server refuses it by id (a

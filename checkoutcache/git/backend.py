@@ -47,6 +47,11 @@ MIRROR_CONFIG = {
 }
 CHECKOUT_CONFIG = {k: v for k, v in SAFE_CONFIG.items() if k not in ("protocol.ext.allow", "safe.directory")}
 CHECKOUT_CONFIG.update({"core.symlinks": "true", "core.filemode": "true"})
+# The one filter a checkout runs (README "Git LFS"): git-lfs's, and only when the
+# commit has LFS files and git-lfs is installed; the store (lfs.storage) and the
+# endpoint (lfs.url) are added per repository by lfs_checkout_config.
+LFS_FILTER = {"filter.lfs.process": "git-lfs filter-process", "filter.lfs.required": "true"}
+LFS_PROGRAM = "git-lfs"
 # Where the commits a mirror must keep are named: spelled here only.
 KEEP_PREFIX = "refs/keep/"
 # Fetched when an upstream refuses to hand out a commit by id.
@@ -62,6 +67,34 @@ def review_refspec(pattern: str) -> str:
 
 def keep_ref(sha: str) -> str:
     return KEEP_PREFIX + sha
+
+
+def lfs_endpoint(url: str, is_local: bool) -> str | None:
+    """The LFS endpoint of a repository, as git-lfs derives it from the URL: file://<path>
+    for a local repository, <url>.git/info/lfs for https. None for ssh:// and git://,
+    where git-lfs derives it itself from the URL it is given as the remote."""
+    if is_local:
+        return "file://" + url
+    if url.startswith("https://"):
+        base = url.rstrip("/")
+        return base + ("" if base.endswith(".git") else ".git") + "/info/lfs"
+    return None
+
+
+def lfs_checkout_config(store: str, endpoint: str | None) -> dict[str, str]:
+    """What a checkout with LFS content adds to CHECKOUT_CONFIG (in its .git/config, so the
+    review's own `git status` runs the same filter and finds the tree clean)."""
+    config = dict(LFS_FILTER)
+    config["lfs.storage"] = store
+    if endpoint is not None:
+        config["lfs.url"] = endpoint
+    return config
+
+
+def lfs_failure(text: str, detail: str, secrets: list[str]) -> CheckoutCacheError:
+    """A git-lfs download that failed: LFS_FAILED, unless the disk is full."""
+    code = "DISK_FULL" if _DISK_FULL.search(text) else "LFS_FAILED"
+    return CheckoutCacheError(code, detail=redact(detail, secrets), output=redact(text, secrets))
 
 
 class GitBackend(Protocol):
@@ -83,7 +116,17 @@ class GitBackend(Protocol):
                     timeout: float) -> dict[str, str]: ...
     def drop_refs_under(self, mirror: str, prefix: str) -> None: ...
     def repack(self, mirror: str, keep_fds: tuple[int, ...], timeout: float) -> bool | None: ...
-    def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log) -> None: ...
+    def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
+                 lfs: dict[str, str] | None = None) -> None: ...
+    # Git LFS (README "Git LFS"): why LFS content cannot be had (None: it can), the
+    # oids a commit's LFS files name, their download into the store, and whether a
+    # checked-out tree has LFS files (for the answer when their content is absent).
+    def lfs_unsupported(self) -> str | None: ...
+    def lfs_objects(self, mirror: str, sha: str) -> list[str]: ...
+    def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
+                  credential: Credential | None, on_progress: Progress, log: Log,
+                  keep_fds: tuple[int, ...] = ()) -> None: ...
+    def lfs_in_tree(self, tree_dir: str) -> bool: ...
     def deep_problems(self, checkout_dir: str, sha: str) -> list[str]: ...
 
 

@@ -9,7 +9,9 @@
   rewrites to a caching proxy, proxies, CA bundles. Local operations
   (checkout, keep-refs, repack) never read it.
 - Settings that execute code stay off whatever that file says: hooks
-  (core.hooksPath), fsmonitor. Filters never run: no checkout reads the file.
+  (core.hooksPath), fsmonitor. No checkout reads the file, so no filter of its
+  runs; the one filter a checkout runs is git-lfs's, enabled by our own config
+  (git/backend.py LFS_FILTER) only for commits with LFS files.
 - Nothing can prompt: GIT_TERMINAL_PROMPT=0 and ssh in batch mode.
 - Only safe transports: GIT_ALLOW_PROTOCOL also binds redirects and submodules.
 - A credential reaches git as a helper scoped to its host (credentials.py):

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 
 from checkoutcache.credentials import Credential, redact, secrets_of
+from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
     CHECKOUT_CONFIG,
     KEEP_PREFIX,
@@ -218,7 +219,38 @@ class Pygit2Backend:
             raise git_failure(text, text, secrets) from None
         log(f"received {stats.received_objects} objects, {stats.received_bytes} bytes")
 
-    def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log) -> None:
+    def lfs_unsupported(self) -> str | None:
+        return "the pygit2 transport does not run git-lfs (CHECKOUTCACHE_TRANSPORT=cli does)"
+
+    def lfs_objects(self, mirror: str, sha: str) -> list[str]:
+        return []
+
+    def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
+                  credential: Credential | None, on_progress: Progress, log: Log,
+                  keep_fds: tuple[int, ...] = ()) -> None:
+        raise CheckoutCacheError("LFS_FAILED", detail=self.lfs_unsupported())
+
+    def lfs_in_tree(self, tree_dir: str) -> bool:
+        """Whether a .gitattributes of the checkout names the LFS filter (an approximation
+        of git's attribute matching: enough to say that LFS content is absent)."""
+        import pygit2
+
+        try:
+            index = pygit2.Repository(tree_dir).index
+            names = [entry.path for entry in index if entry.path.rsplit("/", 1)[-1] == ".gitattributes"]
+        except _errors():
+            return False
+        for name in names:
+            try:
+                with open(os.path.join(tree_dir, name), "rb") as handle:
+                    if b"filter=lfs" in handle.read(1 << 20):
+                        return True
+            except OSError:
+                continue
+        return False
+
+    def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
+                 lfs: dict[str, str] | None = None) -> None:
         import pygit2
 
         try:

@@ -33,8 +33,9 @@ HELD = "held"
 GONE = "gone"
 
 
-def write_ready_marker(marker: str, sha: str, top: list[str]) -> None:
-    records.write_json(marker, {"commit": sha, "published_at": time.time(), "pid": os.getpid(), "top": top})
+def write_ready_marker(marker: str, sha: str, top: list[str], extra: dict | None = None) -> None:
+    records.write_json(marker, {"commit": sha, "published_at": time.time(), "pid": os.getpid(), "top": top,
+                                **(extra or {})})
 
 
 def is_published(paths: RepoPaths, sha: str) -> bool:
@@ -43,8 +44,9 @@ def is_published(paths: RepoPaths, sha: str) -> bool:
     return record is not None and looks_intact(paths.checkout(sha), record)
 
 
-def publish(paths: RepoPaths, tree: str, sha: str) -> bool:
-    """Rename the built tree to checkouts/<sha>, then write the ready marker.
+def publish(paths: RepoPaths, tree: str, sha: str, extra: dict | None = None) -> bool:
+    """Rename the built tree to checkouts/<sha>, then write the ready marker
+    (with extra: what the answer says of the checkout's LFS files).
 
     Returns False if another clone had already published (ours is discarded).
     Runs under the commit's clone lock, so a target without a marker can only be
@@ -68,7 +70,7 @@ def publish(paths: RepoPaths, tree: str, sha: str) -> bool:
             return False
         raise
     checkpoint("after-rename")
-    write_ready_marker(paths.ready_marker(sha), sha, top)
+    write_ready_marker(paths.ready_marker(sha), sha, top, extra)
     return True
 
 

@@ -72,7 +72,7 @@ def init_repo_store(root_paths: RootPaths, paths: RepoPaths, spec: RepoSpec) -> 
         if not os.path.exists(paths.repo_json):
             records.write_json(paths.repo_json, {
                 "url": spec.url, "scope": spec.scope, "is_local": spec.is_local,
-                "layout_version": LAYOUT_VERSION, "created_at": time.time()})
+                "layout_version": LAYOUT_VERSION, "created_at": time.time(), "lfs": spec.lfs})
         for directory in paths.all_dirs():
             make_dirs(directory)
     except OSError as exc:

@@ -26,12 +26,26 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │                      made one (repospec.identity): never a raw path, never
             │                      credentials. A store made under a key of layout v1 (which
             │                      kept `.git` and `user@host:path` spellings apart) is used on.
-            ├── repo.json          normalized URL (credentials removed) and scope. Written once,
-            │                      whole (temp file + rename), before anything else in <key>/.
+            │                      CHECKOUTCACHE_LFS=off adds NUL "lfs=off" after the identity:
+            │                      pointer-file checkouts never share a path with content ones
+            │                      (the default, on, keeps the keys stores had before).
+            ├── repo.json          normalized URL (credentials removed), scope, LFS setting.
+            │                      Written once, whole (temp file + rename), before anything
+            │                      else in <key>/.
             ├── mirror.git/        bare mirror: the object store every checkout borrows.
             │                      Written only under locks/mirror.lock (fetch, refs, repack).
             │                      refs/keep/<sha> exists for every checkout that exists or is
             │                      being made, so maintenance never drops objects one borrows.
+            │                      Its config names lfs/ as git-lfs's lfs.storage.
+            ├── lfs/               the repository's one Git LFS object store (git-lfs's
+            │   │                  lfs.storage for the mirror and for every checkout), so an
+            │   │                  object is downloaded once per store, not once per checkout.
+            │   ├── objects/<o1>/<o2>/<oid>  an LFS object, <oid> its sha256 (o1, o2: its first
+            │   │                  two pairs of hex digits). Downloaded by `git lfs fetch` into
+            │   │                  the mirror under locks/mirror.lock, before the checkout whose
+            │   │                  smudge filter copies it; removed by gc, under mirror.lock,
+            │   │                  when no commit kept in mirror.git (refs/keep/) references it.
+            │   └── tmp/           git-lfs's partial downloads (its own business).
             ├── checkouts/
             │   └── <sha>/         a published checkout: work tree plus a .git whose
             │       │              objects/info/alternates points at mirror.git/objects.
@@ -40,6 +54,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │       └── .git/checkoutcache-ready
             │                      the ready marker. Written (whole) last, checked first; a
             │                      checkout without it is not ready. Its mtime is the last use.
+            │                      It records the top-level names and, for a commit with LFS
+            │                      files, what the answer says of them (lfs, lfs_why).
             │                      Readers flock it shared (briefly, or for an exec's whole
             │                      run); the evictor flocks it exclusive to rename the checkout.
             ├── scratch/
@@ -69,7 +85,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   ├── <sha>.size.json    the checkout's size and the last use it was measured at:
             │   │                      written at publish, measured again by gc only after a use.
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
-            │   │                      were dropped since (a repack is then due at the interval).
+            │   │                      were dropped since (a repack is then due at the interval);
+            │   │                      lfs_pending: an LFS prune of lfs/ could not run yet.
             │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
             │                          root, errno name, stuck since); gone when trash/ empties.
             ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted,
@@ -99,8 +116,9 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
     <key>/locks/scratch.lock  exclusive  a worker creating its scratch;       milliseconds
                                          gc reaping dead scratch
     scratch/.clone-*/owner.lock exclusive the scratch's owner                 the owner's life
-    <key>/locks/mirror.lock   exclusive  a worker's fetch and keep-ref;       the write (bounded
-                                         gc's keep-ref drop and repack        wait, then skip)
+    <key>/locks/mirror.lock   exclusive  a worker's fetch, keep-ref and LFS   the write (bounded
+                                         download; gc's keep-ref drop,        wait, then skip)
+                                         repack and LFS prune (lfs/)
     .git/checkoutcache-ready  shared     a ready answer (briefly); an exec    the answer / the
                                          or /v1/hold (the command's run)      command
                               exclusive  eviction, moving a checkout aside   one rename (never
@@ -267,6 +285,29 @@ class RepoPaths:
     @property
     def mirror_objects(self) -> str:
         return os.path.join(self.base, "mirror.git", "objects")
+
+    @property
+    def lfs_store(self) -> str:
+        """git-lfs's lfs.storage: the repository's one LFS object store."""
+        return os.path.join(self.base, "lfs")
+
+    @property
+    def lfs_objects(self) -> str:
+        return os.path.join(self.base, "lfs", "objects")
+
+    def lfs_object(self, oid: str) -> str:
+        return os.path.join(self.base, "lfs", "objects", oid[0:2], oid[2:4], oid)
+
+    def lfs_object_oids(self) -> list[str]:
+        """The oids of the LFS objects the store holds (names of 64 hex digits where git-lfs puts them)."""
+        found = []
+        for first in entries(self.lfs_objects):
+            for second in entries(os.path.join(self.lfs_objects, first)):
+                for name in entries(os.path.join(self.lfs_objects, first, second)):
+                    if len(name) == 64 and name[0:2] == first and name[2:4] == second \
+                            and all(c in "0123456789abcdef" for c in name):
+                        found.append(name)
+        return found
 
     @property
     def checkouts_dir(self) -> str:

@@ -103,15 +103,28 @@ def record_use(marker_fd: int) -> None:
         pass
 
 
-def touch_if_ready(marker: str) -> bool:
-    """True if the checkout is published; its last use is then now."""
+def ready_record(marker: str) -> dict | None:
+    """The marker's record if the checkout is published (its last use is then now), else None."""
     fd = open_marker_shared(marker)
     if fd is None:
-        return False
+        return None
     try:
-        if not looks_intact(os.path.dirname(os.path.dirname(marker)), marker_record(fd)):
-            return False
+        record = marker_record(fd)
+        if not looks_intact(os.path.dirname(os.path.dirname(marker)), record):
+            return None
         record_use(fd)
-        return True
+        return record
     finally:
         os.close(fd)
+
+
+def touch_if_ready(marker: str) -> bool:
+    """True if the checkout is published; its last use is then now."""
+    return ready_record(marker) is not None
+
+
+def lfs_of(record: dict) -> str | None:
+    """What a ready answer says of the checkout's Git LFS files (None: the commit has none,
+    or the checkout was made before this was recorded)."""
+    value = record.get("lfs")
+    return value if value in ("content", "pointers", "off") else None

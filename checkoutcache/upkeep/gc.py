@@ -22,7 +22,10 @@ overlap, the second reports that it skipped):
    drop keep-refs of commits with neither a checkout nor a live clone,
    remove stale git lock files, and repack/prune at most every
    mirror_gc_interval so objects no checkout needs go away (a repack stays due
-   when refs were dropped by an earlier run, until it is done).
+   when refs were dropped by an earlier run, until it is done); when refs were
+   dropped, delete from lfs/ the Git LFS objects no kept commit references (the
+   commits of the remaining checkouts and of running clones, whose keep-refs
+   their workers made under this same lock before downloading).
 
 gc never holds a lock a ready answer waits on for longer than one rename.
 With dry_run nothing is changed: the report says what a real run would do.
@@ -40,6 +43,7 @@ from collections.abc import Iterator
 import attrs
 
 from checkoutcache.config import Config
+from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git import mirror
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.store import locks, records
@@ -394,10 +398,16 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             return
         entry["stale_locks"] = mirror.remove_stale_git_locks(paths.mirror)
         stamp = records.read_json(paths.mirror_gc_stamp) or {}
+        lfs_pending = False
+        if os.path.isdir(paths.lfs_objects) and (entry["refs_dropped"] or stamp.get("lfs_pending")):
+            lfs_pending = not prune_lfs(paths, backend, entry)
         pending = bool(entry["refs_dropped"] or stamp.get("pending"))
         due = now - float(stamp.get("at", 0.0)) >= config.mirror_gc_interval
+        lfs_flag = {"lfs_pending": True} if lfs_pending else {}  # an LFS prune still to do
+        if not pending and lfs_pending != bool(stamp.get("lfs_pending")):
+            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": False, **lfs_flag})
         if pending and not due:
-            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": True})
+            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": True, **lfs_flag})
         elif pending:
             repacked = backend.repack(paths.mirror, (mirror_lock.fileno(),), config.clone_timeout,
                                       started=lambda: checkpoint("gc-during-repack"))
@@ -405,8 +415,42 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             if repacked is None:
                 entry["repack_skipped"] = f"the {backend.name} transport cannot repack"
             records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
-                                                       "pending": not repacked})
+                                                       "pending": not repacked, **lfs_flag})
     report.mirrors.append(entry)
+
+
+def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
+    """Delete from lfs/ every LFS object no commit kept in the mirror references.
+    Caller holds the mirror lock: every clone's commit is kept (refs/keep/) before its
+    worker downloads under that lock, so a running clone's objects are always in use.
+    False when it could not tell what is used (then nothing is deleted, and a later
+    run tries again)."""
+    unsupported = backend.lfs_unsupported()
+    if unsupported is not None:
+        entry["lfs_skipped"] = unsupported
+        return False
+    used: set[str] = set()
+    try:
+        for sha in sorted(set(backend.kept(paths.mirror)) | set(paths.checkout_shas())):
+            used.update(backend.lfs_objects(paths.mirror, sha))
+    except CheckoutCacheError as exc:
+        entry["lfs_skipped"] = exc.detail or exc.code
+        return False
+    removed = freed = 0
+    for oid in paths.lfs_object_oids():
+        if oid in used:
+            continue
+        path = paths.lfs_object(oid)
+        try:
+            size = os.lstat(path).st_size
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        removed += 1
+        freed += size
+    entry["lfs_objects_removed"] = removed
+    entry["lfs_bytes_freed"] = freed
+    return True
 
 
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,

@@ -12,21 +12,47 @@ import time
 import attrs
 
 from checkoutcache.config import Config
+from checkoutcache.git.transport import pick_backend
+from checkoutcache.repospec import LFS_OFF, LFS_ON
 from checkoutcache.store import records
 from checkoutcache.store.inventory import RepoInfo, inventory
 from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.ready import lfs_of
 from checkoutcache.store.records import read_failure
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
 from checkoutcache.upkeep.gc import disk_of
 
 
+def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
+    """The repository's Git LFS state: its setting, what its checkouts hold, the store,
+    and why LFS content is absent when it is (README "Git LFS")."""
+    setting = (records.read_json(info.paths.repo_json) or {}).get("lfs", LFS_ON)
+    if setting == LFS_OFF:
+        why = "CHECKOUTCACHE_LFS=off: LFS files are checked out as pointer files"
+    else:
+        reason = pick_backend(config.transport).lfs_unsupported()
+        why = f"LFS files are checked out as pointer files: {reason}" if reason else None
+    counts = {value: sum(1 for c in checkouts if c.get("lfs") == value) for value in ("content", "pointers", "off")}
+    oids = info.paths.lfs_object_oids()
+    size = 0
+    for oid in oids:
+        try:
+            size += os.lstat(info.paths.lfs_object(oid)).st_size
+        except OSError:
+            pass
+    return {"setting": setting, "why": why, "checkouts": counts, "objects": len(oids), "bytes": size,
+            "store": info.paths.lfs_store}
+
+
 def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     checkouts = []
     for c in info.checkouts:
         entry = Entry(repo=info.key, sha=c.sha, last_used=c.last_used or 0.0, size=c.size, held=c.held)
+        marker = records.read_json(info.paths.ready_marker(c.sha)) or {}
         checkouts.append({
             "commit": c.sha, "path": c.path, "ready": c.ready, "intact": c.intact, "size": c.size,
+            "lfs": lfs_of(marker), "lfs_why": marker.get("lfs_why"),
             "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(idle_seconds(c.last_used, now)),
             "held": c.held, "protected": protection(entry, config.grace, now) if c.ready else None,
         })
@@ -38,7 +64,8 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     scratch = [{"name": s.name, "pid": s.pid, "commit": s.commit, "owner_alive": s.owner_alive or s.lock_held}
                for s in info.scratch]
     return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": checkouts,
-            "clones": clones, "failures": failures, "scratch": scratch, "stuck_in_trash": stuck_in_trash(info)}
+            "clones": clones, "failures": failures, "scratch": scratch, "stuck_in_trash": stuck_in_trash(info),
+            "lfs": lfs_status(info, config, checkouts)}
 
 
 def stuck_in_trash(info: RepoInfo) -> list[dict]:

@@ -1,0 +1,182 @@
+"""Git LFS (README "Git LFS"): LFS files are checked out with their content from one
+object store per repository (repos/<key>/lfs/), each object downloaded once per
+store; without git-lfs, with the pygit2 transport or with CHECKOUTCACHE_LFS=off
+they are pointer files and the answer says so; a missing object is LFS_FAILED;
+gc drops the objects no remaining checkout uses."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+
+import pytest
+
+from checkoutcache.store.layout import RootPaths
+
+from .helpers import grep_tree, make_idle, run_cli, wait_ready
+from .helpers.lfs import LfsUpstream, lfs_oid, pointer
+from .https_git import GitHttpsServer
+
+pytestmark = pytest.mark.skipif(shutil.which("git-lfs") is None, reason="git-lfs is not installed")
+
+TOKEN = "s3cr3t-" + secrets.token_hex(8)
+A, B, C, D = (bytes([n]) * 3000 + b"lfs object %d" % n for n in range(4))
+
+
+def only_store(root: str):
+    keys = RootPaths(root).repo_keys()
+    assert len(keys) == 1, keys
+    return RootPaths(root).repo(keys[0])
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def git_status(checkout: str) -> str:
+    return subprocess.run(["git", "-c", "safe.directory=*", "-C", checkout, "status", "--porcelain"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def lfs_server(tmp_path):
+    """An https git server on 127.0.0.1 that also serves the LFS batch API, counting downloads,
+    behind a token the environment gives for this host only."""
+    project_root = tmp_path / "srv"
+    project_root.mkdir()
+    server = GitHttpsServer(str(project_root), str(tmp_path), lambda user, password: password == TOKEN)
+    server.upstream = LfsUpstream(str(project_root / "repo"))
+    server.lfs_objects = server.upstream.objects
+    operator_config = tmp_path / "operator-gitconfig"
+    operator_config.write_text(f"[http]\n\tsslCAInfo = {server.ca_file}\n")
+    server.env = {"CHECKOUTCACHE_GIT_CONFIG": str(operator_config), "CHECKOUTCACHE_GIT_PASSWORD": TOKEN,
+                  "CHECKOUTCACHE_GIT_HOSTS": f"127.0.0.1:{server.port}"}
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def lfs_upstream(tmp_path) -> LfsUpstream:
+    return LfsUpstream(str(tmp_path / "upstream"))
+
+
+def test_each_object_is_downloaded_once_across_checkouts_of_several_commits(root, lfs_server):
+    up = lfs_server.upstream
+    first = up.commit_lfs({"a.bin": A, "b.bin": B}, {"README": "one\n"})
+    second = up.commit_lfs({"c.bin": C}, {"README": "two\n"})          # a, b, c
+    third = up.commit_lfs({"a.bin": D}, {"README": "three\n"})          # d (as a.bin), b, c
+    url = lfs_server.url("127.0.0.1", "repo")
+    paths = []
+    for sha in (first, second, third):
+        answer = wait_ready(root, url, sha, env=lfs_server.env)
+        assert answer["lfs"] == "content", answer
+        paths.append(answer["path"])
+    assert read(os.path.join(paths[0], "a.bin")) == A and read(os.path.join(paths[0], "b.bin")) == B
+    assert read(os.path.join(paths[1], "c.bin")) == C and read(os.path.join(paths[1], "a.bin")) == A
+    assert read(os.path.join(paths[2], "a.bin")) == D
+    # One download per object, whatever number of commits and checkouts use it.
+    assert dict(lfs_server.lfs_downloads) == {lfs_oid(data): 1 for data in (A, B, C, D)}
+    store = only_store(root)
+    assert sorted(store.lfs_object_oids()) == sorted(lfs_oid(data) for data in (A, B, C, D))
+    for path in paths:
+        assert git_status(path) == "", "the checkout's own filter config keeps `git status` clean"
+    # The token reached the LFS batch API through git's host-scoped helper, and is nowhere on disk.
+    assert any(r["path"].endswith("/info/lfs/objects/batch") and r["authorization"]
+               for r in lfs_server.requests)
+    assert grep_tree(root, TOKEN.encode()) == []
+    # Asked again: ready at once, nothing downloaded.
+    code, answer, _ = run_cli("ensure", url, second, root=root, env=lfs_server.env)
+    assert code == 0 and answer["lfs"] == "content"
+    assert sum(lfs_server.lfs_downloads.values()) == 4
+
+
+def test_an_object_missing_upstream_is_lfs_failed_and_nothing_is_published(root, lfs_upstream):
+    sha = lfs_upstream.commit_lfs({"a.bin": A}, upload=False)
+    code, answer, out = run_cli("ensure", lfs_upstream.path, sha, "--wait", "60", root=root,
+                                env={"CHECKOUTCACHE_BACKOFF": "30s"})
+    assert code == 1 and answer["error"] == "LFS_FAILED", (answer, out)
+    assert answer["retry_after"] > 0
+    store = only_store(root)
+    assert store.checkout_shas() == [] and os.listdir(store.scratch_dir) == []
+    # Within the back-off: answered from the record, no new attempt.
+    code, again, _ = run_cli("ensure", lfs_upstream.path, sha, root=root)
+    assert code == 1 and again["error"] == "LFS_FAILED"
+
+
+def path_without_git_lfs(tmp_path) -> str:
+    bin_dir = tmp_path / "bin-without-lfs"
+    bin_dir.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            target = os.path.join(directory, name)
+            if name != "git-lfs" and not (bin_dir / name).exists() and os.access(target, os.X_OK) \
+                    and os.path.isfile(target):
+                os.symlink(target, bin_dir / name)
+    return str(bin_dir)
+
+
+def test_without_git_lfs_checkouts_hold_pointers_and_say_so(root, lfs_upstream, tmp_path):
+    sha = lfs_upstream.commit_lfs({"a.bin": A}, {"README": "x\n"})
+    env = {"PATH": path_without_git_lfs(tmp_path)}
+    answer = wait_ready(root, lfs_upstream.path, sha, env=env)
+    assert answer["lfs"] == "pointers"
+    assert read(os.path.join(answer["path"], "a.bin")).decode() == pointer(A)
+    assert git_status(answer["path"]) == ""
+    code, status, _ = run_cli("status", root=root, env=env)
+    lfs = status["repos"][0]["lfs"]
+    assert lfs["setting"] == "on" and "git-lfs is not installed" in lfs["why"]
+    assert lfs["checkouts"]["pointers"] == 1 and status["repos"][0]["checkouts"][0]["lfs"] == "pointers"
+
+
+def test_a_commit_without_lfs_files_says_nothing_of_lfs(root, lfs_upstream, tmp_path):
+    sha = lfs_upstream.commit({"README": "plain\n"})
+    assert "lfs" not in wait_ready(root, lfs_upstream.path, sha)
+    other = LfsUpstream(str(tmp_path / "other"))
+    sha = other.commit({"README": "plain\n"})
+    assert "lfs" not in wait_ready(root, other.path, sha, env={"PATH": path_without_git_lfs(tmp_path)})
+
+
+def test_lfs_off_checks_out_pointers_at_another_path(root, lfs_upstream):
+    sha = lfs_upstream.commit_lfs({"a.bin": A})
+    default = wait_ready(root, lfs_upstream.path, sha)
+    off = wait_ready(root, lfs_upstream.path, sha, env={"CHECKOUTCACHE_LFS": "off"})
+    assert default["lfs"] == "content" and off["lfs"] == "off"
+    assert off["path"] != default["path"]
+    assert read(os.path.join(default["path"], "a.bin")) == A
+    assert read(os.path.join(off["path"], "a.bin")).decode() == pointer(A)
+    code, status, _ = run_cli("status", lfs_upstream.path, root=root, env={"CHECKOUTCACHE_LFS": "off"})
+    assert code == 0 and [r["lfs"]["setting"] for r in status["repos"]] == ["off"]
+    assert "CHECKOUTCACHE_LFS=off" in status["repos"][0]["lfs"]["why"]
+    code, answer, _ = run_cli("ensure", lfs_upstream.path, sha, root=root, env={"CHECKOUTCACHE_LFS": "maybe"})
+    assert code == 2 and answer["error"] == "BAD_ARGUMENT"
+
+
+def test_the_pygit2_transport_checks_out_pointers_and_says_so(root, lfs_upstream):
+    pytest.importorskip("pygit2")
+    sha = lfs_upstream.commit_lfs({"a.bin": A})
+    answer = wait_ready(root, lfs_upstream.path, sha, env={"CHECKOUTCACHE_TRANSPORT": "pygit2"})
+    assert answer["lfs"] == "pointers"
+    assert read(os.path.join(answer["path"], "a.bin")).decode() == pointer(A)
+
+
+def test_gc_drops_the_objects_only_evicted_checkouts_used(root, lfs_upstream):
+    old = lfs_upstream.commit_lfs({"a.bin": A, "b.bin": B})
+    new = lfs_upstream.commit_lfs({"a.bin": C})                           # c (as a.bin), b
+    old_path = wait_ready(root, lfs_upstream.path, old)["path"]
+    wait_ready(root, lfs_upstream.path, new)
+    store = only_store(root)
+    assert sorted(store.lfs_object_oids()) == sorted(lfs_oid(x) for x in (A, B, C))
+    make_idle(old_path, 7200)
+    code, report, out = run_cli("gc", "--max-checkouts", "1", root=root)
+    assert code == 0, out
+    assert [r["name"] for r in report["removed"]] == [old]
+    assert sorted(store.lfs_object_oids()) == sorted(lfs_oid(x) for x in (B, C)), report["mirrors"]
+    assert report["mirrors"][0]["lfs_objects_removed"] == 1
+    # The remaining checkout is untouched, and its commit checks out again from the store.
+    code, answer, _ = run_cli("ensure", lfs_upstream.path, old, "--wait", "60", root=root)
+    assert code == 0 and read(os.path.join(answer["path"], "b.bin")) == B
