@@ -43,6 +43,8 @@ class GitHttpsServer:
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = 10  # a client that stalls (or never finishes its TLS handshake) is dropped
+
             def log_message(self, *args) -> None:
                 pass
 
@@ -135,7 +137,9 @@ class GitHttpsServer:
                 self.wfile.write(payload)
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        # The handshake in the handler thread, not in accept(): a client that never finishes
+        # it (a killed git) must not stall the accepting thread, nor stop().
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
