@@ -40,6 +40,8 @@ class Answer:
     path: str | None = None
     # Ready answers of commits with Git LFS files: "content", "pointers" or "off" (README "Git LFS").
     lfs: str | None = None
+    # For a commit with submodules: "included" (their work trees) or "none" (the setting).
+    submodules: str | None = None
     pid: int | None = None
     # The owner's PID namespace: its pid names the owner only in that namespace.
     pid_namespace: str | None = None

@@ -16,9 +16,10 @@ from typing import Callable
 
 from checkoutcache.answers import Answer, State
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.repospec import DEFAULT_SCOPE, LFS_ON, LFS_SETTING_VAR, RepoSpec, parse_commit, parse_repo
+from checkoutcache.repospec import (DEFAULT_SCOPE, LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE,
+                                    SUBMODULES_SETTING_VAR, RepoSpec, parse_commit, parse_repo)
 from checkoutcache.store.layout import RepoPaths, RootPaths, default_root, existing_key
-from checkoutcache.store.ready import lfs_of, open_marker_shared, ready_record, record_use
+from checkoutcache.store.ready import lfs_of, open_marker_shared, ready_record, record_use, submodules_of
 
 MAX_WAIT = 24 * 3600.0
 
@@ -86,6 +87,12 @@ class Cache:
             return self._config.lfs
         return os.environ.get(LFS_SETTING_VAR) or LFS_ON
 
+    def submodules_setting(self) -> str:
+        """CHECKOUTCACHE_SUBMODULES, read as CHECKOUTCACHE_LFS is."""
+        if self._config is not None:
+            return self._config.submodules
+        return os.environ.get(SUBMODULES_SETTING_VAR) or SUBMODULES_RECURSIVE
+
     def ensure(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
                on_progress: Callable[[Answer], None] | None = None) -> Answer:
         """The commit's checkout: ready (with its path), cloning, or failed.
@@ -95,7 +102,7 @@ class Cache:
         """
         try:
             sha = parse_commit(commit)
-            spec = parse_repo(repo, scope, lfs=self.lfs_setting())
+            spec = parse_repo(repo, scope, lfs=self.lfs_setting(), submodules=self.submodules_setting())
             if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT \
                     or math.isnan(wait):
                 raise CheckoutCacheError("BAD_ARGUMENT", what=f"wait must be 0 to {MAX_WAIT:g} seconds")
@@ -105,7 +112,8 @@ class Cache:
         paths = self.paths.repo(spec.key)
         record = ready_record(paths.ready_marker(sha))
         if record is not None:
-            return Answer(state=State.READY, commit=sha, repo=spec.url, path=paths.checkout(sha), lfs=lfs_of(record))
+            return Answer(state=State.READY, commit=sha, repo=spec.url, path=paths.checkout(sha), lfs=lfs_of(record),
+                          submodules=submodules_of(record))
         from checkoutcache.clone.coordinator import Coordinator
 
         return Coordinator(self.paths, self.config, spec, sha, self.fork_workers).run(float(wait), on_progress)

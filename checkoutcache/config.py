@@ -12,7 +12,7 @@ from typing import Any, Callable
 import attrs
 
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.repospec import parse_lfs
+from checkoutcache.repospec import parse_lfs, parse_submodules
 from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size
 
 
@@ -85,6 +85,9 @@ class Config:
     transport: str = setting("auto", "CHECKOUTCACHE_TRANSPORT",
                              "Fetch and check out with the git CLI (cli), libgit2 (pygit2), or the CLI when installed (auto).",
                              _transport)
+    submodules: str = setting("recursive", "CHECKOUTCACHE_SUBMODULES",
+                              "Check out every submodule's work tree, nested ones too (recursive), or none. "
+                              "Checkouts made under each setting are kept apart.", parse_submodules)
     lfs: str = setting("on", "CHECKOUTCACHE_LFS",
                        "Check out Git LFS files with their content (on; needs git-lfs) or as pointer files (off). "
                        "Checkouts made under each setting are kept apart.", parse_lfs)

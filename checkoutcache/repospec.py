@@ -34,6 +34,8 @@ DEFAULT_SCOPE = "default"
 # CHECKOUTCACHE_LFS: LFS content fetched (the default) or left as pointer files.
 LFS_ON, LFS_OFF = "on", "off"
 LFS_SETTING_VAR = "CHECKOUTCACHE_LFS"
+SUBMODULES_RECURSIVE, SUBMODULES_NONE = "recursive", "none"
+SUBMODULES_SETTING_VAR = "CHECKOUTCACHE_SUBMODULES"
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -56,6 +58,7 @@ class RepoSpec(NamedTuple):
     legacy_key: str | None = None
     # CHECKOUTCACHE_LFS: a store holds checkouts made under one setting only.
     lfs: str = LFS_ON
+    submodules: str = SUBMODULES_RECURSIVE
 
 
 def identity(url: str, is_local: bool) -> str:
@@ -118,11 +121,21 @@ def parse_lfs(value: object) -> str:
     return text
 
 
-def repo_key(scope: str, url: str, lfs: str = LFS_ON) -> str:
-    """The store's key. A non-default LFS setting is part of it, so checkouts with
-    LFS content and checkouts with pointer files never share a path; the default
-    keeps the keys of stores made before the setting existed."""
+def parse_submodules(value: object) -> str:
+    """The submodules setting: recursive (every submodule's work tree) or none."""
+    text = str(value).strip().lower() if isinstance(value, str) else ""
+    if text not in (SUBMODULES_RECURSIVE, SUBMODULES_NONE):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{SUBMODULES_SETTING_VAR} {_shown(str(value), 20)} is not "
+                                                      f"recursive or none")
+    return text
+
+
+def repo_key(scope: str, url: str, lfs: str = LFS_ON, submodules: str = "recursive") -> str:
+    """The store's key. A non-default LFS or submodules setting is part of it, so
+    checkouts made under different settings never share a path; the defaults keep
+    the keys of stores made before the settings existed."""
     tail = b"" if lfs == LFS_ON else b"\0lfs=" + lfs.encode()
+    tail += b"" if submodules == SUBMODULES_RECURSIVE else b"\0submodules=" + submodules.encode()
     digest = hashlib.sha256(REPO_KEY_DOMAIN + b"\0" + scope.encode() + b"\0" + url.encode() + tail)
     return digest.hexdigest()[:32]
 
@@ -188,11 +201,13 @@ def _url(raw: str, scheme: str) -> tuple[str, bool, Credential | None]:
     return normalized, False, credential
 
 
-def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None, lfs: str = LFS_ON) -> RepoSpec:
+def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None, lfs: str = LFS_ON,
+               submodules: str = SUBMODULES_RECURSIVE) -> RepoSpec:
     """Validate and normalize a repository argument; raise CheckoutCacheError if bad.
     lfs: the CHECKOUTCACHE_LFS setting the checkouts are made under (part of the key when off)."""
     scope = parse_scope(scope)
     lfs = parse_lfs(lfs)
+    submodules = parse_submodules(submodules)
     if not isinstance(raw, str) or raw == "":
         raise _bad("it is empty")
     if len(raw) > MAX_REPO_LEN:
@@ -217,8 +232,9 @@ def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None, 
         url, is_local = f"{user}{scp.group('host').lower()}:{path.rstrip('/')}", False
     else:
         url, is_local = _local(raw, cwd)
-    key = repo_key(scope, identity(url, is_local), lfs)
-    legacy = repo_key(scope, url) if lfs == LFS_ON else key  # stores of layout v1 all had LFS on
+    key = repo_key(scope, identity(url, is_local), lfs, submodules)
+    # Stores of layout v1 all had the default settings.
+    legacy = repo_key(scope, url) if (lfs, submodules) == (LFS_ON, SUBMODULES_RECURSIVE) else key
     return RepoSpec(url=url, scope=scope, key=key, is_local=is_local, credential=credential,
-                    legacy_key=legacy if legacy != key else None, lfs=lfs)
+                    legacy_key=legacy if legacy != key else None, lfs=lfs, submodules=submodules)
 

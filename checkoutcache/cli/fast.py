@@ -34,13 +34,15 @@ def ready_answer(argv: list[str]) -> int | None:
         return None
     root, as_json, repo, commit, scope = request
     from checkoutcache.errors import CheckoutCacheError
-    from checkoutcache.repospec import LFS_ON, LFS_SETTING_VAR, parse_commit, parse_repo
+    from checkoutcache.repospec import (LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE, SUBMODULES_SETTING_VAR,
+                                        parse_commit, parse_repo)
     from checkoutcache.store.layout import RootPaths, default_root, existing_key
-    from checkoutcache.store.ready import lfs_of, ready_record
+    from checkoutcache.store.ready import lfs_of, ready_record, submodules_of
 
     try:
         sha = parse_commit(commit)
-        spec = parse_repo(repo, scope, lfs=os.environ.get(LFS_SETTING_VAR) or LFS_ON)
+        spec = parse_repo(repo, scope, lfs=os.environ.get(LFS_SETTING_VAR) or LFS_ON,
+                          submodules=os.environ.get(SUBMODULES_SETTING_VAR) or SUBMODULES_RECURSIVE)
     except CheckoutCacheError:
         return None  # the full CLI explains what is wrong
     root_paths = RootPaths(os.path.realpath(os.path.expanduser(root)) if root else default_root())
@@ -53,6 +55,8 @@ def ready_answer(argv: list[str]) -> int | None:
         answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
         if lfs_of(record) is not None:
             answer["lfs"] = lfs_of(record)
+        if submodules_of(record) is not None:
+            answer["submodules"] = submodules_of(record)
         sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
     else:
         sys.stdout.write(f"ready {path}\n")

@@ -26,7 +26,7 @@ from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists
 from checkoutcache.store.layout import RootPaths
-from checkoutcache.store.ready import lfs_of, touch_if_ready
+from checkoutcache.store.ready import lfs_of, submodules_of, touch_if_ready
 from checkoutcache.store.watch import StateWatch
 from checkoutcache.store.records import Failure, read_failure
 from checkoutcache.units import iso
@@ -56,7 +56,7 @@ class Coordinator:
     def ready(self) -> Answer:
         record = records.read_json(self.paths.ready_marker(self.sha)) or {}
         return Answer(state=State.READY, commit=self.sha, repo=self.spec.url, path=self.paths.checkout(self.sha),
-                      lfs=lfs_of(record))
+                      lfs=lfs_of(record), submodules=submodules_of(record))
 
     def failed(self, failure: Failure, now: float) -> Answer:
         return Answer(state=State.FAILED, commit=self.sha, repo=self.spec.url, error=failure.code,

@@ -25,6 +25,7 @@ import threading
 import time
 
 from checkoutcache.clone.decide import next_failure
+from checkoutcache.clone.submodules import ensure_in_store, populate, submodules_of
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
     Credential,
@@ -38,7 +39,7 @@ from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, kee
                                        lfs_endpoint, not_a_commit, review_refspec)
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
-from checkoutcache.repospec import LFS_OFF, LFS_ON
+from checkoutcache.repospec import LFS_OFF, LFS_ON, SUBMODULES_NONE, SUBMODULES_RECURSIVE
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (
     GONE,
@@ -89,6 +90,8 @@ class Worker:
         self.is_local = bool(info.get("is_local", False))
         # The store's LFS setting (repo.json; stores made before it existed: on).
         self.lfs_setting = info.get("lfs", LFS_ON)
+        self.scope = info.get("scope", "default")
+        self.submodules_setting = info.get("submodules", SUBMODULES_RECURSIVE)
         # What the ready answer will say of LFS files (None: the commit has none), why,
         # and the checkout's LFS configuration when their content is there.
         self.lfs_answer: str | None = None
@@ -217,8 +220,10 @@ class Worker:
             self.lfs_answer = self.lfs_why = None  # no LFS files: nothing to say
         checkpoint("after-checkout")
         lfs = {"lfs": self.lfs_answer, "lfs_why": self.lfs_why} if self.lfs_answer else {}
+        extra = {**lfs, **self.add_submodules()}
+        checkpoint("after-submodules")
         with self._finishing:
-            published = publish(self.paths, self.scratch.tree, self.sha, lfs)
+            published = publish(self.paths, self.scratch.tree, self.sha, extra)
             # Our record goes at once: its removal is the event a waiter wakes on
             # (store/watch.py); askers find the marker first from now on.
             records.remove_quietly(self.paths.clone_record(self.sha))
@@ -228,6 +233,31 @@ class Worker:
             if published:  # after the marker: readers never wait for this walk
                 record_size(self.paths, self.sha)
             self.cleanup()
+
+    def add_submodules(self) -> dict:
+        """The commit's submodules, checked out in our scratch tree (clone/submodules.py);
+        what the marker records of them ({} for a commit without submodules)."""
+        subs = submodules_of(self.backend, self.paths.mirror, self.sha, self.url)
+        if not subs:
+            return {}
+        if self.submodules_setting == SUBMODULES_NONE:
+            return {"submodules": "none"}
+        self.on_progress({"phase": "checking out submodules"})
+        root = self.paths.root
+        deadline = time.monotonic() + max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
+
+        def ensure(url: str, sha: str, wait: float) -> str:
+            return ensure_in_store(root, self.scope, url, sha, wait)
+
+        def checkout(where: str, key: str, sha: str) -> None:
+            mirror = RootPaths(root).repo(key).mirror_objects
+            self.backend.checkout(where, mirror, sha, lambda _update: None, self.log)
+
+        def submodules_at(key: str, url: str, sha: str):
+            return submodules_of(self.backend, RootPaths(root).repo(key).mirror, sha, url)
+
+        borrowed = populate(self.scratch.tree, subs, deadline, 1, ensure, checkout, submodules_at, self.log)
+        return {"submodules": "included", "borrows": borrowed}
 
     def ensure_mirror(self, rebuild: bool = False) -> bool:
         """Create the mirror if missing (built in our scratch, renamed into place).

@@ -177,6 +177,30 @@ class GitCliBackend:
             refs[ref.strip()] = sha.strip()
         return refs
 
+    def gitmodules(self, mirror: str, sha: str) -> dict[str, str]:
+        """path -> url of the commit's .gitmodules (git reads the blob; nothing runs)."""
+        done = self._run(["-C", mirror, "config", "--blob", f"{sha}:.gitmodules", "--null", "--get-regexp",
+                          r"^submodule\..*\.(path|url)$"])
+        if done.returncode != 0:
+            return {}
+        paths, urls = {}, {}
+        for entry in filter(None, done.stdout.split("\0")):
+            key, _, value = entry.partition("\n")
+            name, _, field = key[len("submodule."):].rpartition(".")
+            (paths if field == "path" else urls)[name] = value
+        return {path: urls[name] for name, path in paths.items() if name in urls}
+
+    def gitlinks(self, mirror: str, sha: str) -> dict[str, str]:
+        """path -> commit of every submodule entry (mode 160000) of the commit's tree."""
+        done = self._run(["-C", mirror, "ls-tree", "-r", "-z", sha])
+        links = {}
+        for entry in filter(None, done.stdout.split("\0")) if done.returncode == 0 else []:
+            meta, _, path = entry.partition("\t")
+            mode, kind, oid = meta.split()
+            if kind == "commit":
+                links[path] = oid
+        return links
+
     def drop_refs_under(self, mirror: str, prefix: str) -> None:
         listed = self._run(["-C", mirror, "for-each-ref", "--format=delete %(refname)", prefix])
         if listed.stdout.strip():

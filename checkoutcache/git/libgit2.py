@@ -108,6 +108,46 @@ class Pygit2Backend:
         return {head.name: str(head.oid) for head in heads
                 if any(fnmatch.fnmatchcase(head.name, p) for p in patterns)}
 
+    def gitmodules(self, mirror: str, sha: str) -> dict[str, str]:
+        import configparser
+
+        import pygit2
+
+        try:
+            data = pygit2.Repository(mirror).revparse_single(f"{sha}:.gitmodules").read_raw().decode("utf-8", "replace")
+        except _errors():
+            return {}
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        try:
+            parser.read_string(data)
+        except configparser.Error:
+            return {}
+        found = {}
+        for section in parser.sections():
+            if section.startswith("submodule ") and parser.has_option(section, "path") and \
+                    parser.has_option(section, "url"):
+                found[parser.get(section, "path").strip()] = parser.get(section, "url").strip()
+        return found
+
+    def gitlinks(self, mirror: str, sha: str) -> dict[str, str]:
+        import pygit2
+
+        links = {}
+        try:
+            repo = pygit2.Repository(mirror)
+            stack = [("", repo[sha].peel(pygit2.Tree))]
+            while stack:
+                prefix, tree = stack.pop()
+                for entry in tree:
+                    path = prefix + entry.name
+                    if entry.filemode == pygit2.enums.FileMode.COMMIT:
+                        links[path] = str(entry.id)
+                    elif entry.filemode == pygit2.enums.FileMode.TREE:
+                        stack.append((path + "/", repo[entry.id]))
+        except _errors():
+            return {}
+        return links
+
     def drop_refs_under(self, mirror: str, prefix: str) -> None:
         import pygit2
 

@@ -72,7 +72,8 @@ def init_repo_store(root_paths: RootPaths, paths: RepoPaths, spec: RepoSpec) -> 
         if not os.path.exists(paths.repo_json):
             records.write_json(paths.repo_json, {
                 "url": spec.url, "scope": spec.scope, "is_local": spec.is_local,
-                "layout_version": LAYOUT_VERSION, "created_at": time.time(), "lfs": spec.lfs})
+                "layout_version": LAYOUT_VERSION, "created_at": time.time(), "lfs": spec.lfs,
+                "submodules": spec.submodules})
         for directory in paths.all_dirs():
             make_dirs(directory)
     except OSError as exc:

@@ -34,6 +34,8 @@ class CheckoutInfo:
     last_used: float | None
     size: int
     held: bool
+    # (key, commit) of other repositories' mirrors whose objects it borrows (submodules)
+    borrows: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen
@@ -118,10 +120,13 @@ def checkout_info(paths: RepoPaths, sha: str, sizes: str = RECORDED_SIZES) -> Ch
         ready = True
     except (FileNotFoundError, NotADirectoryError):
         last_used, ready = None, False
-    intact = ready and looks_intact(path, records.read_json(marker) or {})
+    record = (records.read_json(marker) or {}) if ready else {}
+    intact = ready and looks_intact(path, record)
+    borrows = tuple((str(pair[0]), str(pair[1])) for pair in record.get("borrows") or []
+                    if isinstance(pair, list) and len(pair) == 2)
     return CheckoutInfo(sha=sha, path=path, ready=ready, intact=intact, last_used=last_used,
                         size=checkout_size(paths, sha, last_used, sizes) if ready else 0,
-                        held=ready and locks.checkout_held(marker))
+                        held=ready and locks.checkout_held(marker), borrows=borrows)
 
 
 def clone_infos(paths: RepoPaths) -> list[CloneInfo]:

@@ -52,7 +52,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │       │              Appears by one rename from scratch; leaves by one rename to
             │       │              trash/. Only its marker's mtime changes in between.
             │       └── .git/checkoutcache-ready
-            │                      the ready marker. Written (whole) last, checked first; a
+            │                      the ready marker (with what the answer says of LFS files and
+            │                      submodules, and the [key, commit] pairs of other repositories'
+            │                      mirrors its submodules borrow objects from: gc keeps their
+            │                      keep-refs). Written (whole) last, checked first; a
             │                      checkout without it is not ready. Its mtime is the last use.
             │                      It records the top-level names and, for a commit with LFS
             │                      files, what the answer says of them (lfs, lfs_why).

@@ -123,6 +123,12 @@ def touch_if_ready(marker: str) -> bool:
     return ready_record(marker) is not None
 
 
+def submodules_of(record: dict) -> str | None:
+    """What a ready answer says of the commit's submodules (None: it has none)."""
+    value = record.get("submodules")
+    return value if value in ("included", "none") else None
+
+
 def lfs_of(record: dict) -> str | None:
     """What a ready answer says of the checkout's Git LFS files (None: the commit has none,
     or the checkout was made before this was recorded)."""

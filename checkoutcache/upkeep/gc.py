@@ -368,7 +368,10 @@ def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool,
     return None, delete(paths, moved.slot, report)
 
 
-def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float) -> None:
+def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float,
+                    borrowed: frozenset[tuple[str, str]] = frozenset()) -> None:
+    """borrowed: (key, commit) pairs published checkouts of any repository borrow
+    objects from (submodules): their keep-refs stay whatever this store holds."""
     backend = pick_backend(config.transport)
     if not backend.is_usable(paths.mirror):
         return
@@ -382,7 +385,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
     with mirror_lock:
         for sha in backend.kept(paths.mirror):
             def unused(sha: str = sha) -> bool:
-                return not os.path.lexists(paths.checkout(sha))
+                return not os.path.lexists(paths.checkout(sha)) and (paths.key, sha) not in borrowed
 
             if not unused():
                 continue
@@ -509,9 +512,10 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         remaining = [e for e in entries if (e.repo, e.sha) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
+        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
         for info in repos:
             with going_on(report, info.paths, root_paths):
-                maintain_mirror(info.paths, config, report, now)
+                maintain_mirror(info.paths, config, report, now, borrowed)
             with going_on(report, info.paths, root_paths):
                 forget_old_deaths(info.paths, report)
                 forget_finished_commits(info.paths, report)
