@@ -105,6 +105,8 @@ def test_without_submodules_the_checkout_says_so_at_a_path_of_its_own(root, daem
     assert flat["submodules"] == "none" and os.listdir(os.path.join(flat["path"], "lib")) == []
     code, full, _ = run_cli("ensure", top_url, sha, "--wait", "120", root=root)
     assert code == 0 and full["submodules"] == "included" and full["path"] != flat["path"]
+    code, by_option, _ = run_cli("ensure", top_url, sha, "--submodules", "none", root=root)
+    assert code == 0 and by_option == flat  # the option is the setting's twin
 
 
 def test_gc_keeps_the_objects_a_checkout_borrows_from_a_submodule(root, daemon):

@@ -55,9 +55,21 @@ def parse_wait(value: str) -> float:
               help="Wait up to this long for a clone to finish (900, 15m...). Default: answer at once.")
 @click.option("--scope", default="default", metavar="NAME",
               help="Owner scope (tenant, deployment): distinct scopes never share a checkout.")
+@click.option("--submodules", type=click.Choice(["recursive", "none"]), default=None,
+              help="Check out submodules' work trees (recursive) or not (none). [env CHECKOUTCACHE_SUBMODULES; "
+                   "default recursive]")
+@click.option("--lfs", type=click.Choice(["on", "off"]), default=None,
+              help="Git LFS files with their content (on) or as pointers (off). [env CHECKOUTCACHE_LFS; default on]")
 @pass_context
-def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str) -> int:
+def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str, submodules: str | None,
+           lfs: str | None) -> int:
     """Answer ready (with the path), cloning, or failed for COMMIT of REPO."""
+    import os
+
+    # The options are the settings' twins: set as the environment the cache and its worker read.
+    for value, variable in ((submodules, "CHECKOUTCACHE_SUBMODULES"), (lfs, "CHECKOUTCACHE_LFS")):
+        if value is not None:
+            os.environ[variable] = value
     try:
         seconds = parse_wait(wait)
     except CheckoutCacheError as exc:
@@ -241,7 +253,8 @@ def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...],
               help="Holds at most per token.")
 @click.option("--max-wait", default="10m", metavar="DURATION", show_default=True,
               help="The longest `wait` a request may ask for (longer ones are cut to it).")
-@config_options("max_checkouts", "max_bytes", "min_free", "free_headroom", "max_age", "grace", "mirror_gc_interval")
+@config_options("max_checkouts", "max_bytes", "min_free", "free_headroom", "max_age", "grace", "mirror_gc_interval",
+                "submodules", "lfs")
 @pass_context
 def serve(ctx: Context, listen: str, unix_socket: str | None, allow_remote: bool, gc_interval: str,
           ready_file: str | None, token_file: str | None, allow_repo: tuple[str, ...], allow_local: bool,
