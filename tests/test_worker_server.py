@@ -58,5 +58,6 @@ def test_serve_forks_workers_from_its_worker_server_and_falls_back_to_spawn(root
         seen = command_lines_during(lambda: client.ensure(upstream.path, second, wait=60))
         assert any("checkoutcache.clone.worker" in line and second in line for line in seen)
         assert client.ensure(upstream.path, second).state == "ready"
+        assert not psutil.pid_exists(servers[0].pid), "serve collected its dead worker server"
     finally:
         assert running.stop() == 0

@@ -73,7 +73,7 @@ def start_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
         try:
             return _WORKER_SERVER.start_worker(root, paths.key, sha, lock_fd, config, credential, deaths)
         except WorkerServerGone:
-            pass  # the server is gone (killed) and has nothing of ours: spawning still works
+            _WORKER_SERVER.reap()  # gone (killed) with nothing of ours: spawning still works
     return _spawn_worker(root, paths, sha, lock_fd, config, credential, deaths)
 
 

@@ -74,6 +74,13 @@ class WorkerServer:
             raise OSError(f"the worker server may not have started the worker ({detail})")
         return int(answer)
 
+    def reap(self) -> None:
+        """Collect the server if it died (killed): it must not stay a zombie."""
+        try:
+            os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
     def close(self) -> None:
         self._sock.close()  # the server reads EOF and exits
         try:
