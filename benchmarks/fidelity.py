@@ -135,7 +135,10 @@ def git(*args: str, cwd: str) -> str:
 
 def touch_files(repo: str, rng: random.Random, count: int, step: int) -> list[str]:
     paths = [p for p in git("ls-files", "-s", cwd=repo).splitlines() if p.startswith("100644")]
-    chosen = rng.sample([p.split("\t", 1)[1] for p in paths], count)
+    # make_repo's files only: never .gitmodules, .gitattributes or an LFS pointer
+    generated = [p.split("\t", 1)[1] for p in paths]
+    chosen = rng.sample([p for p in generated if not os.path.basename(p).startswith(".")
+                         and not p.endswith(".bin")], count)
     for path in chosen:
         with open(os.path.join(repo, path), "wb") as handle:
             handle.write(make_repo.file_content(rng, 4096) + f"step {step}\n".encode())
