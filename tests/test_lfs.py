@@ -15,7 +15,7 @@ import pytest
 
 from checkoutcache.store.layout import RootPaths
 
-from .helpers import grep_tree, make_idle, run_cli, wait_ready
+from .helpers import Upstream, grep_tree, make_idle, run_cli, wait_ready
 from .helpers.lfs import LfsUpstream, lfs_oid, pointer
 from .https_git import GitHttpsServer
 
@@ -180,3 +180,39 @@ def test_gc_drops_the_objects_only_evicted_checkouts_used(root, lfs_upstream):
     # The remaining checkout is untouched, and its commit checks out again from the store.
     code, answer, _ = run_cli("ensure", lfs_upstream.path, old, "--wait", "60", root=root)
     assert code == 0 and read(os.path.join(answer["path"], "b.bin")) == B
+
+
+def test_a_repositorys_lfsconfig_never_redirects_the_download(root, daemon):
+    """The LFS endpoint comes from the repository URL, pinned on our command line: an
+    .lfsconfig pointing elsewhere (here a plain-http listener) is never contacted."""
+    import http.server
+    import threading
+
+    hits = []
+
+    class Listener(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            hits.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST
+
+    evil = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Listener)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    try:
+        upstream = Upstream(os.path.join(daemon.base, f"lfsconfig-{os.urandom(3).hex()}"))
+        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{'ab' * 32}\nsize 12\n"
+        sha = upstream.commit({".gitattributes": "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+                               ".lfsconfig": f"[lfs]\n\turl = http://127.0.0.1:{evil.server_address[1]}/evil\n",
+                               "data.bin": pointer})
+        code, answer, _ = run_cli("ensure", daemon.url(os.path.basename(upstream.path)), sha, "--wait", "60",
+                                  root=root)
+        assert code == 1 and answer["error"] == "LFS_FAILED", answer
+        assert hits == [], f"the .lfsconfig endpoint was contacted: {hits}"
+    finally:
+        evil.shutdown()

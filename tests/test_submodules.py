@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from .helpers import Upstream, git, run_cli
+from .helpers import Serve, Upstream, git, run_cli
 
 
 def with_submodule(upstream: Upstream, path: str, url: str, sha: str, message: str = "submodule") -> str:
@@ -127,3 +127,26 @@ def test_gc_keeps_the_objects_a_checkout_borrows_from_a_submodule(root, daemon):
     lib = os.path.join(answer["path"], "lib")
     assert git("cat-file", "-p", f"{sub_sha}:lib.txt", cwd=lib) == "kept"
     assert git("status", "--porcelain", cwd=answer["path"]) == ""
+
+
+def test_a_gitmodules_may_not_name_a_local_path_or_a_repository_the_api_may_not(root, daemon, tmp_path):
+    secret = Upstream(str(tmp_path / "secret"))
+    secret_sha = secret.commit({"key.txt": "TOPSECRET\n"})
+    top, top_url = served(daemon, "top")
+    top.commit({"README.md": "top\n"})
+    local = with_submodule(top, "s", secret.path, secret_sha)
+    code, answer, _ = run_cli("ensure", top_url, local, "--wait", "120", root=root)
+    assert code == 1 and answer["error"] == "SUBMODULE_FAILED" and "local path" in answer["message"], answer
+    # Through the sidecar: a .gitmodules names only what the API itself may name.
+    other, _ = served(daemon, "other")
+    other_sha = other.commit({"x.txt": "x\n"})
+    remote = with_submodule(top, "o", f"../{os.path.basename(other.path)}", other_sha, "other")
+    running = Serve(root, tmp_path, "--allow-repo", f"{daemon.url('top-')}*")
+    try:
+        answer = running.client().ensure(top_url, remote, wait=120)
+        assert answer.error == "SUBMODULE_FAILED" and "matches no allowed pattern" in answer.message, answer
+    finally:
+        running.stop()
+    from .helpers import grep_tree
+
+    assert grep_tree(root, b"TOPSECRET") == [], "the local repository's content never reached the store"

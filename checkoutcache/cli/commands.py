@@ -117,7 +117,8 @@ def repo_key_in(ctx: Context, repo: str | None, scope: str) -> str | None:
     from checkoutcache.repospec import parse_repo
 
     cache = ctx.cache()
-    return store_key(cache.paths, parse_repo(repo, scope, lfs=cache.config.lfs)).key
+    spec = parse_repo(repo, scope, lfs=cache.lfs_setting(), submodules=cache.submodules_setting())
+    return store_key(cache.paths, spec).key
 
 
 def fail(ctx: Context, exc: CheckoutCacheError) -> int:

@@ -22,6 +22,7 @@ populated is ever published.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import posixpath
@@ -37,6 +38,11 @@ from checkoutcache.repospec import parse_repo
 
 # Deeper than this is a cycle (a repository that is its own submodule) or abuse.
 MAX_DEPTH = 8
+# The sidecar's policy on repositories, handed to its workers (and their nested
+# ensures) through their environment: a .gitmodules names no repository the API
+# could not name itself.
+POLICY_REPOS_VAR = "CHECKOUTCACHE_SUBMODULE_REPOS"  # comma-separated patterns; unset: any
+POLICY_LOCAL_VAR = "CHECKOUTCACHE_SUBMODULE_LOCAL"  # "0": no local paths
 
 
 class Submodule(NamedTuple):
@@ -82,19 +88,39 @@ def submodules_of(backend, mirror: str, sha: str, super_url: str) -> list[Submod
     return found
 
 
-def ensure_in_store(root: str, scope: str, url: str, sha: str, wait: float) -> str:
+def check_allowed(spec, super_is_local: bool) -> None:
+    """What a .gitmodules may name: a local path (or file://) only from a local
+    superproject (as git's protocol.file.allow=user) and where the sidecar's
+    policy allows local paths; a URL only where the policy's patterns allow it."""
+    if spec.is_local and not (super_is_local and os.environ.get(POLICY_LOCAL_VAR, "1") == "1"):
+        raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why="a submodule of a remote repository (or through the "
+                                                             "API) may not name a local path")
+    patterns = [p for p in os.environ.get(POLICY_REPOS_VAR, "").split(",") if p]
+    if patterns and not any(fnmatch.fnmatchcase(spec.url, p) for p in patterns):
+        raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why=f"{spec.url[:200]} matches no allowed pattern")
+
+
+def ensure_in_store(root: str, scope: str, url: str, sha: str, wait: float, super_is_local: bool = False) -> str:
     """Make the submodule's commit ready in its own repository's store, as any
     caller would (`checkoutcache ensure`); returns that repository's key."""
+    if url.startswith("~"):
+        raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why="a submodule may not name a path in a home directory")
     spec = parse_repo(url, scope, cwd="/")  # transport rules, credentials split off: before anything runs
+    check_allowed(spec, super_is_local)
     env = {k: v for k, v in os.environ.items()}
     env.update(credential_env(spec.credential))  # a token of the URL goes by environment, never argv
-    done = subprocess.run([sys.executable, "-m", "checkoutcache", "--root", root, "--json", "ensure", spec.url, sha,
-                           "--scope", scope, "--wait", f"{max(1.0, wait):.0f}"], capture_output=True, text=True,
-                          env=env, stdin=subprocess.DEVNULL, cwd="/", timeout=max(1.0, wait) + 60)
+    try:
+        done = subprocess.run([sys.executable, "-m", "checkoutcache", "--root", root, "--json", "ensure", spec.url,
+                               sha, "--scope", scope, "--wait", f"{max(1.0, wait):.0f}"], capture_output=True,
+                              text=True, env=env, stdin=subprocess.DEVNULL, cwd="/", timeout=max(1.0, wait) + 60)
+    except subprocess.TimeoutExpired:
+        raise CheckoutCacheError("TIMEOUT", limit=f"{max(1.0, wait):.0f}s") from None
     try:
         answer = json.loads(done.stdout)
     except ValueError:
         raise CheckoutCacheError("CLONE_FAILED", detail="the submodule's ensure answered no JSON") from None
+    if answer.get("state") == "cloning":
+        raise CheckoutCacheError("TIMEOUT", limit=f"{max(1.0, wait):.0f}s")
     if answer.get("state") != "ready":
         raise CheckoutCacheError("CLONE_FAILED", detail=f"{answer.get('error')}: {answer.get('message')}")
     return os.path.basename(os.path.dirname(os.path.dirname(answer["path"])))

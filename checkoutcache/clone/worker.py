@@ -50,7 +50,7 @@ from checkoutcache.store.checkouts import (
     remove_tree,
     to_trash,
 )
-from checkoutcache.store.inventory import record_size
+from checkoutcache.store.inventory import NO_SIZES, inventory, record_size
 from checkoutcache.store.layout import CLONE_LOG_CAP, FILE_MODE, RepoPaths, RootPaths
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
@@ -237,17 +237,18 @@ class Worker:
     def add_submodules(self) -> dict:
         """The commit's submodules, checked out in our scratch tree (clone/submodules.py);
         what the marker records of them ({} for a commit without submodules)."""
+        if self.submodules_setting == SUBMODULES_NONE:
+            # Only whether the commit has submodules, for the answer: nothing else is read.
+            return {"submodules": "none"} if self.backend.gitmodules(self.paths.mirror, self.sha) else {}
         subs = submodules_of(self.backend, self.paths.mirror, self.sha, self.url)
         if not subs:
             return {}
-        if self.submodules_setting == SUBMODULES_NONE:
-            return {"submodules": "none"}
         self.on_progress({"phase": "checking out submodules"})
         root = self.paths.root
         deadline = time.monotonic() + max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
 
         def ensure(url: str, sha: str, wait: float) -> str:
-            return ensure_in_store(root, self.scope, url, sha, wait)
+            return ensure_in_store(root, self.scope, url, sha, wait, super_is_local=self.is_local)
 
         def checkout(where: str, key: str, sha: str) -> None:
             mirror = RootPaths(root).repo(key).mirror_objects
@@ -299,8 +300,14 @@ class Worker:
         self.write_mirror(lambda: self.backend.keep(self.paths.mirror, sha, keep_fds))
 
     def restore_borrowed_objects(self, keep_fds: tuple[int, ...]) -> None:
-        """After a rebuild, fetch back the commits existing checkouts borrow from the mirror."""
-        shas = [sha for sha in self.paths.checkout_shas() if sha != self.sha]
+        """After a rebuild, fetch back the commits existing checkouts borrow from the
+        mirror: our own repository's, and other repositories' whose submodules
+        borrow from it (their markers list them)."""
+        own = [sha for sha in self.paths.checkout_shas() if sha != self.sha]
+        borrowed = sorted({sha for info in inventory(RootPaths(self.paths.root), sizes=NO_SIZES)
+                           for c in info.checkouts if c.ready for key, sha in c.borrows
+                           if key == self.paths.key and sha != self.sha} - set(own))
+        shas = own + borrowed
         if not shas:
             return
         self.log(f"restoring the objects of {len(shas)} existing checkout(s)")
@@ -312,6 +319,8 @@ class Worker:
         for sha in shas:
             if self.backend.has_commit(self.paths.mirror, sha):
                 self.keep(sha, keep_fds)
+            elif sha in borrowed:  # verify finds the borrowing checkout broken; it is made anew
+                self.log(f"commit {sha}, which another repository's checkout borrows, is gone upstream")
             else:  # it can no longer be served whole: move it aside, it is cloned again when asked
                 moved = move_checkout_aside(self.paths, sha, "orphaned")
                 if moved.kept == HELD:  # verify and gc find it broken once the command ends

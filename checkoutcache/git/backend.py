@@ -70,14 +70,21 @@ def keep_ref(sha: str) -> str:
 
 
 def lfs_endpoint(url: str, is_local: bool) -> str | None:
-    """The LFS endpoint of a repository, as git-lfs derives it from the URL: file://<path>
-    for a local repository, <url>.git/info/lfs for https. None for ssh:// and git://,
-    where git-lfs derives it itself from the URL it is given as the remote."""
+    """The LFS endpoint of a repository, as git-lfs derives it from the URL, always
+    pinned on our command line so that no .lfsconfig of the repository can send
+    the download elsewhere: file://<path> for a local repository, <url>.git/info/lfs
+    for https and for git:// (which has no LFS of its own: its https twin), the
+    ssh URL itself for ssh (git-lfs authenticates over ssh)."""
     if is_local:
         return "file://" + url
-    if url.startswith("https://"):
-        base = url.rstrip("/")
+    if url.startswith(("https://", "git://")):
+        base = "https://" + url.split("://", 1)[1].rstrip("/")
         return base + ("" if base.endswith(".git") else ".git") + "/info/lfs"
+    if url.startswith("ssh://"):
+        return url
+    scp = re.match(r"^([^/:]+):(.*)$", url)
+    if scp:  # user@host:path, as ssh://user@host/path
+        return f"ssh://{scp.group(1)}/{scp.group(2).lstrip('/')}"
     return None
 
 

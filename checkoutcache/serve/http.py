@@ -43,6 +43,7 @@ from checkoutcache.config import Config
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.serve.metrics import CONTENT_TYPE_LATEST, generate_latest
 from checkoutcache.clone.spawn import use_worker_server
+from checkoutcache.clone.submodules import POLICY_LOCAL_VAR, POLICY_REPOS_VAR
 from checkoutcache.clone.workserver import WorkerServer
 from checkoutcache.serve.policy import ApiPolicy, Grant
 from checkoutcache.serve.service import Bounds, Service, http_status
@@ -379,6 +380,9 @@ def serve(cache: Cache, config: Config, listen: tuple[str, int] | None, unix: st
     make_dirs(cache.paths.serve_dir)
     journal = cache.paths.serve_journal(os.getpid())
     os.environ["CHECKOUTCACHE_CLONE_JOURNAL"] = journal  # workers we start report to us
+    # The policy goes to our workers too: a .gitmodules names nothing the API could not.
+    os.environ[POLICY_REPOS_VAR] = ",".join(policy.repo_patterns)
+    os.environ[POLICY_LOCAL_VAR] = "1" if policy.allow_local else "0"
     # Forked while we are still single-threaded: it forks our clone workers later.
     worker_server = WorkerServer()
     use_worker_server(worker_server)
