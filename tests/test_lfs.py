@@ -216,3 +216,21 @@ def test_a_repositorys_lfsconfig_never_redirects_the_download(root, daemon):
         assert hits == [], f"the .lfsconfig endpoint was contacted: {hits}"
     finally:
         evil.shutdown()
+
+
+def test_a_submodules_lfs_files_hold_their_content_too(root, lfs_upstream, tmp_path):
+    """A submodule with LFS files (a local superproject, a local submodule): its work tree
+    inside the superproject checkout holds their content, from the submodule's own store."""
+    from .helpers import Upstream, git
+
+    sub_sha = lfs_upstream.commit_lfs({"a.bin": A}, {"README": "sub\n"})
+    top = Upstream(str(tmp_path / "top"))
+    top.commit({"README.md": "top\n", ".gitmodules": f'[submodule "s"]\n\tpath = s\n\turl = {lfs_upstream.path}\n'})
+    git("update-index", "--add", "--cacheinfo", f"160000,{sub_sha},s", cwd=top.path)
+    git("commit", "-q", "-m", "submodule with lfs", cwd=top.path)
+    sha = git("rev-parse", "HEAD", cwd=top.path)
+    code, answer, err = run_cli("ensure", top.path, sha, "--wait", "120", root=root)
+    assert code == 0, (answer, err)
+    assert answer["submodules"] == "included" and answer["lfs"] == "content"
+    assert read(os.path.join(answer["path"], "s", "a.bin")) == A
+    assert git_status(os.path.join(answer["path"], "s")) == ""

@@ -92,6 +92,7 @@ class Worker:
         self.lfs_setting = info.get("lfs", LFS_ON)
         self.scope = info.get("scope", "default")
         self.submodules_setting = info.get("submodules", SUBMODULES_RECURSIVE)
+        self.submodule_lfs: str | None = None  # what the submodules' LFS files hold, if they have any
         # What the ready answer will say of LFS files (None: the commit has none), why,
         # and the checkout's LFS configuration when their content is there.
         self.lfs_answer: str | None = None
@@ -251,14 +252,30 @@ class Worker:
             return ensure_in_store(root, self.scope, url, sha, wait, super_is_local=self.is_local)
 
         def checkout(where: str, key: str, sha: str) -> None:
-            mirror = RootPaths(root).repo(key).mirror_objects
-            self.backend.checkout(where, mirror, sha, lambda _update: None, self.log)
+            store = RootPaths(root).repo(key)
+            lfs = None
+            if self.backend.lfs_objects(store.mirror, sha):
+                # The submodule's own ensure put its LFS objects in its repository's store:
+                # checked out from there with content where we can, else the answer says so.
+                reason = LFS_OFF if self.lfs_setting == LFS_OFF else self.backend.lfs_unsupported()
+                if reason is None:
+                    info = records.read_json(store.repo_json) or {}
+                    lfs = lfs_checkout_config(store.lfs_store, lfs_endpoint(info.get("url", ""),
+                                                                            bool(info.get("is_local"))))
+                    self.submodule_lfs = self.submodule_lfs or "content"
+                else:
+                    self.submodule_lfs = LFS_OFF if reason == LFS_OFF else "pointers"
+            self.backend.checkout(where, store.mirror_objects, sha, lambda _update: None, self.log, lfs)
 
         def submodules_at(key: str, url: str, sha: str):
             return submodules_of(self.backend, RootPaths(root).repo(key).mirror, sha, url)
 
         borrowed = populate(self.scratch.tree, subs, deadline, 1, ensure, checkout, submodules_at, self.log)
-        return {"submodules": "included", "borrows": borrowed}
+        marker = {"submodules": "included", "borrows": borrowed}
+        if self.submodule_lfs is not None and self.lfs_answer in (None, "content"):
+            # What the answer says of LFS files covers the submodules' too: pointers anywhere say so.
+            marker["lfs"] = self.submodule_lfs if self.submodule_lfs != "content" else "content"
+        return marker
 
     def ensure_mirror(self, rebuild: bool = False) -> bool:
         """Create the mirror if missing (built in our scratch, renamed into place).
