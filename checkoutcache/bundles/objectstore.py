@@ -284,6 +284,8 @@ def open_folder(location: BundleLocation, bundle_key: str, timeout: float = 30.0
     if location.scheme == "s3":
         try:
             return S3Folder(location.host, folder, timeout)
+        except ImportError:
+            raise StoreError("s3:// needs boto3: pip install 'checkoutcache[s3]'") from None
         except Exception as exc:  # no boto3, a broken AWS config file: the store is unusable
             raise StoreError(f"s3://{location.host}: {type(exc).__name__}: {str(exc)[:200]}") from None
     return HttpsFolder(f"https://{location.host}{urllib.parse.quote(folder)}", timeout)
