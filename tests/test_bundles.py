@@ -181,7 +181,7 @@ def test_the_s3_store_down_costs_speed_only(tmp_path, served_upstream):
     assert time.monotonic() - started < 60
     assert_checkout_matches(answer["path"], repo.path, repo.shas[-1])
     record = seed_record(node)
-    assert not record["seeded"] and "did not answer" in record["why"], record
+    assert not record["seeded"] and "did not answer" in record["why"] and record["reason"] == "store-down", record
     with open(only_repo(node).clone_log(repo.shas[-1])) as handle:
         assert "bundles: the store did not answer" in handle.read()
 
@@ -218,7 +218,7 @@ def test_a_bundle_removed_or_corrupt_after_the_list_was_written(tmp_path, publis
     record = seed_record(node)
     assert os.path.basename(victim) in record["why"], record
     assert record["bundles"] == ([full] if damage.startswith("increment") else []), record
-    assert record["seeded"] == damage.startswith("increment")
+    assert record["seeded"] == damage.startswith("increment") and record["reason"] == "bundle-unusable"
     assert not os.listdir(only_repo(node).scratch_dir), "a download was left behind"
 
 
@@ -236,6 +236,7 @@ def test_a_list_that_is_empty_malformed_or_names_other_places_is_not_followed(tm
     wait_ready(node, url, repo.shas[-1], env={"CHECKOUTCACHE_BUNDLE_URI": f"file://{store}"})
     record = seed_record(node)
     assert not record["seeded"] and ("not usable" in record["why"] or "names no bundle" in record["why"]), record
+    assert record["reason"] == "bad-list"
 
 
 def test_a_store_without_this_repository_says_so(tmp_path, served_upstream):
@@ -244,6 +245,7 @@ def test_a_store_without_this_repository_says_so(tmp_path, served_upstream):
     wait_ready(node, url, repo.shas[-1], env={"CHECKOUTCACHE_BUNDLE_URI": f"file://{tmp_path / 'empty'}"})
     record = seed_record(node)
     assert not record["seeded"] and "no bundle list for this repository" in record["why"], record
+    assert record["reason"] == "no-list"
 
 
 # ---------------------------------------------------------------- https (read-only), and refusals
@@ -421,7 +423,7 @@ def test_without_the_git_cli_a_node_clones_from_upstream_and_says_why(tmp_path, 
     assert code == 0, out
     assert_checkout_matches(answer["path"], repo.path, newest)
     record = seed_record(node)
-    assert not record["seeded"] and "git CLI" in record["why"], record
+    assert not record["seeded"] and "git CLI" in record["why"] and record["reason"] == "no-git", record
 
 
 def test_a_worker_killed_while_seeding_leaves_no_mirror_and_the_next_one_seeds(tmp_path, published, kill_log):
@@ -454,11 +456,11 @@ def test_serve_metrics_say_which_mirrors_were_seeded(tmp_path, published):
         while True:
             status, text = server.request("GET", "/metrics")
             text = text if isinstance(text, str) else json.dumps(text)
-            if 'checkoutcache_bundle_seeds_total{outcome="seeded"} 1.0' in text or time.monotonic() > deadline:
+            if 'checkoutcache_bundle_seeds_total{outcome="seeded",reason=""} 1.0' in text or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert f'checkoutcache_mirror_seeded{{bundle="{newest_bundle}",repo="{key}"}} 1.0' in text, text
-        assert 'checkoutcache_bundle_seeds_total{outcome="seeded"} 1.0' in text, text
+        assert 'checkoutcache_bundle_seeds_total{outcome="seeded",reason=""} 1.0' in text, text
         assert f'checkoutcache_upstream_objects_since_seed{{repo="{key}"}}' in text
         status, body = server.request("GET", "/v1/status")
         assert body["repos"][0]["seed"]["seeded"], body
@@ -540,7 +542,7 @@ def test_a_mirror_rebuilt_for_unreadable_objects_is_not_seeded_again(tmp_path, p
     answer = wait_ready(node, url, in_bundles, env=env)
     assert_checkout_matches(answer["path"], repo.path, in_bundles)
     record = seed_record(node)
-    assert not record["seeded"] and "unreadable" in record["why"], record
+    assert not record["seeded"] and "unreadable" in record["why"] and record["reason"] == "rebuild", record
 
 
 class _DrippingHttps(_StoreOverHttps):
@@ -595,6 +597,6 @@ def test_a_store_that_drips_a_bundle_cannot_hold_the_clone_past_its_share(tmp_pa
         assert time.monotonic() - started < 16
         assert_checkout_matches(answer["path"], repo.path, repo.shas[-1])
         record = seed_record(node)
-        assert not record["seeded"] and "did not finish" in record["why"], record
+        assert not record["seeded"] and "did not finish" in record["why"] and record["reason"] == "out-of-time", record
     finally:
         server.stop()

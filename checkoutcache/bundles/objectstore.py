@@ -31,9 +31,10 @@ CHUNK = 1 << 20
 
 
 class StoreError(Exception):
-    def __init__(self, why: str, missing: bool = False):
+    def __init__(self, why: str, missing: bool = False, late: bool = False):
         super().__init__(why)
         self.missing = missing  # the object is not there (as opposed to: the store did not answer)
+        self.late = late  # given up at the deadline
 
 
 class RepositoryFolder(Protocol):
@@ -61,7 +62,7 @@ def copy_until(chunks, dest: str, deadline: float, name: str) -> int:
         for chunk in chunks:
             target.write(chunk)
             if time.monotonic() > deadline:
-                raise StoreError(f"{name}: the download did not finish in the time seeding may take")
+                raise StoreError(f"{name}: the download did not finish in the time seeding may take", late=True)
         return target.tell()
 
 

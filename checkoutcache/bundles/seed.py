@@ -29,18 +29,24 @@ from checkoutcache.git.bundles import BundleError, bundles_unsupported, take_in_
 # upstream fetch that follows must still fit in the clone timeout.
 SEED_SHARE = 0.5
 T = TypeVar("T")
+# Why a mirror was not (wholly) seeded, as a metrics label: a fixed set.
+NO_GIT, NO_LIST, STORE_DOWN, BAD_LIST, OUT_OF_TIME, BUNDLE_UNUSABLE, REBUILD = (
+    "no-git", "no-list", "store-down", "bad-list", "out-of-time", "bundle-unusable", "rebuild")
+REASONS = (NO_GIT, NO_LIST, STORE_DOWN, BAD_LIST, OUT_OF_TIME, BUNDLE_UNUSABLE, REBUILD)
 
 
 class SeedResult(NamedTuple):
     seeded: bool  # at least one bundle taken in
     bundles: tuple[str, ...]  # the names taken in, in order
     why: str | None  # why nothing, or not every listed bundle, was taken in
+    reason: str | None  # the same, one of REASONS
     store: str  # where from (no credentials: locations never hold any)
     bytes: int  # downloaded
     seconds: float
 
     def to_record(self, at: float) -> dict:
-        return {"seeded": self.seeded, "bundles": list(self.bundles), "why": self.why, "store": self.store,
+        return {"seeded": self.seeded, "bundles": list(self.bundles), "why": self.why, "reason": self.reason,
+                "store": self.store,
                 "bundle_bytes": self.bytes, "seconds": round(self.seconds, 3), "at": at}
 
 
@@ -60,7 +66,7 @@ def within(deadline: float, what: str, operation: Callable[[], T]) -> T:
     thread.start()
     thread.join(max(0.0, deadline - time.monotonic()))
     if thread.is_alive():
-        raise StoreError(f"{what}: the download did not finish in the time seeding may take")
+        raise StoreError(f"{what}: the download did not finish in the time seeding may take", late=True)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -73,30 +79,32 @@ def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, k
     taken: list[str] = []
     downloaded = 0
 
-    def result(why: str | None) -> SeedResult:
+    def result(why: str | None, reason: str | None = None) -> SeedResult:
         if why is not None:
             log(f"bundles: {why}")
-        return SeedResult(bool(taken), tuple(taken), why, str(location), downloaded, time.monotonic() - started)
+        return SeedResult(bool(taken), tuple(taken), why, reason, str(location), downloaded,
+                          time.monotonic() - started)
 
     unsupported = bundles_unsupported()
     if unsupported is not None:
-        return result(unsupported)
+        return result(unsupported, NO_GIT)
     try:
         folder = open_folder(location, key, timeout=max(1.0, min(30.0, budget)))
         raw = within(deadline, LIST_NAME, lambda: folder.read(LIST_NAME, MAX_LIST_BYTES))
         listed = parse_list(raw.decode("utf-8", "replace"))
     except StoreError as exc:
         return result(("no bundle list for this repository: " if exc.missing else "the store did not answer: ")
-                      + str(exc))
+                      + str(exc), NO_LIST if exc.missing else STORE_DOWN)
     except MalformedList as exc:
-        return result(f"the bundle list at {location} is not usable: {exc}")
+        return result(f"the bundle list at {location} is not usable: {exc}", BAD_LIST)
     if not listed.entries:
-        return result(f"the bundle list at {location} names no bundle")
+        return result(f"the bundle list at {location} names no bundle", BAD_LIST)
     log(f"bundles: {len(listed.entries)} listed at {folder.where}")
     for entry in listed.entries:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return result(f"stopped before {entry.uri}: seeding may take {budget:.0f}s of the clone at most")
+            return result(f"stopped before {entry.uri}: seeding may take {budget:.0f}s of the clone at most",
+                          OUT_OF_TIME)
         path = os.path.join(workdir, entry.uri)
         try:
             size = within(deadline, entry.uri, lambda: folder.download(entry.uri, path, deadline))
@@ -105,7 +113,9 @@ def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, k
             take_in_bundle(mirror, path, keep_fds, timeout=max(1.0, deadline - time.monotonic()))
         except (StoreError, BundleError, OSError) as exc:
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return result(f"{entry.uri} not taken in ({detail}); fetching the rest from upstream")
+            late = isinstance(exc, StoreError) and exc.late
+            return result(f"{entry.uri} not taken in ({detail}); fetching the rest from upstream",
+                          OUT_OF_TIME if late else BUNDLE_UNUSABLE)
         finally:
             try:
                 os.unlink(path)

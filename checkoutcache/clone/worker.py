@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from checkoutcache.bundles.seed import SEED_SHARE, seed_mirror
+from checkoutcache.bundles.seed import REBUILD, SEED_SHARE, seed_mirror
 from checkoutcache.bundleuri import bundle_key
 from checkoutcache.clone.decide import next_failure
 from checkoutcache.clone.submodules import ensure_in_store, populate, submodules_of
@@ -348,7 +348,9 @@ class Worker:
         if skip is not None:
             self.log(f"bundles: not used: {skip}")
             records.write_json(self.paths.seed_record, {"seeded": False, "bundles": [], "why": skip,
-                                                        "store": str(location), "at": time.time()})
+                                                        "reason": REBUILD, "store": str(location),
+                                                        "at": time.time()})
+            self.journal("seeded", outcome="none", reason=REBUILD, bundles=0)
             return
         self.on_progress({"phase": "seeding from bundles"})
         checkpoint("before-seed")
@@ -360,7 +362,7 @@ class Worker:
             record["upstream"] = {"fetches": 0, "objects": 0, "bytes": 0}
         records.write_json(self.paths.seed_record, record)
         outcome = "none" if not result.seeded else ("partial" if result.why else "seeded")
-        self.journal("seeded", outcome=outcome, bundles=len(result.bundles))
+        self.journal("seeded", outcome=outcome, reason=result.reason or "", bundles=len(result.bundles))
 
     def keep(self, sha: str, keep_fds: tuple[int, ...]) -> None:
         self.write_mirror(lambda: self.backend.keep(self.paths.mirror, sha, keep_fds))

@@ -19,11 +19,13 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from checkoutcache.bundles.seed import REASONS
 from checkoutcache.store import records
 from checkoutcache.store.layout import RootPaths
 
 __all__ = ["Metrics", "CONTENT_TYPE_LATEST", "generate_latest", "SEED_OUTCOMES"]
 SEED_OUTCOMES = ("seeded", "partial", "none")
+SEED_REASONS = ("", *REASONS)  # "": every listed bundle taken in
 
 
 class SeedCollector:
@@ -77,5 +79,6 @@ class Metrics:
         self.limit = Gauge("checkoutcache_limit", "Configured limits (absent when unlimited)", ["limit"], registry=r)
         self.disk_free = Gauge("checkoutcache_disk_free_bytes", "Free bytes on the root's filesystem", registry=r)
         self.seeds = Counter("checkoutcache_bundle_seeds", "New mirrors made by this sidecar's workers, by how "
-                             "seeding from bundles went (seeded, partial, none)", ["outcome"], registry=r)
+                             "seeding from bundles went (seeded, partial, none) and why not wholly (reason)",
+                             ["outcome", "reason"], registry=r)
         self.holds = Gauge("checkoutcache_holds", "Checkouts held through /v1/hold", registry=r)

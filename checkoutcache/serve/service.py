@@ -26,7 +26,7 @@ from checkoutcache.cache import Cache, Hold
 from checkoutcache.config import Config
 from checkoutcache.errors import CODES, CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE, parse_repo
-from checkoutcache.serve.metrics import SEED_OUTCOMES, Metrics
+from checkoutcache.serve.metrics import SEED_OUTCOMES, SEED_REASONS, Metrics
 from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, tightened
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_root
@@ -286,8 +286,9 @@ class Service:
         elif kind == "started":
             self.metrics.clones.labels("started", "").inc()
         elif kind == "seeded":
-            outcome = event.get("outcome")
-            self.metrics.seeds.labels(outcome if outcome in SEED_OUTCOMES else "other").inc()
+            outcome, reason = event.get("outcome"), event.get("reason") or ""
+            self.metrics.seeds.labels(outcome if outcome in SEED_OUTCOMES else "other",
+                                      reason if reason in SEED_REASONS else "other").inc()
 
     def maintain(self) -> None:
         next_gc = time.monotonic() + self.gc_interval

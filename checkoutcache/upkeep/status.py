@@ -75,7 +75,8 @@ def seed_status(info: RepoInfo) -> dict | None:
         return None
     upstream = record.get("upstream") if isinstance(record.get("upstream"), dict) else None
     return {"seeded": bool(record.get("seeded")), "bundles": list(record.get("bundles") or []),
-            "store": record.get("store"), "why": record.get("why"), "at": iso(record.get("at")),
+            "store": record.get("store"), "why": record.get("why"), "reason": record.get("reason"),
+            "at": iso(record.get("at")),
             "bundle_bytes": record.get("bundle_bytes"), "upstream_since": upstream}
 
 
