@@ -38,7 +38,6 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git import mirror
-from checkoutcache.git.bundles import BundleError, object_count
 from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, keep_ref, lfs_checkout_config,
                                        lfs_endpoint, not_a_commit, review_refspec)
 from checkoutcache.git.transport import pick_backend
@@ -319,24 +318,27 @@ class Worker:
             return operation()
 
     def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...]) -> None:
-        seed = records.read_json(self.paths.seed_record)
-        # What upstream sent since seeding, for status and metrics: never a reason to fail.
-        before = self.mirror_objects() if seed and seed.get("seeded") else None
+        received: dict[str, int] = {}
+
+        def track(update: dict) -> None:
+            # What the upstream's pack held: its object count (`remote: Total N`, the
+            # receiving line, libgit2's stats) and its size where git reports one (git
+            # unpacks a small pack without a word of its size).
+            received.update({k: update[k] for k in ("total_objects", "bytes") if isinstance(update.get(k), int)})
+            self.on_progress(update)
+
         self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential,
-                                                     self.on_progress, self.log, keep_fds))
-        after = self.mirror_objects() if before is not None else None
-        if before is not None and after is not None:
+                                                     track, self.log, keep_fds))
+        seed = records.read_json(self.paths.seed_record)
+        if seed and seed.get("seeded"):  # what upstream sent since seeding, for status and metrics
             upstream = seed.setdefault("upstream", {})
             upstream["fetches"] = int(upstream.get("fetches", 0)) + 1
-            upstream["objects"] = int(upstream.get("objects", 0)) + max(0, after[0] - before[0])
-            upstream["bytes"] = int(upstream.get("bytes", 0)) + max(0, after[1] - before[1])
-            records.write_json(self.paths.seed_record, seed)
-
-    def mirror_objects(self) -> tuple[int, int] | None:
-        try:
-            return object_count(self.paths.mirror)
-        except (BundleError, OSError, ValueError):
-            return None
+            upstream["objects"] = int(upstream.get("objects", 0)) + received.get("total_objects", 0)
+            upstream["bytes"] = int(upstream.get("bytes", 0)) + received.get("bytes", 0)
+            try:
+                records.write_json(self.paths.seed_record, seed)
+            except OSError:
+                pass  # observability only: never the reason a clone fails
 
     def seed(self, build: str, keep_fds: tuple[int, ...], skip: str | None = None) -> None:
         """A new mirror takes in the newest usable bundles first (bundles/seed.py): only a

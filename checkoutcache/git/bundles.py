@@ -86,14 +86,3 @@ def take_in_bundle(mirror: str, path: str, keep_fds: tuple[int, ...], timeout: f
                  f"+refs/*:{BUNDLE_REFS}*"], keep_fds, timeout)
     if done.returncode != 0:
         raise BundleError(last_meaningful_line(done.stderr))
-
-
-def object_count(mirror: str) -> tuple[int, int]:
-    """(objects, bytes) the mirror holds, loose and packed (git count-objects)."""
-    done = _git(["-C", mirror, "count-objects", "-v"])
-    if done.returncode != 0:
-        raise BundleError(last_meaningful_line(done.stderr))
-    fields = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
-    objects = int(fields.get("count", 0)) + int(fields.get("in-pack", 0))
-    size = (int(fields.get("size", 0)) + int(fields.get("size-pack", 0))) * 1024
-    return objects, size

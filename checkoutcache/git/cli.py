@@ -42,6 +42,7 @@ from checkoutcache.git.env import git_env
 _PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>\d+)% \((?P<done>\d+)/(?P<total>\d+)\)"
                        r"(?:, (?P<size>[\d.]+) (?P<unit>[KMG]i?B|bytes))?")
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+_SENT = re.compile(r"^remote: Total (\d+) \(delta \d+\)")
 _UPDATING = re.compile(r"^Updating files:\s+(\d+)% \((\d+)/(\d+)\)")
 # What a git run's output may cost in memory: its last lines, each cut at a length.
 KEPT_LINES = 200
@@ -56,6 +57,9 @@ def last_meaningful_line(text: str) -> str:
 
 
 def parse_progress(line: str) -> dict | None:
+    total = _SENT.match(line.strip())
+    if total:  # the upstream's own count of what its pack holds (a small pack's only mention)
+        return {"phase": "receiving objects", "total_objects": int(total.group(1))}
     updating = _UPDATING.match(line.strip())
     if updating:
         return {"phase": "checking out", "files": int(updating.group(2)), "total_files": int(updating.group(3))}
@@ -390,7 +394,7 @@ class GitCliBackend:
         update = parse_progress(line)
         if update is not None:
             on_progress(update)
-            if "done" not in line:
+            if "done" not in line and not _SENT.match(line):
                 return
         line = redact(line, secrets)
         seen.append(line)

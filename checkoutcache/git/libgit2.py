@@ -258,6 +258,9 @@ class Pygit2Backend:
             log(redact(text, secrets))
             raise git_failure(text, text, secrets) from None
         log(f"received {stats.received_objects} objects, {stats.received_bytes} bytes")
+        # The final figures (the callback may not have seen the last object).
+        on_progress({"phase": "receiving objects", "objects": stats.received_objects,
+                     "total_objects": stats.total_objects, "bytes": stats.received_bytes})
 
     def lfs_unsupported(self) -> str | None:
         return "the pygit2 transport does not run git-lfs (CHECKOUTCACHE_TRANSPORT=cli does)"
