@@ -14,6 +14,9 @@ as store/layout.py is for a root:
         ├── <token>-<id>.bundle    a git bundle (v2): a full one (no prerequisites) or an
         │                          increment on the bundles of lower tokens in the same list.
         │                          Written whole before any list names it; never rewritten.
+        ├── <token>-<id>.retired   written when a publisher first finds that bundle in no list:
+        │                          the bundle and its heads are deleted --prune-after later
+        │                          (a publisher that read an older list has finished by then)
         └── <token>-<id>.heads     the repository's branches and tags when that bundle was made
                                    (`<sha> <ref>` lines): publishers read them to make the
                                    next increment (everything not reachable from them);
@@ -21,8 +24,9 @@ as store/layout.py is for a root:
 
 <token> is the creationToken (the publish time in whole seconds, kept
 increasing within a list); <id> is random, so two publishers never write the
-same name. Objects no list names are deleted by a publisher once older than
-its --prune-after (readers of a previous list finish their downloads first).
+same name. A bundle no list names is marked retired, then deleted with its
+heads --prune-after later (readers of a previous list finish their downloads,
+publishers that read it finish their run, first).
 
 A location names no credentials: `https://user:secret@...` and query strings
 are refused (they would reach logs). S3 credentials come from the standard
@@ -43,12 +47,13 @@ BUNDLE_URI_VAR = "CHECKOUTCACHE_BUNDLE_URI"
 LIST_NAME = "bundle-list"
 BUNDLE_SUFFIX = ".bundle"
 HEADS_SUFFIX = ".heads"
+RETIRED_SUFFIX = ".retired"
 # A file:// store's objects in the making (temp file, then rename); pruned like the rest.
 TMP_PREFIX = ".tmp-"
 SCHEMES = ("s3", "file", "https")
 # S3 bucket names: 3-63 of lower-case letters, digits, dots and hyphens.
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_OBJECT = re.compile(r"(?P<token>\d{1,20})-(?P<id>[0-9a-f]{8,32})(?P<suffix>\.bundle|\.heads)")
+_OBJECT = re.compile(r"(?P<token>[0-9]{1,20})-(?P<id>[0-9a-f]{8,32})(?P<suffix>\.bundle|\.heads|\.retired)")
 
 
 class BundleLocation(NamedTuple):
@@ -125,6 +130,10 @@ def object_name(token: int, object_id: str, suffix: str = BUNDLE_SUFFIX) -> str:
 
 def heads_name(bundle_name: str) -> str:
     return bundle_name[: -len(BUNDLE_SUFFIX)] + HEADS_SUFFIX
+
+
+def retired_name(bundle_name: str) -> str:
+    return bundle_name[: -len(BUNDLE_SUFFIX)] + RETIRED_SUFFIX
 
 
 def parse_object_name(name: str) -> tuple[int, str, str] | None:

@@ -24,10 +24,10 @@ from checkoutcache.bundles.bundlelist import (
     BundleEntry,
     parse_list,
     plan_publish,
+    plan_prune,
     render_list,
-    to_prune,
 )
-from checkoutcache.bundleuri import parse_bundle_uri
+from checkoutcache.bundleuri import bundle_key, parse_bundle_uri
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store import locks
 
@@ -347,7 +347,11 @@ def test_publish_chains_increments_then_starts_anew_and_prunes_what_no_list_name
     grow(repo, 2, "two")
     last = publish(publisher, url, store, *options)
     actions.append(last["action"])
-    assert actions == ["full", "up to date", "increment", "full"], actions
+    # The first chain is only retired by that run; the next one deletes it (after --prune-after, 0 here).
+    final = publish(publisher, url, store, *options)
+    actions.append(final["action"])
+    assert actions == ["full", "up to date", "increment", "full", "up to date"], actions
+    assert len(final["pruned"]) == 6, final  # two bundles, their heads and retired marks
     folder = store_dir(store)
     stem = last["bundle"][: -len(".bundle")]
     assert sorted(os.listdir(folder)) == sorted(["bundle-list", f"{stem}.bundle", f"{stem}.heads"])
@@ -498,10 +502,22 @@ def test_plans_and_pruning_are_decided_from_the_list_and_the_clock():
     assert plan_publish(chain, now, 6, 500).full  # the full bundle is older than 500 s
     assert plan_publish(chain, now, 6, 86400, force_full=True).full
     stored = [("999000-aaaaaaaa.bundle", now - 7200), ("999000-aaaaaaaa.heads", now - 7200),
+              ("999000-aaaaaaaa.retired", now - 7200),  # listed again: its mark goes
               ("998000-cccccccc.bundle", now - 7200), ("998000-cccccccc.heads", now - 7200),
-              ("997000-dddddddd.bundle", now - 60), ("bundle-list", now - 7200), (".tmp-1-ab-x.bundle", now - 7200)]
-    assert to_prune(stored, {"999000-aaaaaaaa.bundle"}, now, 3600) == [
-        ".tmp-1-ab-x.bundle", "998000-cccccccc.bundle", "998000-cccccccc.heads"]
+              ("998000-cccccccc.retired", now - 3700),  # retired over an hour ago: deleted
+              ("997000-dddddddd.bundle", now - 7200), ("997000-dddddddd.retired", now - 60),  # retired a minute ago
+              ("996000-eeeeeeee.bundle", now - 9000),  # old but never seen unlisted: retired first
+              ("bundle-list", now - 7200), (".tmp-1-ab-x.bundle", now - 7200), (".tmp-2-cd-y.bundle", now - 10)]
+    plan = plan_prune(stored, {"999000-aaaaaaaa.bundle"}, now, 3600)
+    assert plan.retire == ["996000-eeeeeeee.bundle"]
+    assert plan.delete == [".tmp-1-ab-x.bundle", "998000-cccccccc.bundle", "998000-cccccccc.heads",
+                           "998000-cccccccc.retired"]
+    assert plan.relisted == ["999000-aaaaaaaa.retired"]
+
+
+def test_a_token_of_non_ascii_digits_is_no_token():
+    text = render_list([BundleEntry("1-abcdef12", "1-abcdef12.bundle", 1)]).replace("creationToken = 1", "creationToken = ²")
+    assert parse_list(text).entries == ()
 
 
 @pytest.mark.parametrize("raw, shown", [("s3://fleet-bundles/prod/", "s3://fleet-bundles/prod"),
@@ -600,3 +616,149 @@ def test_a_store_that_drips_a_bundle_cannot_hold_the_clone_past_its_share(tmp_pa
         assert not record["seeded"] and "did not finish" in record["why"] and record["reason"] == "out-of-time", record
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------- found by review
+
+def write_store(store_root, url: str, bundles: dict[str, bytes]) -> str:
+    """A file:// store for url's repository holding these bundles (name -> content), listed in name order."""
+    folder = os.path.join(str(store_root), bundle_key("default", url, False))
+    os.makedirs(folder, exist_ok=True)
+    entries = []
+    for name, data in bundles.items():
+        with open(os.path.join(folder, name), "wb") as handle:
+            handle.write(data)
+        token = int(name.split("-")[0])
+        entries.append(BundleEntry(name[: -len(".bundle")], name, token))
+    with open(os.path.join(folder, "bundle-list"), "w") as handle:
+        handle.write(render_list(entries))
+    return f"file://{store_root}"
+
+
+def test_a_bundle_lacking_its_history_leaves_nothing_in_the_mirror(tmp_path, served_upstream):
+    """Regression: git stores a bundle's pack before its connectivity check fails, so the
+    commit (without its parents) looked present and was served with a broken history."""
+    repo, url = served_upstream
+    head = repo.shas[-1]
+    objects = [head, git("rev-parse", f"{head}^{{tree}}", cwd=repo.path)]
+    objects += [line.split()[2] for line in git("ls-tree", "-r", head, cwd=repo.path).splitlines()]
+    pack = subprocess.run(["git", "-C", repo.path, "pack-objects", "--stdout"], input="\n".join(objects).encode(),
+                          capture_output=True, check=True).stdout
+    crafted = f"# v2 git bundle\n{head} refs/heads/main\n\n".encode() + pack  # no prerequisites named
+    store = write_store(tmp_path / "store", url, {"100-abcdef12.bundle": crafted})
+    node = str(tmp_path / "node")
+    answer = wait_ready(node, url, head, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    record = seed_record(node)
+    assert not record["seeded"] and record["reason"] == "bundle-unusable", record
+    assert git("log", "--format=%H", cwd=answer["path"]).split() == list(reversed(repo.shas))
+    git("fsck", "--connectivity-only", "--no-dangling", cwd=only_repo(node).mirror)
+
+
+def test_a_file_store_never_follows_a_symlink_or_reads_a_device(tmp_path, served_upstream):
+    repo, url = served_upstream
+    store = write_store(tmp_path / "store", url, {})
+    folder = os.path.join(store[len("file://"):], bundle_key("default", url, False))
+    os.symlink("/dev/zero", os.path.join(folder, "100-abcdef12.bundle"))
+    with open(os.path.join(folder, "bundle-list"), "w") as handle:
+        handle.write(render_list([BundleEntry("100-abcdef12", "100-abcdef12.bundle", 100)]))
+    node = str(tmp_path / "node")
+    started = time.monotonic()
+    wait_ready(node, url, repo.shas[-1], env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    assert time.monotonic() - started < 30
+    record = seed_record(node)
+    assert not record["seeded"] and "symbolic link" in record["why"], record
+
+
+class _BrokenHttps(_StoreOverHttps):
+    """Answers every request with a status line that is not HTTP."""
+
+    def __init__(self, workdir: str):
+        ca = trustme.CA()
+        self.ca_file = os.path.join(workdir, "ca.pem")
+        ca.cert_pem.write_to_path(self.ca_file)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(context)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.wfile.write(b"garbage that is no status line\r\n\r\n")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_an_https_store_that_speaks_no_http_costs_speed_only(tmp_path, served_upstream):
+    """Regression: http.client's errors are not OSErrors; they failed the clone (CLONE_FAILED)."""
+    repo, url = served_upstream
+    server = _BrokenHttps(str(tmp_path))
+    try:
+        node = str(tmp_path / "node")
+        answer = wait_ready(node, url, repo.shas[-1], env={
+            "SSL_CERT_FILE": server.ca_file, "CHECKOUTCACHE_BUNDLE_URI": f"https://127.0.0.1:{server.port}/s"})
+        assert_checkout_matches(answer["path"], repo.path, repo.shas[-1])
+        record = seed_record(node)
+        assert not record["seeded"] and record["reason"] == "store-down", record
+    finally:
+        server.stop()
+
+
+def test_a_branch_deleted_upstream_leaves_the_next_bundles(tmp_path, served_upstream):
+    """Regression: publishing fetched without pruning, so a deleted branch (a leaked
+    secret, say) lived on in every bundle and was served to every seeded node."""
+    repo, url = served_upstream
+    git("branch", "leaked", repo.shas[0], cwd=repo.path)
+    store = f"file://{tmp_path / 'store'}"
+    publisher = str(tmp_path / "publisher")
+    first = publish(publisher, url, store)
+    assert "refs/heads/leaked" in git("bundle", "list-heads", os.path.join(store_dir(store), first["bundle"]))
+    git("branch", "-D", "leaked", cwd=repo.path)
+    second = publish(publisher, url, store, "--full")
+    assert second["action"] == "full"
+    heads = git("bundle", "list-heads", os.path.join(store_dir(store), second["bundle"]))
+    assert "refs/heads/main" in heads and "leaked" not in heads
+
+
+def test_a_busy_mirror_fails_one_repository_and_the_others_are_published(tmp_path, daemon):
+    """Regression: a held mirror lock (a clone running) aborted the whole run with INTERNAL_ERROR."""
+    from checkoutcache.store.layout import RootPaths
+
+    from .helpers import Upstream
+
+    urls = []
+    for name in ("busy-a", "free-b"):
+        repo = Upstream(os.path.join(daemon.base, f"{name}-{uuid.uuid4().hex[:6]}"))
+        repo.standard_history(1)
+        urls.append(daemon.url(os.path.basename(repo.path)))
+    publisher = str(tmp_path / "publisher")
+    for url, repo_sha in zip(urls, [None, None]):
+        code, _, out = run_cli("bundle", "publish", url, "--to", f"file://{tmp_path / 'store'}", root=publisher)
+        assert code == 0, out
+    busy = [k for k in RootPaths(publisher).repo_keys()
+            if json.load(open(RootPaths(publisher).repo(k).repo_json))["url"] == urls[0]][0]
+    with locks.mirror_write(RootPaths(publisher).repo(busy), timeout=5):
+        code, answer, out = run_cli("bundle", "publish", *urls, "--to", f"file://{tmp_path / 'store'}",
+                                    root=publisher, env={"CHECKOUTCACHE_CLONE_TIMEOUT": "2s"})
+    assert code == 1, out
+    reports = {r["repo"]: r for r in answer["published"]}
+    assert reports[urls[0]]["action"] == "failed" and reports[urls[0]]["error"] == "BUNDLE_FAILED", reports
+    assert "locked" in reports[urls[0]]["message"]
+    assert reports[urls[1]]["action"] == "up to date", reports
+
+
+def test_an_s3_endpoint_on_plain_http_is_refused_unless_allowed(tmp_path, served_upstream, s3, bucket):
+    repo, url = served_upstream
+    store = f"s3://{bucket}/fleet"
+    assert publish(str(tmp_path / "publisher"), url, store, env=s3.env)["action"] == "full"
+    insecure = {k: v for k, v in s3.env.items() if k != "CHECKOUTCACHE_S3_ALLOW_HTTP"}
+    node = str(tmp_path / "node")
+    wait_ready(node, url, repo.shas[-1], env={**insecure, "CHECKOUTCACHE_BUNDLE_URI": store})
+    record = seed_record(node)
+    assert not record["seeded"] and "is not https://" in record["why"] and record["reason"] == "store-down", record
+    code, answer, out = run_cli("bundle", "publish", url, "--to", store, root=str(tmp_path / "p2"), env=insecure)
+    assert code == 1 and answer["published"][0]["error"] == "BUNDLE_STORE_FAILED", out

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from checkoutcache.bundleuri import BUNDLE_SUFFIX, TMP_PREFIX, parse_object_name
+from checkoutcache.bundleuri import BUNDLE_SUFFIX, HEADS_SUFFIX, RETIRED_SUFFIX, TMP_PREFIX, parse_object_name
 
 MAX_LIST_BYTES = 1 << 20
 MAX_ENTRIES = 1000
@@ -92,7 +92,7 @@ def parse_list(text: str) -> BundleList:
     for bundle_id, fields in sections.items():
         uri, token = fields.get("uri", ""), fields.get("creationtoken", "")
         parsed = parse_object_name(uri)
-        if parsed is None or parsed[2] != BUNDLE_SUFFIX or not token.isdigit():
+        if parsed is None or parsed[2] != BUNDLE_SUFFIX or not (token.isascii() and token.isdigit()):
             continue  # not one of ours (absolute, another folder, no token): never followed
         entries.append(BundleEntry(bundle_id, uri, int(token)))
     entries.sort(key=lambda e: (e.token, e.id))
@@ -131,21 +131,38 @@ def next_token(current: BundleList | None, now: float) -> int:
     return max(int(now), (current.newest_token + 1) if current is not None else 0)
 
 
-def to_prune(stored: list[tuple[str, float]], listed: set[str], now: float, prune_after: float) -> list[str]:
-    """Objects of ours (bundles, their heads files) that no list names any more and that
-    are older than prune_after: a reader of the previous list has had time to download."""
-    pruned = []
+class PrunePlan(NamedTuple):
+    retire: list[str]  # bundles no list names, not yet marked: write their .retired marker
+    delete: list[str]  # objects to delete now
+    relisted: list[str]  # .retired markers of bundles a list names again: delete them
+
+
+def plan_prune(stored: list[tuple[str, float]], listed: set[str], now: float, prune_after: float) -> PrunePlan:
+    """What to retire and delete. A bundle no list names is first marked retired; it and
+    its heads go prune_after after the mark (not after its own age: a publisher that read
+    the list naming it may still write a list naming it within its run). Temp files of a
+    publisher that died go once older than prune_after."""
+    retire, delete, relisted = [], [], []
+    by_stem: dict[str, dict[str, float]] = {}
     for name, modified in stored:
-        if name.startswith(TMP_PREFIX) and now - modified >= prune_after:
-            pruned.append(name)  # a publisher died writing it
+        if name.startswith(TMP_PREFIX):
+            if now - modified >= prune_after:
+                delete.append(name)
             continue
         parsed = parse_object_name(name)
-        if parsed is None:
-            continue
-        bundle = name if parsed[2] == BUNDLE_SUFFIX else name[: -len(parsed[2])] + BUNDLE_SUFFIX
-        if bundle not in listed and now - modified >= prune_after:
-            pruned.append(name)
-    return sorted(pruned)
+        if parsed is not None:
+            by_stem.setdefault(f"{parsed[0]}-{parsed[1]}", {})[parsed[2]] = modified
+    for stem, parts in by_stem.items():
+        bundle = stem + BUNDLE_SUFFIX
+        marked = parts.get(RETIRED_SUFFIX)
+        if bundle in listed:
+            if marked is not None:
+                relisted.append(stem + RETIRED_SUFFIX)
+        elif marked is None:
+            retire.append(bundle)
+        elif now - marked >= prune_after:
+            delete += [stem + suffix for suffix in (BUNDLE_SUFFIX, HEADS_SUFFIX, RETIRED_SUFFIX) if suffix in parts]
+    return PrunePlan(sorted(retire), sorted(delete), sorted(relisted))
 
 
 def parse_heads(text: str) -> dict[str, str]:

@@ -16,9 +16,12 @@ Every network call is bounded by a timeout.
 
 from __future__ import annotations
 
+import errno
+import http.client
 import os
 import shutil
 import ssl
+import stat
 import time
 import urllib.error
 import urllib.parse
@@ -26,15 +29,20 @@ import urllib.request
 from typing import Protocol
 
 from checkoutcache.bundleuri import TMP_PREFIX, BundleLocation
+from checkoutcache.credentials import strip_userinfo
+
+# An S3 endpoint (AWS_ENDPOINT_URL_S3) on plain http is refused unless this is "1".
+ALLOW_HTTP_S3_VAR = "CHECKOUTCACHE_S3_ALLOW_HTTP"
 
 CHUNK = 1 << 20
 
 
 class StoreError(Exception):
-    def __init__(self, why: str, missing: bool = False, late: bool = False):
+    def __init__(self, why: str, missing: bool = False, late: bool = False, large: bool = False):
         super().__init__(why)
         self.missing = missing  # the object is not there (as opposed to: the store did not answer)
         self.late = late  # given up at the deadline
+        self.large = large  # larger than the space seeding may use
 
 
 class RepositoryFolder(Protocol):
@@ -42,7 +50,7 @@ class RepositoryFolder(Protocol):
 
     def read(self, name: str, limit: int) -> bytes: ...
 
-    def download(self, name: str, dest: str, deadline: float) -> int: ...
+    def download(self, name: str, dest: str, deadline: float, max_bytes: int) -> int: ...
 
     def write(self, name: str, source: str | bytes) -> None: ...
 
@@ -55,15 +63,24 @@ def _too_large(name: str, limit: int) -> StoreError:
     return StoreError(f"{name} is larger than {limit} bytes")
 
 
-def copy_until(chunks, dest: str, deadline: float, name: str) -> int:
+def copy_until(chunks, dest: str, deadline: float, max_bytes: int, name: str) -> int:
     """Write the chunks to dest; give up at the deadline (a store that sends a byte at a
-    time must not hold a clone past its share of the timeout)."""
+    time must not hold a clone past its share of the timeout) or past max_bytes (the
+    space seeding may use: a store's endless answer must not fill the root's disk)."""
     with open(dest, "wb") as target:
         for chunk in chunks:
             target.write(chunk)
             if time.monotonic() > deadline:
                 raise StoreError(f"{name}: the download did not finish in the time seeding may take", late=True)
+            if target.tell() > max_bytes:
+                raise StoreError(f"{name} is larger than the {max_bytes} bytes seeding may use here", large=True)
         return target.tell()
+
+
+def check_size(name: str, size: int | None, max_bytes: int) -> None:
+    if size is not None and size > max_bytes:
+        raise StoreError(f"{name} ({size} bytes) is larger than the {max_bytes} bytes seeding may use here",
+                         large=True)
 
 
 def _read_chunks(handle):
@@ -80,7 +97,10 @@ class FileFolder:
 
     def read(self, name: str, limit: int) -> bytes:
         try:
-            with open(self._path(name), "rb") as handle:
+            fd = os.open(self._path(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise StoreError(f"{self.where}/{name} is not a regular file")
                 data = handle.read(limit + 1)
         except FileNotFoundError:
             raise StoreError(f"{self.where}/{name} does not exist", missing=True) from None
@@ -90,13 +110,21 @@ class FileFolder:
             raise _too_large(name, limit)
         return data
 
-    def download(self, name: str, dest: str, deadline: float) -> int:
+    def download(self, name: str, dest: str, deadline: float, max_bytes: int) -> int:
         try:
-            with open(self._path(name), "rb") as source:
-                return copy_until(_read_chunks(source), dest, deadline, name)
+            # A regular file of the folder only: not a symlink out of it, a FIFO or a device.
+            fd = os.open(self._path(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as source:
+                info = os.fstat(source.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise StoreError(f"{self.where}/{name} is not a regular file")
+                check_size(name, info.st_size, max_bytes)
+                return copy_until(_read_chunks(source), dest, deadline, max_bytes, name)
         except FileNotFoundError:
             raise StoreError(f"{self.where}/{name} does not exist", missing=True) from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StoreError(f"{self.where}/{name} is a symbolic link: not followed") from None
             raise StoreError(f"{self.where}/{name}: {exc.strerror}") from None
 
     def write(self, name: str, source: str | bytes) -> None:
@@ -150,6 +178,11 @@ class S3Folder:
         # A store that does not answer costs each new mirror at most ~2 x (connect + read) timeouts.
         self.client = boto3.session.Session().client("s3", config=BotoConfig(
             connect_timeout=min(timeout, 10.0), read_timeout=timeout, retries={"max_attempts": 2, "mode": "standard"}))
+        endpoint = str(self.client.meta.endpoint_url)
+        if not endpoint.startswith("https://") and os.environ.get(ALLOW_HTTP_S3_VAR) != "1":
+            # Signatures protect the request, not the answer: bundles over http could be anyone's.
+            raise StoreError(f"the S3 endpoint {strip_userinfo(endpoint)} is not https:// (set {ALLOW_HTTP_S3_VAR}=1 "
+                             f"for a store on a trusted network)")
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -177,13 +210,15 @@ class S3Folder:
             raise _too_large(name, limit)
         return data
 
-    def download(self, name: str, dest: str, deadline: float) -> int:
+    def download(self, name: str, dest: str, deadline: float, max_bytes: int) -> int:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
+            body = answer["Body"]
             try:
-                return copy_until(body.iter_chunks(CHUNK), dest, deadline, name)
+                check_size(name, answer.get("ContentLength"), max_bytes)
+                return copy_until(body.iter_chunks(CHUNK), dest, deadline, max_bytes, name)
             finally:
                 body.close()
         except (BotoCoreError, ClientError) as exc:
@@ -247,25 +282,28 @@ class HttpsFolder:
                                     timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             raise StoreError(f"{url}: HTTP {exc.code} {exc.reason}", missing=exc.code in (404, 410)) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise StoreError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+            raise StoreError(f"{url}: {type(exc).__name__}: {str(getattr(exc, 'reason', exc))[:200]}") from None
 
     def read(self, name: str, limit: int) -> bytes:
         with self._open(name) as answer:
             try:
                 data = answer.read(limit + 1)
-            except OSError as exc:
-                raise StoreError(f"{self.where}/{name}: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise StoreError(f"{self.where}/{name}: {type(exc).__name__}: {str(exc)[:200]}") from None
         if len(data) > limit:
             raise _too_large(name, limit)
         return data
 
-    def download(self, name: str, dest: str, deadline: float) -> int:
+    def download(self, name: str, dest: str, deadline: float, max_bytes: int) -> int:
         with self._open(name) as answer:
             try:
-                return copy_until(_read_chunks(answer), dest, deadline, name)
-            except OSError as exc:
-                raise StoreError(f"{self.where}/{name}: {exc}") from None
+                length = answer.headers.get("Content-Length")
+                check_size(name, int(length) if length and length.isascii() and length.isdigit() else None,
+                           max_bytes)
+                return copy_until(_read_chunks(answer), dest, deadline, max_bytes, name)
+            except (OSError, http.client.HTTPException) as exc:
+                raise StoreError(f"{self.where}/{name}: {type(exc).__name__}: {str(exc)[:200]}") from None
 
     def _read_only(self, *_args) -> None:
         raise StoreError(f"{self.where} is read-only: publish to the s3:// or file:// location behind it")

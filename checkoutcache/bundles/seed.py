@@ -15,7 +15,9 @@ scratch directory and are removed as soon as they are taken in.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import threading
 import time
 from typing import Callable, NamedTuple, TypeVar
@@ -30,9 +32,18 @@ from checkoutcache.git.bundles import BundleError, bundles_unsupported, take_in_
 SEED_SHARE = 0.5
 T = TypeVar("T")
 # Why a mirror was not (wholly) seeded, as a metrics label: a fixed set.
-NO_GIT, NO_LIST, STORE_DOWN, BAD_LIST, OUT_OF_TIME, BUNDLE_UNUSABLE, REBUILD = (
-    "no-git", "no-list", "store-down", "bad-list", "out-of-time", "bundle-unusable", "rebuild")
-REASONS = (NO_GIT, NO_LIST, STORE_DOWN, BAD_LIST, OUT_OF_TIME, BUNDLE_UNUSABLE, REBUILD)
+NO_GIT, NO_LIST, STORE_DOWN, BAD_LIST, OUT_OF_TIME, NO_SPACE, BUNDLE_UNUSABLE, REBUILD, UNEXPECTED = (
+    "no-git", "no-list", "store-down", "bad-list", "out-of-time", "no-space", "bundle-unusable", "rebuild",
+    "unexpected")
+REASONS = (NO_GIT, NO_LIST, STORE_DOWN, BAD_LIST, OUT_OF_TIME, NO_SPACE, BUNDLE_UNUSABLE, REBUILD, UNEXPECTED)
+# What seeding may download: half the space free beyond this share of the disk (the
+# bundle's pack then takes about as much again in the mirror; other clones need room).
+DISK_RESERVE = 0.10
+
+
+def space_for_downloads(directory: str) -> int:
+    usage = shutil.disk_usage(directory)
+    return max(0, int(usage.free - DISK_RESERVE * usage.total) // 2)
 
 
 class SeedResult(NamedTuple):
@@ -74,7 +85,18 @@ def within(deadline: float, what: str, operation: Callable[[], T]) -> T:
 
 def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fds: tuple[int, ...],
                 budget: float, log: Callable[[str], None]) -> SeedResult:
+    """Never raises (bar the worker's own death): whatever the store does ends in a result."""
     started = time.monotonic()
+    try:
+        return _seed(mirror, location, key, workdir, keep_fds, budget, log, started)
+    except Exception as exc:  # a store's answer no branch foresaw: a speed-up lost, not a clone
+        why = f"unexpected {type(exc).__name__}: {str(exc)[:300]}"
+        log(f"bundles: {why}")
+        return SeedResult(False, (), why, UNEXPECTED, str(location), 0, time.monotonic() - started)
+
+
+def _seed(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fds: tuple[int, ...],
+          budget: float, log: Callable[[str], None], started: float) -> SeedResult:
     deadline = started + budget
     taken: list[str] = []
     downloaded = 0
@@ -107,15 +129,19 @@ def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, k
                           OUT_OF_TIME)
         path = os.path.join(workdir, entry.uri)
         try:
-            size = within(deadline, entry.uri, lambda: folder.download(entry.uri, path, deadline))
+            room = space_for_downloads(workdir)
+            size = within(deadline, entry.uri, lambda: folder.download(entry.uri, path, deadline, room))
             downloaded += size
             verify_bundle(mirror, path, timeout=max(1.0, deadline - time.monotonic()))
             take_in_bundle(mirror, path, keep_fds, timeout=max(1.0, deadline - time.monotonic()))
         except (StoreError, BundleError, OSError) as exc:
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            late = isinstance(exc, StoreError) and exc.late
-            return result(f"{entry.uri} not taken in ({detail}); fetching the rest from upstream",
-                          OUT_OF_TIME if late else BUNDLE_UNUSABLE)
+            reason = BUNDLE_UNUSABLE
+            if isinstance(exc, StoreError):
+                reason = OUT_OF_TIME if exc.late else NO_SPACE if exc.large else BUNDLE_UNUSABLE
+            elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                reason = NO_SPACE
+            return result(f"{entry.uri} not taken in ({detail}); fetching the rest from upstream", reason)
         finally:
             try:
                 os.unlink(path)

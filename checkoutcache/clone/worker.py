@@ -357,6 +357,7 @@ class Worker:
         self.on_progress({"phase": "seeding from bundles"})
         checkpoint("before-seed")
         remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
+        # seed_mirror never raises: whatever the store does costs speed only.
         result = seed_mirror(build, location, bundle_key(self.scope, self.url, self.is_local),
                              self.scratch.path, keep_fds, SEED_SHARE * remaining, self.log)
         record = result.to_record(time.time())

@@ -9,9 +9,14 @@ commits as "haves", so only the difference is sent, and gc's repack keeps them.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from typing import Callable
 
+from checkoutcache.credentials import Credential, redact, secrets_of
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, git_failure
 from checkoutcache.git.cli import last_meaningful_line
 from checkoutcache.git.env import git_env
 
@@ -81,8 +86,41 @@ def verify_bundle(mirror: str, path: str, timeout: float) -> None:
 
 
 def take_in_bundle(mirror: str, path: str, keep_fds: tuple[int, ...], timeout: float) -> None:
-    """Fetch every ref of the bundle into refs/bundles/ (objects checked as any fetch's)."""
-    done = _git(["-C", mirror, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", path,
-                 f"+refs/*:{BUNDLE_REFS}*"], keep_fds, timeout)
+    """Fetch every ref of the bundle into refs/bundles/, all or nothing.
+
+    git stores the bundle's pack before its connectivity check: a bundle whose pack
+    lacks objects its refs need fails the fetch but leaves the pack behind, and a
+    commit in it would then be taken as present (its history missing). So whatever
+    pack a failed take-in added is removed again."""
+    packs = os.path.join(mirror, "objects", "pack")
+    before = set(os.listdir(packs)) if os.path.isdir(packs) else set()
+    try:
+        done = _git(["-C", mirror, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", path,
+                     f"+refs/*:{BUNDLE_REFS}*"], keep_fds, timeout)
+        if done.returncode != 0:
+            raise BundleError(last_meaningful_line(done.stderr))
+    except BaseException:
+        for name in set(os.listdir(packs)) - before if os.path.isdir(packs) else ():
+            try:
+                os.unlink(os.path.join(packs, name))
+            except OSError:
+                pass
+        raise
+
+
+def fetch_published(mirror: str, url: str, credential: Credential | None, log: Callable[[str], None],
+                    keep_fds: tuple[int, ...], timeout: float) -> None:
+    """The upstream's branches and tags, as they are now: a branch or tag deleted
+    upstream is deleted here too (--prune), so no bundle carries it on."""
+    secrets = secrets_of(credential)
+    args = ["-C", mirror, "fetch", "--prune", "--no-tags", "--no-write-fetch-head", "--quiet", "--", url,
+            *ALL_BRANCHES_AND_TAGS]
+    log("$ git " + redact(" ".join(args[2:]), secrets))
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, errors="replace", cwd="/",
+                              env=git_env(credential=credential, url=url), pass_fds=keep_fds, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise CheckoutCacheError("TIMEOUT", limit=f"{timeout:g}s") from None
     if done.returncode != 0:
-        raise BundleError(last_meaningful_line(done.stderr))
+        raise git_failure(done.stderr, last_meaningful_line(done.stderr), secrets)

@@ -3,23 +3,27 @@ in the fleet's shared store (bundleuri.py draws the store's layout).
 
 Per repository:
  1. Under locks/mirror.lock (the lock every clone's fetch takes): fetch the
-    upstream's branches and tags into the mirror (a missing mirror is made in
+    upstream's branches and tags into the mirror, pruning those deleted upstream (a missing mirror is made in
     our scratch and renamed into place, as a clone makes one), then
     `git bundle create` of them into our scratch: a full bundle, or an
     increment of everything the current chain's heads do not reach.
  2. The lock released: upload the bundle, then its heads file, then the new
     list; each appears whole (S3 PUT, or temp file + rename), and the list
     last, so no reader ever sees a list naming a bundle not yet there.
- 3. Delete what no list names any more once it is older than --prune-after.
+ 3. Mark retired what no list names any more; delete what was marked
+    --prune-after ago.
 
 Two publishers at once leave one of their lists (the last written), each
-valid; a list that names a bundle pruned by the other costs seeders speed
-only and makes the next publish start a new chain (its heads are missing).
-Failures are reported per repository with a code; the others go on.
+naming only whole bundles as long as a publish takes less than
+--prune-after: a bundle is deleted only that long after a publisher first
+found it in no list. A publisher that finds a listed bundle or its heads
+missing starts a new chain. Failures are reported per repository with a
+code; the others go on.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from typing import Callable
@@ -36,17 +40,23 @@ from checkoutcache.bundles.bundlelist import (
     parse_list,
     plan_publish,
     render_heads,
+    plan_prune,
     render_list,
-    to_prune,
 )
 from checkoutcache.bundles.objectstore import RepositoryFolder, StoreError, open_folder
-from checkoutcache.bundleuri import LIST_NAME, BundleLocation, bundle_key, heads_name, object_name
+from checkoutcache.bundleuri import LIST_NAME, BundleLocation, bundle_key, heads_name, object_name, retired_name
 from checkoutcache.cache import store_key
 from checkoutcache.config import Config
 from checkoutcache.credentials import credential_for
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS
-from checkoutcache.git.bundles import BundleError, bundles_unsupported, create_bundle, present, published_refs
+from checkoutcache.git.bundles import (
+    BundleError,
+    bundles_unsupported,
+    create_bundle,
+    fetch_published,
+    present,
+    published_refs,
+)
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
@@ -117,9 +127,22 @@ class Publisher:
         report = {"repo": spec.url, "scope": spec.scope, "bundle_key": key, "store": str(self.location)}
         try:
             report.update(self._publish(spec, key))
-        except CheckoutCacheError as exc:
-            report.update(action="failed", error=exc.code, message=exc.message, next=exc.next)
+        except Exception as exc:  # one repository's failure, reported with a code; the others go on
+            error = self._explain(spec, exc)
+            report.update(action="failed", error=error.code, message=error.message, next=error.next)
         return report
+
+    def _explain(self, spec: RepoSpec, exc: Exception) -> CheckoutCacheError:
+        if isinstance(exc, CheckoutCacheError):
+            return exc
+        if isinstance(exc, StoreError):
+            return CheckoutCacheError("BUNDLE_STORE_FAILED", where=str(self.location), detail=str(exc))
+        if isinstance(exc, locks.LockTimeout):
+            return CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=(
+                f"its mirror stayed locked for {self.config.clone_timeout:g}s (a clone or gc holds it)"))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return CheckoutCacheError("DISK_FULL", detail=str(exc))
+        return CheckoutCacheError("INTERNAL_ERROR", detail=f"{type(exc).__name__}: {exc}"[:300])
 
     def _publish(self, spec: RepoSpec, key: str) -> dict:
         if spec.is_local:
@@ -128,16 +151,16 @@ class Publisher:
         unsupported = bundles_unsupported()
         if unsupported is not None:
             raise CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=unsupported)
-        try:
-            folder = open_folder(self.location, key, timeout=self.config.probe_timeout)
-            current = read_list(folder)
-            chain = chain_heads(folder, current) if current is not None else None
-        except StoreError as exc:
-            raise CheckoutCacheError("BUNDLE_STORE_FAILED", where=str(self.location), detail=str(exc)) from None
+        folder = open_folder(self.location, key, timeout=self.config.probe_timeout)
+        current = read_list(folder)
+        chain = chain_heads(folder, current) if current is not None else None
+        stored = {name for name, _ in folder.list()}
         now = time.time()
         plan = plan_publish(current, now, self.options.max_increments, self.options.full_every, self.options.full)
         if not plan.full and chain is None:
             plan = plan._replace(full=True, why="a listed bundle's heads file is missing")
+        if not plan.full and any(e.uri not in stored for e in current.entries):
+            plan = plan._replace(full=True, why="a listed bundle is missing from the store")
         spec = store_key(self.root_paths, spec)
         paths = self.root_paths.repo(spec.key)
         if not store_exists(paths):  # a repository never seen here: nothing is written before it answers
@@ -152,13 +175,10 @@ class Publisher:
                         "pruned": self._prune(folder, current.entries if current else ())}
             entry, path, heads = made
             entries = (entry,) if plan.full else (*current.entries, entry)
-            try:
-                folder.write(entry.uri, path)
-                folder.write(heads_name(entry.uri), render_heads(heads).encode())
-                folder.write(LIST_NAME, render_list(entries).encode())  # last: every bundle it names is whole
-                pruned = self._prune(folder, entries)
-            except StoreError as exc:
-                raise CheckoutCacheError("BUNDLE_STORE_FAILED", where=str(self.location), detail=str(exc)) from None
+            folder.write(entry.uri, path)
+            folder.write(heads_name(entry.uri), render_heads(heads).encode())
+            folder.write(LIST_NAME, render_list(entries).encode())  # last: every bundle it names is whole
+            pruned = self._prune(folder, entries)
             self.log(f"{spec.url}: published {entry.uri} ({'full' if plan.full else 'increment'}: {plan.why})")
             return {"action": "full" if plan.full else "increment", "why": plan.why, "bundle": entry.uri,
                     "bytes": os.path.getsize(path), "refs": len(heads), "list": [e.uri for e in entries],
@@ -178,8 +198,8 @@ class Publisher:
                 build = RepoPaths.scratch_mirror(workdir)
                 self.backend.init_mirror(build)
                 os.rename(build, paths.mirror)
-            self.backend.fetch(paths.mirror, spec.url, ALL_BRANCHES_AND_TAGS, self._credential(spec),
-                               lambda _update: None, lambda line: self.log(f"{spec.url}: {line}"), keep_fds)
+            fetch_published(paths.mirror, spec.url, self._credential(spec), lambda line: self.log(f"{spec.url}: {line}"),
+                            keep_fds, self.config.clone_timeout)
             try:
                 heads = published_refs(paths.mirror)
                 if not heads:
@@ -197,15 +217,18 @@ class Publisher:
         return BundleEntry(name[: -len(".bundle")], name, token), path, heads
 
     def _prune(self, folder: RepositoryFolder, entries) -> list[str]:
-        """Delete what neither our list nor the store's current one names, once old enough."""
+        """Retire what neither our list nor the store's current one names; delete what was
+        retired --prune-after ago (bundlelist.plan_prune). Returns what was deleted."""
         listed = {e.uri for e in entries}
         try:
             latest = read_list(folder)  # another publisher's list, written since ours, keeps its bundles
             listed |= {e.uri for e in latest.entries} if latest else set()
-            pruned = to_prune(folder.list(), listed, time.time(), self.options.prune_after)
-            for name in pruned:
+            plan = plan_prune(folder.list(), listed, time.time(), self.options.prune_after)
+            for bundle in plan.retire:
+                folder.write(retired_name(bundle), b"")
+            for name in plan.delete + plan.relisted:
                 folder.delete(name)
         except StoreError as exc:
             self.log(f"pruning skipped: {exc}")
             return []
-        return pruned
+        return plan.delete

@@ -37,7 +37,8 @@ class MotoS3:
         """The standard AWS environment a node is given (no CHECKOUTCACHE_ setting names a credential)."""
         return {"AWS_ACCESS_KEY_ID": "moto-test-key", "AWS_SECRET_ACCESS_KEY": AWS_TEST_SECRET,
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": self.endpoint,
-                "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+                "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+                "CHECKOUTCACHE_S3_ALLOW_HTTP": "1"}  # moto answers on plain http (a trusted loopback)
 
     def client(self):
         import boto3
