@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import attrs
 
+from checkoutcache.bundleuri import BundleLocation, parse_bundle_uri
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_lfs, parse_submodules
 from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size
@@ -91,6 +92,11 @@ class Config:
     lfs: str = setting("on", "CHECKOUTCACHE_LFS",
                        "Check out Git LFS files with their content (on; needs git-lfs) or as pointer files (off). "
                        "Checkouts made under each setting are kept apart.", parse_lfs)
+    bundle_uri: BundleLocation | None = setting(
+        None, "CHECKOUTCACHE_BUNDLE_URI",
+        "Seed a new mirror from the bundles at this s3://, https:// or file:// location before fetching "
+        "from upstream (README \"Fleets: seeding from bundles\"); also where `bundle publish` writes.",
+        parse_bundle_uri, "off")
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict[str, str] | None = None, **overrides: Any) -> "Config":
@@ -117,7 +123,8 @@ class Config:
         for field in attrs.fields(type(self)):
             value = getattr(self, field.name)
             if value is not None:
-                env[field.metadata["env"]] = (",".join(value) or "none") if isinstance(value, tuple) else str(value)
+                listed = isinstance(value, tuple) and not hasattr(value, "_fields")  # a NamedTuple shows itself
+                env[field.metadata["env"]] = (",".join(value) or "none") if listed else str(value)
         return env
 
 

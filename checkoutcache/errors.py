@@ -75,6 +75,13 @@ _TABLE = [
     ErrorCode("SUBMODULE_FAILED", FAILURE,
               "submodule {path} ({url}) could not be checked out: {detail}",
               "check the submodule's URL in .gitmodules and that its commit was pushed; retried after the back-off"),
+    ErrorCode("BUNDLE_FAILED", FAILURE,
+              "no bundle of {repo} could be made: {detail}",
+              "see the message; seeding nodes go on with the bundles listed before"),
+    ErrorCode("BUNDLE_STORE_FAILED", FAILURE,
+              "the bundle store {where} could not be used: {detail}",
+              "check the location (--to or CHECKOUTCACHE_BUNDLE_URI), that it is reachable, and its credentials "
+              "(the AWS environment for s3://); seeding nodes go on with the bundles listed before"),
     ErrorCode("WORKER_DIED", FAILURE,
               "the clone worker died {deaths} times in a row without finishing (killed, or out of memory?)",
               "check the machine's memory and the clone log; it is retried after the back-off"),

@@ -288,6 +288,63 @@ def serve(ctx: Context, listen: str, unix_socket: str | None, allow_remote: bool
         return fail(ctx, exc)
 
 
+@cli.group()
+def bundle() -> None:
+    """Fleet seeding: git bundles of mirrors in a shared store (README "Fleets")."""
+
+
+@bundle.command(name="publish")
+@click.argument("repos", nargs=-1, metavar="[REPO]...")
+@click.option("--to", "to", default=None, metavar="URI",
+              help="The store: s3://bucket/prefix or file:///dir. Default: $CHECKOUTCACHE_BUNDLE_URI.")
+@click.option("--scope", default="default", metavar="NAME", help="The owner scope of the REPOs.")
+@click.option("--full", is_flag=True, help="Start a new chain with a full bundle, whatever the list holds.")
+@click.option("--max-increments", default=6, type=click.IntRange(0, 1000), show_default=True,
+              help="Increments on one full bundle before the next full one.")
+@click.option("--full-every", default="7d", metavar="DURATION", show_default=True,
+              help="A new full bundle at least this often.")
+@click.option("--prune-after", default="1h", metavar="DURATION", show_default=True,
+              help="Delete bundles no list names once older than this (readers of the old list finish first).")
+@pass_context
+def bundle_publish(ctx: Context, repos: tuple[str, ...], to: str | None, scope: str, full: bool,
+                   max_increments: int, full_every: str, prune_after: str) -> int:
+    """Fetch each REPO's branches and tags and publish them as a git bundle and a
+    bundle list (every repository of the root with a mirror, without REPO)."""
+    from checkoutcache.bundleuri import BUNDLE_URI_VAR, parse_bundle_uri
+    from checkoutcache.cli.output import bundle_text, emit_json
+    from checkoutcache.repospec import parse_repo
+    from checkoutcache.store.layout import RootPaths
+    from checkoutcache.units import parse_duration
+    from checkoutcache.upkeep.publish import PublishOptions, Publisher, stored_repositories
+
+    try:
+        config = load_config({})
+        location = parse_bundle_uri(to) if to is not None else config.bundle_uri
+        if location is None:
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"no bundle store: pass --to or set {BUNDLE_URI_VAR}")
+        if not location.writable:
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{location} is read-only here: publish to the s3:// or "
+                                                          f"file:// location behind it")
+        options = PublishOptions(full=full, max_increments=max_increments,
+                                 full_every=parse_duration(full_every, "--full-every"),
+                                 prune_after=parse_duration(prune_after, "--prune-after"))
+        specs = [parse_repo(r, scope, lfs=config.lfs, submodules=config.submodules) for r in repos]
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    root_paths = RootPaths(ctx.cache().root)
+    if not repos:
+        specs = stored_repositories(root_paths)
+    publisher = Publisher(root_paths, location, config, options,
+                          log=(lambda line: None) if ctx.as_json else (lambda line: click.echo(line, err=True)))
+    reports = [publisher.publish(spec) for spec in specs]
+    result = {"store": str(location), "published": reports}
+    if ctx.as_json:
+        emit_json(result)
+    else:
+        click.echo(bundle_text(result))
+    return 1 if any(r["action"] == "failed" for r in reports) else 0
+
+
 @cli.command()
 @click.option("--keep/--no-keep", default=True, help="Keep the demo's directory to look at afterwards.")
 @pass_context

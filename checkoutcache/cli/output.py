@@ -146,6 +146,14 @@ def status_text(status: dict) -> str:
             lines.append(f"  lfs {lfs.get('setting')}: {lfs.get('objects')} object(s), "
                          f"{format_bytes(lfs.get('bytes') or 0)} in {lfs.get('store')}"
                          + (f"; {lfs['why']}" if lfs.get("why") else ""))
+        seed = repo.get("seed")
+        if seed and seed["seeded"]:
+            upstream = seed.get("upstream_since") or {}
+            lines.append(f"  mirror seeded from {len(seed['bundles'])} bundle(s) at {seed['store']} (newest "
+                         f"{seed['bundles'][-1]}); since then from upstream: {upstream.get('objects', 0)} objects, "
+                         f"{format_bytes(upstream.get('bytes', 0))}" + (f"; {seed['why']}" if seed.get("why") else ""))
+        elif seed:
+            lines.append(f"  mirror not seeded: {seed['why']}")
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
     for u in status.get("unreachable", []):
@@ -158,4 +166,19 @@ def status_text(status: dict) -> str:
     lines.append(f"\ntotal {t['checkouts']} checkouts (limit {limit}), {format_bytes(t['bytes'])} "
                  f"(limit {format_bytes(t['max_bytes'])}){free}; * = inside the "
                  f"{format_duration(t['grace_seconds'])} grace window")
+    return "\n".join(lines)
+
+
+def bundle_text(result: dict) -> str:
+    if not result["published"]:
+        return f"no repository with a mirror in this root: nothing published to {result['store']}"
+    lines = []
+    for r in result["published"]:
+        if r["action"] == "failed":
+            lines.append(f"{r['repo']}: failed {r['error']}: {r['message']} ({r['next']})")
+        elif r["action"] == "up to date":
+            lines.append(f"{r['repo']}: up to date ({len(r['list'])} bundle(s) listed)")
+        else:
+            lines.append(f"{r['repo']}: {r['action']} bundle {r['bundle']} ({format_bytes(r['bytes'])}, "
+                         f"{r['refs']} refs; {r['why']}); {len(r['list'])} listed, {len(r['pruned'])} pruned")
     return "\n".join(lines)

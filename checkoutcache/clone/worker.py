@@ -4,7 +4,8 @@ Started by `ensure` (see spawn.py) in its own session, it inherits the commit's
 clone lock and holds it for its whole life, so exactly one clone runs per
 commit and its death (even by SIGKILL) frees the commit at once. Steps:
 
-    scratch  -> mirror (fetch by id, fallback all refs; keep-ref; LFS objects into lfs/)
+    scratch  -> mirror (a new one: bundles first, if CHECKOUTCACHE_BUNDLE_URI is set;
+                fetch by id, fallback all refs; keep-ref; LFS objects into lfs/)
              -> checkout (the LFS filter finds every object in lfs/)
              -> rename scratch tree to checkouts/<sha>  -> ready marker (last)
 
@@ -24,6 +25,8 @@ import sys
 import threading
 import time
 
+from checkoutcache.bundles.seed import SEED_SHARE, seed_mirror
+from checkoutcache.bundleuri import bundle_key
 from checkoutcache.clone.decide import next_failure
 from checkoutcache.clone.submodules import ensure_in_store, populate, submodules_of
 from checkoutcache.config import Config
@@ -35,6 +38,7 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git import mirror
+from checkoutcache.git.bundles import BundleError, object_count
 from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, keep_ref, lfs_checkout_config,
                                        lfs_endpoint, not_a_commit, review_refspec)
 from checkoutcache.git.transport import pick_backend
@@ -310,8 +314,43 @@ class Worker:
             return operation()
 
     def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...]) -> None:
+        seed = records.read_json(self.paths.seed_record)
+        # What upstream sent since seeding, for status and metrics: never a reason to fail.
+        before = self.mirror_objects() if seed and seed.get("seeded") else None
         self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential,
                                                      self.on_progress, self.log, keep_fds))
+        after = self.mirror_objects() if before is not None else None
+        if before is not None and after is not None:
+            upstream = seed.setdefault("upstream", {})
+            upstream["fetches"] = int(upstream.get("fetches", 0)) + 1
+            upstream["objects"] = int(upstream.get("objects", 0)) + max(0, after[0] - before[0])
+            upstream["bytes"] = int(upstream.get("bytes", 0)) + max(0, after[1] - before[1])
+            records.write_json(self.paths.seed_record, seed)
+
+    def mirror_objects(self) -> tuple[int, int] | None:
+        try:
+            return object_count(self.paths.mirror)
+        except (BundleError, OSError, ValueError):
+            return None
+
+    def seed(self, keep_fds: tuple[int, ...]) -> None:
+        """A new mirror takes in the newest usable bundles first (bundles/seed.py): only a
+        speed-up, whatever happens. Its record says how it went (status, metrics)."""
+        location = self.config.bundle_uri
+        records.remove_quietly(self.paths.seed_record)  # a rebuilt mirror: the old record described another
+        if location is None or self.is_local:  # a local upstream is as near as any bundle
+            return
+        self.on_progress({"phase": "seeding from bundles"})
+        checkpoint("before-seed")
+        remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
+        result = seed_mirror(self.paths.mirror, location, bundle_key(self.scope, self.url, self.is_local),
+                             self.scratch.path, keep_fds, SEED_SHARE * remaining, self.log)
+        record = result.to_record(time.time())
+        if result.seeded:
+            record["upstream"] = {"fetches": 0, "objects": 0, "bytes": 0}
+        records.write_json(self.paths.seed_record, record)
+        outcome = "none" if not result.seeded else ("partial" if result.why else "seeded")
+        self.journal("seeded", outcome=outcome, bundles=len(result.bundles))
 
     def keep(self, sha: str, keep_fds: tuple[int, ...]) -> None:
         self.write_mirror(lambda: self.backend.keep(self.paths.mirror, sha, keep_fds))
@@ -350,6 +389,8 @@ class Worker:
         with locks.mirror_write(self.paths, timeout=remaining) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
             rebuilt = self.ensure_mirror(rebuild)
+            if rebuilt:
+                self.seed(keep_fds)
             mirror_dir = self.paths.mirror
             kept = False
             if self.refuse_non_commit(mirror_dir) is None:  # absent: fetch it

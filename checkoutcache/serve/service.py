@@ -26,7 +26,7 @@ from checkoutcache.cache import Cache, Hold
 from checkoutcache.config import Config
 from checkoutcache.errors import CODES, CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE, parse_repo
-from checkoutcache.serve.metrics import Metrics
+from checkoutcache.serve.metrics import SEED_OUTCOMES, Metrics
 from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, tightened
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_root
@@ -72,7 +72,7 @@ class Service:
         self.bounds = bounds or Bounds()
         self.gc_interval = gc_interval
         self.journal = journal
-        self.metrics = Metrics()
+        self.metrics = Metrics(cache.paths)
         self.holds: dict[str, HeldCheckout] = {}
         # (repository key, commit) -> time.monotonic() of this process's last ready
         # answer for it: a forward jump of the wall clock cannot make our own gc evict
@@ -285,6 +285,9 @@ class Service:
             self.metrics.clones.labels("failed", error if error in CODES else "other").inc()
         elif kind == "started":
             self.metrics.clones.labels("started", "").inc()
+        elif kind == "seeded":
+            outcome = event.get("outcome")
+            self.metrics.seeds.labels(outcome if outcome in SEED_OUTCOMES else "other").inc()
 
     def maintain(self) -> None:
         next_gc = time.monotonic() + self.gc_interval

@@ -36,6 +36,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │                      Written only under locks/mirror.lock (fetch, refs, repack).
             │                      refs/keep/<sha> exists for every checkout that exists or is
             │                      being made, so maintenance never drops objects one borrows.
+            │                      refs/bundles/ holds what seeding took in from bundles;
+            │                      refs/heads/ and refs/tags/ what `bundle publish` fetched.
             │                      Its config names lfs/ as git-lfs's lfs.storage.
             ├── lfs/               the repository's one Git LFS object store (git-lfs's
             │   │                  lfs.storage for the mirror and for every checkout), so an
@@ -87,6 +89,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                      publishes or fails, or a day after the last death.
             │   ├── <sha>.size.json    the checkout's size and the last use it was measured at:
             │   │                      written at publish, measured again by gc only after a use.
+            │   ├── mirror-seed.json   how mirror.git began (CHECKOUTCACHE_BUNDLE_URI set): the
+            │   │                      bundles taken in and from where, why not more, and the
+            │   │                      objects and bytes fetched from upstream since. Written by
+            │   │                      the worker that made the mirror, under locks/mirror.lock.
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │   │                      were dropped since (a repack is then due at the interval);
             │   │                      lfs_pending: an LFS prune of lfs/ could not run yet.
@@ -399,6 +405,10 @@ class RepoPaths:
     @property
     def mirror_gc_stamp(self) -> str:
         return os.path.join(self.base, "state", "mirror-gc.json")
+
+    @property
+    def seed_record(self) -> str:
+        return os.path.join(self.state_dir, "mirror-seed.json")
 
     @property
     def unremovable_record(self) -> str:

@@ -65,7 +65,18 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
                for s in info.scratch]
     return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": checkouts,
             "clones": clones, "failures": failures, "scratch": scratch, "stuck_in_trash": stuck_in_trash(info),
-            "lfs": lfs_status(info, config, checkouts)}
+            "lfs": lfs_status(info, config, checkouts), "seed": seed_status(info)}
+
+
+def seed_status(info: RepoInfo) -> dict | None:
+    """How the mirror began, when CHECKOUTCACHE_BUNDLE_URI was set (state/mirror-seed.json)."""
+    record = records.read_json(info.paths.seed_record)
+    if record is None:
+        return None
+    upstream = record.get("upstream") if isinstance(record.get("upstream"), dict) else None
+    return {"seeded": bool(record.get("seeded")), "bundles": list(record.get("bundles") or []),
+            "store": record.get("store"), "why": record.get("why"), "at": iso(record.get("at")),
+            "bundle_bytes": record.get("bundle_bytes"), "upstream_since": upstream}
 
 
 def stuck_in_trash(info: RepoInfo) -> list[dict]:

@@ -1,0 +1,275 @@
+"""Reading and writing one repository's folder of a bundle store.
+
+Three kinds, one small interface (read, download, write, list, delete):
+- s3://    boto3: credentials from the standard AWS chain, the endpoint from
+           AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (S3-compatible stores); an object
+           appears whole when its PUT (or multipart upload) completes.
+- file://  a directory on a shared volume: an object is written to a temp file in
+           the same directory, flushed, then renamed into place.
+- https:// read-only (a CDN or web server in front of the store): redirects are
+           followed to https:// only; the system CAs (SSL_CERT_FILE) are trusted.
+
+Every failure is a StoreError whose text names the location and the reason,
+never a credential (none is in a location; the AWS chain's never reach here).
+Every network call is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Protocol
+
+from checkoutcache.bundleuri import TMP_PREFIX, BundleLocation
+
+CHUNK = 1 << 20
+
+
+class StoreError(Exception):
+    def __init__(self, why: str, missing: bool = False):
+        super().__init__(why)
+        self.missing = missing  # the object is not there (as opposed to: the store did not answer)
+
+
+class RepositoryFolder(Protocol):
+    where: str  # shown in logs and reports
+
+    def read(self, name: str, limit: int) -> bytes: ...
+
+    def download(self, name: str, dest: str) -> int: ...
+
+    def write(self, name: str, source: str | bytes) -> None: ...
+
+    def list(self) -> list[tuple[str, float]]: ...
+
+    def delete(self, name: str) -> None: ...
+
+
+def _too_large(name: str, limit: int) -> StoreError:
+    return StoreError(f"{name} is larger than {limit} bytes")
+
+
+class FileFolder:
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.where = f"file://{directory}"
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def read(self, name: str, limit: int) -> bytes:
+        try:
+            with open(self._path(name), "rb") as handle:
+                data = handle.read(limit + 1)
+        except FileNotFoundError:
+            raise StoreError(f"{self.where}/{name} does not exist", missing=True) from None
+        except OSError as exc:
+            raise StoreError(f"{self.where}/{name}: {exc.strerror}") from None
+        if len(data) > limit:
+            raise _too_large(name, limit)
+        return data
+
+    def download(self, name: str, dest: str) -> int:
+        try:
+            with open(self._path(name), "rb") as source, open(dest, "wb") as target:
+                shutil.copyfileobj(source, target, CHUNK)
+                return target.tell()
+        except FileNotFoundError:
+            raise StoreError(f"{self.where}/{name} does not exist", missing=True) from None
+        except OSError as exc:
+            raise StoreError(f"{self.where}/{name}: {exc.strerror}") from None
+
+    def write(self, name: str, source: str | bytes) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            tmp = self._path(f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}-{name}")
+            try:
+                with open(tmp, "wb") as target:
+                    if isinstance(source, bytes):
+                        target.write(source)
+                    else:
+                        with open(source, "rb") as handle:
+                            shutil.copyfileobj(handle, target, CHUNK)
+                    target.flush()
+                    os.fsync(target.fileno())  # a crash never leaves a named object half-written
+                os.replace(tmp, self._path(name))
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError as exc:
+            raise StoreError(f"{self.where}/{name}: {exc.strerror}") from None
+
+    def list(self) -> list[tuple[str, float]]:
+        try:
+            with os.scandir(self.directory) as found:
+                return [(e.name, e.stat().st_mtime) for e in found if e.is_file(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"{self.where}: {exc.strerror}") from None
+
+    def delete(self, name: str) -> None:
+        try:
+            os.unlink(self._path(name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"{self.where}/{name}: {exc.strerror}") from None
+
+
+class S3Folder:
+    def __init__(self, bucket: str, prefix: str, timeout: float):
+        import boto3  # only a node that uses an s3:// store pays for the import
+        from botocore.config import Config as BotoConfig
+
+        self.bucket, self.prefix = bucket, prefix
+        self.where = f"s3://{bucket}/{prefix}"
+        self.client = boto3.session.Session().client("s3", config=BotoConfig(
+            connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 3, "mode": "standard"}))
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _error(self, name: str, exc: Exception) -> StoreError:
+        from botocore.exceptions import ClientError
+
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            missing = code in ("NoSuchKey", "404", "NotFound")
+            return StoreError(f"{self.where}/{name}: {code or 'error'} "
+                              f"({exc.response.get('Error', {}).get('Message', '')[:200]})", missing=missing)
+        return StoreError(f"{self.where}/{name}: {type(exc).__name__}: {str(exc)[:300]}")
+
+    def read(self, name: str, limit: int) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+            data = body.read(limit + 1)
+            body.close()
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(name, exc) from None
+        if len(data) > limit:
+            raise _too_large(name, limit)
+        return data
+
+    def download(self, name: str, dest: str) -> int:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+            with open(dest, "wb") as target:
+                for chunk in body.iter_chunks(CHUNK):
+                    target.write(chunk)
+                return target.tell()
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(name, exc) from None
+
+    def write(self, name: str, source: str | bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            if isinstance(source, bytes):
+                self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=source)
+            else:  # multipart for large bundles: the object appears when the upload completes
+                self.client.upload_file(source, self.bucket, self._key(name))
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(name, exc) from None
+        except Exception as exc:  # boto3's transfer manager wraps failures in its own types
+            raise StoreError(f"{self.where}/{name}: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+    def list(self) -> list[tuple[str, float]]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        found = []
+        prefix = self._key("")
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", []):
+                    name = item["Key"][len(prefix):]
+                    if "/" not in name:
+                        found.append((name, item["LastModified"].timestamp()))
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error("", exc) from None
+        return found
+
+    def delete(self, name: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(name, exc) from None
+
+
+class _HttpsOnly(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if urllib.parse.urlsplit(newurl).scheme != "https":
+            raise urllib.error.HTTPError(newurl, code, "a redirect away from https:// is refused", headers, fp)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+class HttpsFolder:
+    def __init__(self, base: str, timeout: float):
+        self.base, self.timeout = base, timeout
+        self.where = base
+        self.opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ssl.create_default_context()),
+                                                  _HttpsOnly())
+
+    def _open(self, name: str):
+        url = f"{self.base}/{urllib.parse.quote(name)}"
+        try:
+            return self.opener.open(urllib.request.Request(url, headers={"User-Agent": "checkoutcache"}),
+                                    timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise StoreError(f"{url}: HTTP {exc.code} {exc.reason}", missing=exc.code in (404, 410)) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise StoreError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+
+    def read(self, name: str, limit: int) -> bytes:
+        with self._open(name) as answer:
+            try:
+                data = answer.read(limit + 1)
+            except OSError as exc:
+                raise StoreError(f"{self.where}/{name}: {exc}") from None
+        if len(data) > limit:
+            raise _too_large(name, limit)
+        return data
+
+    def download(self, name: str, dest: str) -> int:
+        with self._open(name) as answer:
+            try:
+                with open(dest, "wb") as target:
+                    shutil.copyfileobj(answer, target, CHUNK)
+                    return target.tell()
+            except OSError as exc:
+                raise StoreError(f"{self.where}/{name}: {exc}") from None
+
+    def _read_only(self, *_args) -> None:
+        raise StoreError(f"{self.where} is read-only: publish to the s3:// or file:// location behind it")
+
+    write = delete = _read_only
+
+    def list(self) -> list[tuple[str, float]]:
+        self._read_only()
+        return []
+
+
+def open_folder(location: BundleLocation, bundle_key: str, timeout: float = 30.0) -> RepositoryFolder:
+    """The repository's folder of the store at location."""
+    folder = location.repository(bundle_key)
+    if location.scheme == "file":
+        return FileFolder(folder)
+    if location.scheme == "s3":
+        try:
+            return S3Folder(location.host, folder, timeout)
+        except Exception as exc:  # no boto3, a broken AWS config file: the store is unusable
+            raise StoreError(f"s3://{location.host}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    return HttpsFolder(f"https://{location.host}{urllib.parse.quote(folder)}", timeout)

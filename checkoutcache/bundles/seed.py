@@ -1,0 +1,91 @@
+"""Seeding a new mirror from the bundle store, before its first fetch from upstream.
+
+Steps: read the repository's bundle list; download its bundles in token order
+(the full one first), each checked by `git bundle verify` and fetched into
+refs/bundles/; stop at the first that fails (the later ones build on it).
+Whatever was taken in stays: the upstream fetch that follows sends only
+what is missing (git offers refs/bundles/ as "haves").
+
+Nothing here fails a clone: a store that is down, a list that is missing or
+malformed, a bundle removed, truncated or older than the commit all end in a
+SeedResult saying what was taken in and why not more. Only a bundle that has
+passed `git bundle verify` is fetched from. Downloads go to the worker's
+scratch directory and are removed as soon as they are taken in.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, NamedTuple
+
+from checkoutcache.bundles.bundlelist import MAX_LIST_BYTES, MalformedList, parse_list
+from checkoutcache.bundleuri import LIST_NAME, BundleLocation
+from checkoutcache.bundles.objectstore import StoreError, open_folder
+from checkoutcache.git.bundles import BundleError, bundles_unsupported, take_in_bundle, verify_bundle
+
+# A node never spends more of its clone's time on bundles than this share: the
+# upstream fetch that follows must still fit in the clone timeout.
+SEED_SHARE = 0.5
+
+
+class SeedResult(NamedTuple):
+    seeded: bool  # at least one bundle taken in
+    bundles: tuple[str, ...]  # the names taken in, in order
+    why: str | None  # why nothing, or not every listed bundle, was taken in
+    store: str  # where from (no credentials: locations never hold any)
+    bytes: int  # downloaded
+    seconds: float
+
+    def to_record(self, at: float) -> dict:
+        return {"seeded": self.seeded, "bundles": list(self.bundles), "why": self.why, "store": self.store,
+                "bundle_bytes": self.bytes, "seconds": round(self.seconds, 3), "at": at}
+
+
+def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fds: tuple[int, ...],
+                budget: float, log: Callable[[str], None]) -> SeedResult:
+    started = time.monotonic()
+    deadline = started + budget
+    taken: list[str] = []
+    downloaded = 0
+
+    def result(why: str | None) -> SeedResult:
+        if why is not None:
+            log(f"bundles: {why}")
+        return SeedResult(bool(taken), tuple(taken), why, str(location), downloaded, time.monotonic() - started)
+
+    unsupported = bundles_unsupported()
+    if unsupported is not None:
+        return result(unsupported)
+    try:
+        folder = open_folder(location, key, timeout=max(1.0, min(30.0, budget)))
+        listed = parse_list(folder.read(LIST_NAME, MAX_LIST_BYTES).decode("utf-8", "replace"))
+    except StoreError as exc:
+        return result(("no bundle list for this repository: " if exc.missing else "the store did not answer: ")
+                      + str(exc))
+    except MalformedList as exc:
+        return result(f"the bundle list at {location} is not usable: {exc}")
+    if not listed.entries:
+        return result(f"the bundle list at {location} names no bundle")
+    log(f"bundles: {len(listed.entries)} listed at {folder.where}")
+    for entry in listed.entries:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return result(f"stopped before {entry.uri}: seeding may take {budget:.0f}s of the clone at most")
+        path = os.path.join(workdir, entry.uri)
+        try:
+            size = folder.download(entry.uri, path)
+            downloaded += size
+            verify_bundle(mirror, path, timeout=max(1.0, deadline - time.monotonic()))
+            take_in_bundle(mirror, path, keep_fds, timeout=max(1.0, deadline - time.monotonic()))
+        except (StoreError, BundleError, OSError) as exc:
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return result(f"{entry.uri} not taken in ({detail}); fetching the rest from upstream")
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        taken.append(entry.uri)
+        log(f"bundles: took in {entry.uri} ({size} bytes)")
+    return result(None)

@@ -1,0 +1,211 @@
+"""`checkoutcache bundle publish`: a repository's branches and tags, as git bundles
+in the fleet's shared store (bundleuri.py draws the store's layout).
+
+Per repository:
+ 1. Under locks/mirror.lock (the lock every clone's fetch takes): fetch the
+    upstream's branches and tags into the mirror (a missing mirror is made in
+    our scratch and renamed into place, as a clone makes one), then
+    `git bundle create` of them into our scratch: a full bundle, or an
+    increment of everything the current chain's heads do not reach.
+ 2. The lock released: upload the bundle, then its heads file, then the new
+    list; each appears whole (S3 PUT, or temp file + rename), and the list
+    last, so no reader ever sees a list naming a bundle not yet there.
+ 3. Delete what no list names any more once it is older than --prune-after.
+
+Two publishers at once leave one of their lists (the last written), each
+valid; a list that names a bundle pruned by the other costs seeders speed
+only and makes the next publish start a new chain (its heads are missing).
+Failures are reported per repository with a code; the others go on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+import attrs
+
+from checkoutcache.bundles.bundlelist import (
+    MAX_LIST_BYTES,
+    BundleEntry,
+    BundleList,
+    MalformedList,
+    next_token,
+    parse_heads,
+    parse_list,
+    plan_publish,
+    render_heads,
+    render_list,
+    to_prune,
+)
+from checkoutcache.bundles.objectstore import RepositoryFolder, StoreError, open_folder
+from checkoutcache.bundleuri import LIST_NAME, BundleLocation, bundle_key, heads_name, object_name
+from checkoutcache.cache import store_key
+from checkoutcache.config import Config
+from checkoutcache.credentials import credential_for
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS
+from checkoutcache.git.bundles import BundleError, bundles_unsupported, create_bundle, present, published_refs
+from checkoutcache.git.transport import pick_backend
+from checkoutcache.repospec import RepoSpec
+from checkoutcache.store import locks, records
+from checkoutcache.store.create import init_repo_store, store_exists
+from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.scratch import create_scratch
+
+Log = Callable[[str], None]
+
+
+@attrs.frozen
+class PublishOptions:
+    full: bool = False  # start a new chain whatever the list holds
+    max_increments: int = 6  # increments on one full bundle before the next full one
+    full_every: float = 7 * 86400.0  # a full bundle at least this often
+    prune_after: float = 3600.0  # unlisted objects older than this are deleted
+
+
+def stored_repositories(root_paths: RootPaths) -> list[RepoSpec]:
+    """Every remote repository of the root that has a mirror: one per bundle key
+    (settings variants of one repository share their bundles)."""
+    found: dict[str, RepoSpec] = {}
+    for key in root_paths.repo_keys():
+        paths = root_paths.repo(key)
+        info = records.read_json(paths.repo_json) or {}
+        url, scope, is_local = info.get("url"), info.get("scope"), bool(info.get("is_local"))
+        if not isinstance(url, str) or not isinstance(scope, str) or is_local or not os.path.isdir(paths.mirror):
+            continue
+        found.setdefault(bundle_key(scope, url, is_local), RepoSpec(url=url, scope=scope, key=key, is_local=False))
+    return list(found.values())
+
+
+def read_list(folder: RepositoryFolder) -> BundleList | None:
+    """The current list; None when there is none or it is not one we can build on."""
+    try:
+        return parse_list(folder.read(LIST_NAME, MAX_LIST_BYTES).decode("utf-8", "replace"))
+    except StoreError as exc:
+        if exc.missing:
+            return None
+        raise
+    except MalformedList:
+        return None
+
+
+def chain_heads(folder: RepositoryFolder, current: BundleList) -> list[dict[str, str]] | None:
+    """The heads file of every listed bundle, oldest first; None if one is missing."""
+    chain = []
+    for entry in current.entries:
+        try:
+            chain.append(parse_heads(folder.read(heads_name(entry.uri), MAX_LIST_BYTES * 16).decode()))
+        except StoreError as exc:
+            if exc.missing:
+                return None
+            raise
+    return chain
+
+
+class Publisher:
+    def __init__(self, root_paths: RootPaths, location: BundleLocation, config: Config, options: PublishOptions,
+                 log: Log, environ: dict[str, str] | None = None):
+        self.root_paths, self.location, self.config, self.options, self.log = (
+            root_paths, location, config, options, log)
+        self.environ = dict(os.environ if environ is None else environ)
+        self.backend = pick_backend(config.transport)
+
+    def publish(self, spec: RepoSpec) -> dict:
+        key = bundle_key(spec.scope, spec.url, spec.is_local)
+        report = {"repo": spec.url, "scope": spec.scope, "bundle_key": key, "store": str(self.location)}
+        try:
+            report.update(self._publish(spec, key))
+        except CheckoutCacheError as exc:
+            report.update(action="failed", error=exc.code, message=exc.message, next=exc.next)
+        return report
+
+    def _publish(self, spec: RepoSpec, key: str) -> dict:
+        if spec.is_local:
+            raise CheckoutCacheError("BAD_ARGUMENT", what="a local repository is not published: its nodes read it "
+                                                          "directly")
+        unsupported = bundles_unsupported()
+        if unsupported is not None:
+            raise CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=unsupported)
+        try:
+            folder = open_folder(self.location, key, timeout=self.config.probe_timeout)
+            current = read_list(folder)
+            chain = chain_heads(folder, current) if current is not None else None
+        except StoreError as exc:
+            raise CheckoutCacheError("BUNDLE_STORE_FAILED", where=str(self.location), detail=str(exc)) from None
+        now = time.time()
+        plan = plan_publish(current, now, self.options.max_increments, self.options.full_every, self.options.full)
+        if not plan.full and chain is None:
+            plan = plan._replace(full=True, why="a listed bundle's heads file is missing")
+        spec = store_key(self.root_paths, spec)
+        paths = self.root_paths.repo(spec.key)
+        if not store_exists(paths):  # a repository never seen here: nothing is written before it answers
+            self.backend.probe(spec.url, False, self._credential(spec), self.config.probe_timeout)
+            init_repo_store(self.root_paths, paths, spec)
+        scratch = create_scratch(paths, "bundle-publish")
+        try:
+            made = self._make_bundle(spec, paths, scratch.path, plan.full, chain or [], now, current)
+            if made is None:
+                return {"action": "up to date", "why": "no branch or tag moved since the newest bundle",
+                        "list": [e.uri for e in current.entries] if current else [],
+                        "pruned": self._prune(folder, current.entries if current else ())}
+            entry, path, heads = made
+            entries = (entry,) if plan.full else (*current.entries, entry)
+            try:
+                folder.write(entry.uri, path)
+                folder.write(heads_name(entry.uri), render_heads(heads).encode())
+                folder.write(LIST_NAME, render_list(entries).encode())  # last: every bundle it names is whole
+                pruned = self._prune(folder, entries)
+            except StoreError as exc:
+                raise CheckoutCacheError("BUNDLE_STORE_FAILED", where=str(self.location), detail=str(exc)) from None
+            self.log(f"{spec.url}: published {entry.uri} ({'full' if plan.full else 'increment'}: {plan.why})")
+            return {"action": "full" if plan.full else "increment", "why": plan.why, "bundle": entry.uri,
+                    "bytes": os.path.getsize(path), "refs": len(heads), "list": [e.uri for e in entries],
+                    "pruned": pruned}
+        finally:
+            scratch.discard()
+
+    def _credential(self, spec: RepoSpec):
+        return credential_for(spec.url, spec.credential, self.environ)
+
+    def _make_bundle(self, spec: RepoSpec, paths: RepoPaths, workdir: str, full: bool,
+                     chain: list[dict[str, str]], now: float, current: BundleList | None):
+        """(entry, file, heads) of a new bundle, or None when nothing moved."""
+        with locks.mirror_write(paths, timeout=self.config.clone_timeout) as mirror_lock:
+            keep_fds = (mirror_lock.fileno(),)
+            if not os.path.isdir(paths.mirror):
+                build = RepoPaths.scratch_mirror(workdir)
+                self.backend.init_mirror(build)
+                os.rename(build, paths.mirror)
+            self.backend.fetch(paths.mirror, spec.url, ALL_BRANCHES_AND_TAGS, self._credential(spec),
+                               lambda _update: None, lambda line: self.log(f"{spec.url}: {line}"), keep_fds)
+            try:
+                heads = published_refs(paths.mirror)
+                if not heads:
+                    raise CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail="it has no branch or tag")
+                if not full and chain and chain[-1] == heads:
+                    return None
+                exclude = set() if full else present(paths.mirror, {sha for h in chain for sha in h.values()})
+                token = next_token(None if full else current, now)
+                name = object_name(token, os.urandom(4).hex())
+                path = os.path.join(workdir, name)
+                if not create_bundle(paths.mirror, path, exclude, keep_fds, self.config.clone_timeout):
+                    return None
+            except BundleError as exc:
+                raise CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=str(exc)) from None
+        return BundleEntry(name[: -len(".bundle")], name, token), path, heads
+
+    def _prune(self, folder: RepositoryFolder, entries) -> list[str]:
+        """Delete what neither our list nor the store's current one names, once old enough."""
+        listed = {e.uri for e in entries}
+        try:
+            latest = read_list(folder)  # another publisher's list, written since ours, keeps its bundles
+            listed |= {e.uri for e in latest.entries} if latest else set()
+            pruned = to_prune(folder.list(), listed, time.time(), self.options.prune_after)
+            for name in pruned:
+                folder.delete(name)
+        except StoreError as exc:
+            self.log(f"pruning skipped: {exc}")
+            return []
+        return pruned
