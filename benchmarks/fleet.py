@@ -2,7 +2,7 @@
 without a published bundle, and how soon it answers its first ready.
 
     python benchmarks/fleet.py --quick [--json-out fleet.json]   # under a minute
-    python benchmarks/fleet.py [--rounds 2] [--sequential] [--check] [--json-out fleet.json]
+    python benchmarks/fleet.py [--rounds 3] [--sequential] [--check] [--json-out fleet.json]   # ~2 minutes
 
 Everything is generated and served on 127.0.0.1 (no network):
 
@@ -401,10 +401,25 @@ def node_run(root: str, url: str, shas: list[str], env: dict, start: threading.B
     return results
 
 
+def seed_record(root: str) -> dict | None:
+    """What the node's own record says of its seeding (state/mirror-seed.json: the bundles taken in,
+    the time, and what it believes the upstream sent since), to set beside the proxy's count."""
+    repos = os.path.join(root, "repos")
+    for key in sorted(os.listdir(repos)) if os.path.isdir(repos) else []:
+        path = os.path.join(repos, key, "state", "mirror-seed.json")
+        if os.path.isfile(path):
+            with open(path) as handle:
+                return parse_json(handle.read())
+    return None
+
+
 def run_fleet(work: str, label: str, url: str, shas: list[str], proxies: list[CountingProxy],
               catch_all: CountingProxy, node_envs: list[dict], sequential: bool, keep: bool) -> dict:
     """Four cold nodes ensure the same commits; per node, what its proxy counted and its times."""
     roots = [os.path.join(work, label, f"node{i}") for i in range(NODES)]
+    # No fleet inherits the previous phase's dirty pages: their writeback would slow its checkouts
+    # (seen as a 2x slower first fleet right after the setup wrote the repository, the clone and the bundle).
+    os.sync()
     for proxy in [*proxies, catch_all]:
         proxy.label = label
     load_before = loadavg()
@@ -435,7 +450,7 @@ def run_fleet(work: str, label: str, url: str, shas: list[str], proxies: list[Co
                       "all_commits_s": round(sum(r["seconds"] for r in results[i]), 3),
                       "objects": counted["objects"], "bytes": counted["bytes"], "packs": counted["packs"],
                       "connections": counted["connections"], "unparsed": counted["unparsed"],
-                      "still_open": counted["still_open"]})
+                      "still_open": counted["still_open"], "seed_record": seed_record(roots[i])})
     unattributed = catch_all.tally(label)
     if not keep:
         shutil.rmtree(os.path.join(work, label), ignore_errors=True)
@@ -461,6 +476,16 @@ def summarize(fleets: list[dict], mode: str) -> dict:
             "all_commits_s": {"median": median([n["all_commits_s"] for n in nodes])},
             "unattributed_objects": sum(f["unattributed"]["objects"] for f in mine),
             "errors": sum(f["errors"] for f in mine)}
+
+
+def round_ratios(fleets: list[dict]) -> list[dict]:
+    """Per round, seeded / unseeded of the median first ready: the run-to-run spread of the time bar."""
+    rounds: dict[str, dict] = {}
+    for fleet in fleets:
+        rounds.setdefault(fleet["label"].split("-")[0], {})[fleet["mode"]] = median(
+            [n["first_ready_s"] for n in fleet["nodes"]])
+    return [{"round": name, **pair, "ratio": ratio(pair.get("seeded"), pair.get("unseeded"))}
+            for name, pair in rounds.items()]
 
 
 def bars(report: dict) -> list[dict]:
@@ -520,6 +545,16 @@ def print_report(report: dict) -> None:
         per_node = ", ".join(f"{n['objects']} obj/{n['first_ready_s']:.2f} s" for n in fleet["nodes"])
         extra = f"; unattributed {fleet['unattributed']['objects']} obj" if fleet["unattributed"]["connections"] else ""
         print(f"  {fleet['label']}: {per_node}{extra} (load {fleet['loadavg_before']} -> {fleet['loadavg_after']})")
+    if s:
+        print("  time to first ready, seeded / unseeded, per round: "
+              + ", ".join(f"{r['ratio']}" for r in report["first_ready_by_round"]))
+        records = [n["seed_record"] for f in report["fleets"] if f["mode"] == "seeded" for n in f["nodes"]]
+        seeded = [r for r in records if r and r.get("seeded")]
+        print(f"  seeded nodes' own records (state/mirror-seed.json): {len(seeded)} of {len(records)} seeded"
+              + (f", seeding took {median([r['seconds'] for r in seeded]):.2f} s (median), upstream objects "
+                 f"{median([r.get('upstream', {}).get('objects', 0) for r in seeded]):.0f}, bytes "
+                 f"{median([r.get('upstream', {}).get('bytes', 0) for r in seeded]) / 2**20:.2f} MiB by their "
+                 f"count" if seeded else ""))
     print("\nbars")
     for bar in report["bars"]:
         if bar["met"] is None:
@@ -545,7 +580,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smaller history (1000 commits), one round")
     parser.add_argument("--rounds", type=int, help="pairs of fleets (unseeded, seeded), order alternating "
-                                                   "(default 1 with --quick, else 2)")
+                                                   "(default 1 with --quick, else 3)")
     parser.add_argument("--sequential", action="store_true", help="nodes one after another, not all at once")
     parser.add_argument("--behind", type=int, default=BEHIND, help="commits between the bundle and the tip")
     parser.add_argument("--seed", type=int, default=1)
@@ -556,7 +591,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a bar is missed")
     args = parser.parse_args()
     shape = SHAPES["quick" if args.quick else "default"]
-    rounds = args.rounds or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 3)
     if not 4 <= args.behind < shape["commits"] // 2:
         parser.error("--behind must leave room for 4 commits and a long history")
     keep = args.workdir is not None
@@ -627,6 +662,7 @@ def main() -> int:
                       + (f"; {fleet['errors']} ensure(s) not ready" if fleet["errors"] else ""), flush=True)
         report["fleets"] = fleets
         report["summary"] = {mode: summarize(fleets, mode) for mode in modes}
+        report["first_ready_by_round"] = round_ratios(fleets)
     finally:
         for proxy in [*proxies, catch_all]:
             proxy.stop()
