@@ -63,7 +63,9 @@ class BundleLocation(NamedTuple):
     def __str__(self) -> str:
         if self.scheme == "file":
             return f"file://{self.path}"
-        return f"{self.scheme}://{self.host}/{self.path}".rstrip("/")
+        if self.scheme == "s3":
+            return f"s3://{self.host}/{self.path}".rstrip("/")
+        return f"https://{self.host}{self.path}"
 
     def repository(self, bundle_key: str) -> str:
         """The repository's folder: an S3 key prefix, a directory or a URL path (no trailing '/')."""

@@ -116,7 +116,11 @@ class Cache:
                           submodules=submodules_of(record))
         from checkoutcache.clone.coordinator import Coordinator
 
-        return Coordinator(self.paths, self.config, spec, sha, self.fork_workers).run(float(wait), on_progress)
+        try:
+            config = self.config  # a malformed setting is the caller's input: answered, nothing written
+        except CheckoutCacheError as exc:
+            return Answer.from_error(exc)
+        return Coordinator(self.paths, config, spec, sha, self.fork_workers).run(float(wait), on_progress)
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
              on_progress: Callable[[Answer], None] | None = None) -> Hold:

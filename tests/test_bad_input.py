@@ -121,3 +121,15 @@ def test_unwritable_root_is_a_clear_error_not_a_hang(tmp_path, upstream):
     exit_code, answer, _ = run_cli("ensure", upstream.path, upstream.shas[0], root=root, timeout=30)
     assert exit_code == 1 and answer["error"] == "ROOT_UNUSABLE"
     assert "--root" in answer["next"]
+
+
+@pytest.mark.parametrize("variable, value", [("CHECKOUTCACHE_BACKOFF", "soon"), ("CHECKOUTCACHE_CLONE_TIMEOUT", "-1"),
+                                             ("CHECKOUTCACHE_BUNDLE_URI", "http://bundles.example/x")])
+def test_a_malformed_setting_is_bad_input_not_a_crash(tmp_path, upstream, variable, value):
+    """Regression: a malformed setting in the environment made ensure crash with
+    INTERNAL_ERROR (and a traceback) instead of answering which setting is wrong."""
+    root = str(tmp_path / "root")
+    code, answer, out = run_cli("ensure", upstream.path, upstream.shas[-1], root=root, env={variable: value})
+    assert code == 2 and answer["error"] == "BAD_ARGUMENT", out
+    assert "Traceback" not in out
+    assert not os.path.exists(root)

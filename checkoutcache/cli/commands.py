@@ -255,7 +255,7 @@ def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...],
 @click.option("--max-wait", default="10m", metavar="DURATION", show_default=True,
               help="The longest `wait` a request may ask for (longer ones are cut to it).")
 @config_options("max_checkouts", "max_bytes", "min_free", "free_headroom", "max_age", "grace", "mirror_gc_interval",
-                "submodules", "lfs")
+                "submodules", "lfs", "bundle_uri")
 @pass_context
 def serve(ctx: Context, listen: str, unix_socket: str | None, allow_remote: bool, gc_interval: str,
           ready_file: str | None, token_file: str | None, allow_repo: tuple[str, ...], allow_local: bool,

@@ -281,8 +281,10 @@ class Worker:
             marker["lfs"] = self.submodule_lfs if self.submodule_lfs != "content" else "content"
         return marker
 
-    def ensure_mirror(self, rebuild: bool = False) -> bool:
-        """Create the mirror if missing (built in our scratch, renamed into place).
+    def ensure_mirror(self, keep_fds: tuple[int, ...], rebuild: bool = False) -> bool:
+        """Create the mirror if missing (built in our scratch, seeded from bundles when
+        CHECKOUTCACHE_BUNDLE_URI is set, renamed into place: a worker killed on the way
+        leaves no mirror, so the next one seeds again).
 
         A mirror damaged beyond opening is moved to trash and rebuilt. Returns True
         when the mirror is new, so the caller restores the objects existing
@@ -295,6 +297,7 @@ class Worker:
             return False
         build = RepoPaths.scratch_mirror(self.scratch.path)
         self.backend.init_mirror(build)
+        self.seed(build, keep_fds)
         os.rename(build, self.paths.mirror)
         return True
 
@@ -333,7 +336,7 @@ class Worker:
         except (BundleError, OSError, ValueError):
             return None
 
-    def seed(self, keep_fds: tuple[int, ...]) -> None:
+    def seed(self, build: str, keep_fds: tuple[int, ...]) -> None:
         """A new mirror takes in the newest usable bundles first (bundles/seed.py): only a
         speed-up, whatever happens. Its record says how it went (status, metrics)."""
         location = self.config.bundle_uri
@@ -343,7 +346,7 @@ class Worker:
         self.on_progress({"phase": "seeding from bundles"})
         checkpoint("before-seed")
         remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
-        result = seed_mirror(self.paths.mirror, location, bundle_key(self.scope, self.url, self.is_local),
+        result = seed_mirror(build, location, bundle_key(self.scope, self.url, self.is_local),
                              self.scratch.path, keep_fds, SEED_SHARE * remaining, self.log)
         record = result.to_record(time.time())
         if result.seeded:
@@ -388,9 +391,7 @@ class Worker:
         remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
         with locks.mirror_write(self.paths, timeout=remaining) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
-            rebuilt = self.ensure_mirror(rebuild)
-            if rebuilt:
-                self.seed(keep_fds)
+            rebuilt = self.ensure_mirror(keep_fds, rebuild)
             mirror_dir = self.paths.mirror
             kept = False
             if self.refuse_non_commit(mirror_dir) is None:  # absent: fetch it

@@ -10,11 +10,13 @@ only fixtures; test files import what they need from here.
               assert_checkout_matches, making a checkout look idle.
 - waiting.py  wait_until(): a bounded wait for an event instead of a fixed sleep.
 - serve.py    Serve: a real `serve` process with tokens; raw requests and the typed client.
+- s3.py       MotoS3: a real S3 API (moto in server mode) in a process of its own.
 """
 
 from .cli import run_cli, wait_ready
 from .daemons import GitDaemon, free_port
 from .repos import GIT_ENV, Upstream, git
+from .s3 import AWS_TEST_SECRET, MotoS3
 from .serve import SCOPED, SHORT_BACKOFF, TOKEN, Serve
 from .store import (
     assert_checkout_matches,
@@ -28,7 +30,7 @@ from .tree import content_snapshot, files_under, grep_tree, walk
 from .waiting import pid_alive, wait_until
 
 __all__ = [
-    "GIT_ENV", "GitDaemon", "SCOPED", "SHORT_BACKOFF", "Serve", "TOKEN", "Upstream", "assert_checkout_matches", "blob_id", "content_snapshot", "files_under",
+    "AWS_TEST_SECRET", "MotoS3", "GIT_ENV", "GitDaemon", "SCOPED", "SHORT_BACKOFF", "Serve", "TOKEN", "Upstream", "assert_checkout_matches", "blob_id", "content_snapshot", "files_under",
     "free_port", "git", "grep_tree", "make_idle", "marker", "only_repo", "pid_alive", "run_cli", "store_snapshot",
     "wait_ready", "wait_until", "walk",
 ]

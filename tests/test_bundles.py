@@ -1,0 +1,517 @@
+"""Fleet seeding (issue 15): `bundle publish` writes git bundles and a bundle list to
+a shared store (a directory, or S3 through moto in server mode); a cold node's new
+mirror takes them in before it fetches the difference from upstream. A store that
+is down, a bundle removed or corrupt, a list that names other places: each costs
+speed only, and says so in the seed record, status and metrics."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import trustme
+
+from checkoutcache.bundles.bundlelist import (
+    BundleEntry,
+    parse_list,
+    plan_publish,
+    render_list,
+    to_prune,
+)
+from checkoutcache.bundleuri import parse_bundle_uri
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.store import locks
+
+from .helpers import (
+    AWS_TEST_SECRET,
+    MotoS3,
+    Serve,
+    assert_checkout_matches,
+    git,
+    grep_tree,
+    only_repo,
+    run_cli,
+    wait_ready,
+    wait_until,
+)
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="bundles need the git CLI")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    server = MotoS3(str(tmp_path_factory.mktemp("moto")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3) -> str:
+    name = f"fleet-{uuid.uuid4().hex[:12]}"
+    s3.make_bucket(name)
+    return name
+
+
+def grow(repo, count: int, tag: str) -> list[str]:
+    """count commits, each changing a few files of a growing tree (a history worth seeding)."""
+    for number in range(count):
+        repo.commit({f"{tag}/part_{number % 7}/file_{number}.txt": f"{tag} {number}\n" * (20 + number),
+                     "CHANGELOG": f"{tag} {number}\n"}, message=f"{tag} {number}")
+    return repo.shas[-count:]
+
+
+def publish(root: str, url: str, store: str, *extra: str, env: dict | None = None) -> dict:
+    code, answer, out = run_cli("bundle", "publish", url, "--to", store, *extra, root=root, env=env)
+    assert code == 0, out
+    [report] = answer["published"]
+    return report
+
+
+def seed_record(root: str) -> dict:
+    with open(only_repo(root).seed_record) as handle:
+        return json.load(handle)
+
+
+def mirror_objects(root: str) -> int:
+    counts = dict(line.split(": ") for line in git("count-objects", "-v", cwd=only_repo(root).mirror).splitlines())
+    return int(counts["count"]) + int(counts["in-pack"])
+
+
+def store_dir(store: str) -> str:
+    """The one repository folder of a file:// store."""
+    base = store[len("file://"):]
+    [key] = os.listdir(base)
+    return os.path.join(base, key)
+
+
+@pytest.fixture
+def published(tmp_path, served_upstream):
+    """An upstream with a history, published to a file:// store as a full bundle and
+    one increment, then 3 commits more: the newest commits are in no bundle."""
+    repo, url = served_upstream
+    grow(repo, 30, "base")
+    store = f"file://{tmp_path / 'store'}"
+    publisher = str(tmp_path / "publisher")
+    first = publish(publisher, url, store)
+    grow(repo, 5, "second")
+    second = publish(publisher, url, store)
+    assert (first["action"], second["action"]) == ("full", "increment"), (first, second)
+    in_bundles = repo.shas[-1]
+    newer = grow(repo, 3, "after")
+    return repo, url, store, in_bundles, newer[-1]
+
+
+# ---------------------------------------------------------------- the issue's regression
+
+def test_a_cold_node_seeded_from_bundles_fetches_only_the_difference_from_upstream(tmp_path, published):
+    repo, url, store, _, newest = published
+    seeded, unseeded = str(tmp_path / "node-seeded"), str(tmp_path / "node-plain")
+    answer = wait_ready(seeded, url, newest, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    wait_ready(unseeded, url, newest)
+    assert_checkout_matches(answer["path"], repo.path, newest)
+    record = seed_record(seeded)
+    assert record["seeded"] and record["why"] is None, record
+    assert len(record["bundles"]) == 2, record
+    full_clone = mirror_objects(unseeded)
+    fetched = record["upstream"]["objects"]
+    # The 3 newest commits' objects, not the repository's: a full clone is ~10x more here.
+    assert 0 < fetched <= full_clone * 0.2, (fetched, full_clone)
+    code, status, out = run_cli("status", root=seeded)
+    assert status["repos"][0]["seed"]["seeded"] and status["repos"][0]["seed"]["upstream_since"]["objects"] == fetched
+    assert git("for-each-ref", "--format=%(refname)", "refs/bundles/", cwd=only_repo(seeded).mirror)
+
+
+def test_a_commit_the_bundles_hold_needs_no_objects_from_upstream(tmp_path, published):
+    repo, url, store, in_bundles, _ = published
+    node = str(tmp_path / "node")
+    answer = wait_ready(node, url, in_bundles, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    assert_checkout_matches(answer["path"], repo.path, in_bundles)
+    assert seed_record(node)["upstream"]["objects"] == 0
+
+
+# ---------------------------------------------------------------- S3 (moto in server mode)
+
+def test_four_cold_nodes_seed_from_s3_at_once_and_no_credential_reaches_the_root(tmp_path, served_upstream, s3,
+                                                                              bucket):
+    repo, url = served_upstream
+    grow(repo, 20, "base")
+    store = f"s3://{bucket}/fleet"
+    publisher = str(tmp_path / "publisher")
+    assert publish(publisher, url, store, env=s3.env)["action"] == "full"
+    grow(repo, 3, "second")
+    assert publish(publisher, url, store, env=s3.env)["action"] == "increment"
+    keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"])
+    assert len(keys) == 5 and keys[0].startswith("fleet/") and keys[-1].endswith("/bundle-list"), keys
+    newest = grow(repo, 2, "after")[-1]
+    env = {**os.environ, **s3.env, "CHECKOUTCACHE_BUNDLE_URI": store}
+    nodes = [str(tmp_path / f"node-{n}") for n in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", node, "ensure", url, newest,
+                               "--wait", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in nodes]
+    outputs = [proc.communicate(timeout=180) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0, 0], outputs
+    for node, (out, _err) in zip(nodes, outputs):
+        answer = json.loads(out)
+        assert answer["state"] == "ready"
+        assert_checkout_matches(answer["path"], repo.path, newest)
+        record = seed_record(node)
+        assert record["seeded"] and len(record["bundles"]) == 2 and record["why"] is None, record
+        assert record["store"] == store
+        assert not grep_tree(node, AWS_TEST_SECRET.encode()), "an AWS secret reached the root"
+        assert AWS_TEST_SECRET not in out + _err
+    assert not grep_tree(publisher, AWS_TEST_SECRET.encode())
+
+
+def test_the_s3_store_down_costs_speed_only(tmp_path, served_upstream):
+    repo, url = served_upstream
+    down = MotoS3(str(tmp_path))
+    down.stop()  # the endpoint refuses connections now
+    node = str(tmp_path / "node")
+    started = time.monotonic()
+    answer = wait_ready(node, url, repo.shas[-1], env={**down.env, "CHECKOUTCACHE_BUNDLE_URI": "s3://gone/fleet"})
+    assert time.monotonic() - started < 60
+    assert_checkout_matches(answer["path"], repo.path, repo.shas[-1])
+    record = seed_record(node)
+    assert not record["seeded"] and "did not answer" in record["why"], record
+    with open(only_repo(node).clone_log(repo.shas[-1])) as handle:
+        assert "bundles: the store did not answer" in handle.read()
+
+
+def test_publishing_to_a_store_that_is_down_fails_with_a_code(tmp_path, served_upstream):
+    _, url = served_upstream
+    down = MotoS3(str(tmp_path))
+    down.stop()
+    code, answer, out = run_cli("bundle", "publish", url, "--to", "s3://gone/fleet", root=str(tmp_path / "pub"),
+                                env=down.env)
+    assert code == 1, out
+    [report] = answer["published"]
+    assert report["action"] == "failed" and report["error"] == "BUNDLE_STORE_FAILED", report
+    assert AWS_TEST_SECRET not in out
+
+
+# ---------------------------------------------------------------- damaged stores
+
+@pytest.mark.parametrize("damage", ["increment removed", "increment truncated", "full removed", "full truncated"])
+def test_a_bundle_removed_or_corrupt_after_the_list_was_written(tmp_path, published, damage):
+    repo, url, store, _, newest = published
+    folder = store_dir(store)
+    with open(os.path.join(folder, "bundle-list")) as handle:
+        full, increment = [e.uri for e in parse_list(handle.read()).entries]
+    victim = os.path.join(folder, increment if damage.startswith("increment") else full)
+    if damage.endswith("removed"):
+        os.unlink(victim)
+    else:
+        with open(victim, "r+b") as handle:
+            handle.truncate(os.path.getsize(victim) // 2)
+    node = str(tmp_path / "node")
+    answer = wait_ready(node, url, newest, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    assert_checkout_matches(answer["path"], repo.path, newest)
+    record = seed_record(node)
+    assert os.path.basename(victim) in record["why"], record
+    assert record["bundles"] == ([full] if damage.startswith("increment") else []), record
+    assert record["seeded"] == damage.startswith("increment")
+    assert not os.listdir(only_repo(node).scratch_dir), "a download was left behind"
+
+
+@pytest.mark.parametrize("listing", ["", "[bundle]\n\tversion = 1\n[bundle \"x\"]\n\turi = https://elsewhere.example/x"
+                                         ".bundle\n\tcreationToken = 5\n[bundle \"y\"]\n\turi = ../other/1-abcdef12.bundle"
+                                         "\n\tcreationToken = 6\n", "not a list at all ]]]\n"])
+def test_a_list_that_is_empty_malformed_or_names_other_places_is_not_followed(tmp_path, served_upstream, listing):
+    repo, url = served_upstream
+    store = tmp_path / "store"
+    code, _, out = run_cli("bundle", "publish", url, "--to", f"file://{store}", root=str(tmp_path / "pub"))
+    assert code == 0, out
+    with open(os.path.join(store_dir(f"file://{store}"), "bundle-list"), "w") as handle:
+        handle.write(listing)
+    node = str(tmp_path / "node")
+    wait_ready(node, url, repo.shas[-1], env={"CHECKOUTCACHE_BUNDLE_URI": f"file://{store}"})
+    record = seed_record(node)
+    assert not record["seeded"] and ("not usable" in record["why"] or "names no bundle" in record["why"]), record
+
+
+def test_a_store_without_this_repository_says_so(tmp_path, served_upstream):
+    repo, url = served_upstream
+    node = str(tmp_path / "node")
+    wait_ready(node, url, repo.shas[-1], env={"CHECKOUTCACHE_BUNDLE_URI": f"file://{tmp_path / 'empty'}"})
+    record = seed_record(node)
+    assert not record["seeded"] and "no bundle list for this repository" in record["why"], record
+
+
+# ---------------------------------------------------------------- https (read-only), and refusals
+
+class _StoreOverHttps:
+    """The store's directory served read-only over HTTPS (test CA); /redirect/<path> sends to http://."""
+
+    def __init__(self, directory: str, workdir: str):
+        ca = trustme.CA()
+        self.ca_file = os.path.join(workdir, "ca.pem")
+        ca.cert_pem.write_to_path(self.ca_file)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(context)
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=directory, **kwargs)
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path.startswith("/redirect/"):
+                    self.send_response(302)
+                    self.send_header("Location", "http://127.0.0.1:9/" + self.path[len("/redirect/"):])
+                    self.end_headers()
+                    return
+                super().do_GET()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+
+
+def test_a_node_seeds_from_an_https_store_and_refuses_a_redirect_to_http(tmp_path, published):
+    repo, url, store, _, newest = published
+    server = _StoreOverHttps(store[len("file://"):], str(tmp_path))
+    try:
+        env = {"SSL_CERT_FILE": server.ca_file}
+        node = str(tmp_path / "node")
+        wait_ready(node, url, newest, env={**env, "CHECKOUTCACHE_BUNDLE_URI": f"https://127.0.0.1:{server.port}"})
+        assert seed_record(node)["seeded"] and len(seed_record(node)["bundles"]) == 2
+        other = str(tmp_path / "node-redirected")
+        wait_ready(other, url, newest,
+                   env={**env, "CHECKOUTCACHE_BUNDLE_URI": f"https://127.0.0.1:{server.port}/redirect"})
+        record = seed_record(other)
+        assert not record["seeded"] and "away from https" in record["why"], record
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:1/store", "https://user:secret-in-uri@127.0.0.1/x",
+                                 "https://127.0.0.1/x?X-Amz-Signature=abc", "s3://NOT_A_BUCKET/x", "file://relative/x",
+                                 "ftp://127.0.0.1/x"])
+def test_an_unusable_bundle_location_is_bad_input_and_writes_nothing(tmp_path, served_upstream, uri):
+    repo, url = served_upstream
+    root = str(tmp_path / "root")
+    code, answer, out = run_cli("ensure", url, repo.shas[-1], root=root, env={"CHECKOUTCACHE_BUNDLE_URI": uri})
+    assert code == 2 and answer["error"] == "BAD_ARGUMENT", out
+    assert "secret-in-uri" not in out and "abc" not in answer["message"]
+    code, answer, out = run_cli("bundle", "publish", url, "--to", uri, root=root)
+    assert code == 2 and answer["error"] == "BAD_ARGUMENT", out
+    assert not os.path.exists(root)
+
+
+def test_publishing_needs_a_writable_store_and_a_remote_repository(tmp_path, served_upstream, upstream):
+    _, url = served_upstream
+    root = str(tmp_path / "root")
+    code, answer, out = run_cli("bundle", "publish", url, "--to", "https://127.0.0.1:1/store", root=root)
+    assert code == 2 and "read-only" in answer["message"], out
+    code, answer, out = run_cli("bundle", "publish", url, root=root)
+    assert code == 2 and "no bundle store" in answer["message"], out
+    assert not os.path.exists(root)
+    code, answer, out = run_cli("bundle", "publish", upstream.path, "--to", f"file://{tmp_path / 's'}", root=root)
+    assert code == 1 and answer["published"][0]["error"] == "BAD_ARGUMENT", out
+
+
+def test_a_bundle_location_opens_no_transport_for_repositories(tmp_path):
+    code, answer, out = run_cli("ensure", "http://127.0.0.1:1/repo", "a" * 40, root=str(tmp_path / "root"),
+                                env={"CHECKOUTCACHE_BUNDLE_URI": "https://127.0.0.1:1/store"})
+    assert code == 2 and answer["error"] == "UNSAFE_TRANSPORT", out
+
+
+# ---------------------------------------------------------------- publishing
+
+def test_publish_chains_increments_then_starts_anew_and_prunes_what_no_list_names(tmp_path, served_upstream):
+    repo, url = served_upstream
+    store = f"file://{tmp_path / 'store'}"
+    publisher = str(tmp_path / "publisher")
+    options = ("--max-increments", "1", "--prune-after", "0")
+    actions = [publish(publisher, url, store, *options)["action"]]
+    actions.append(publish(publisher, url, store, *options)["action"])
+    grow(repo, 2, "one")
+    actions.append(publish(publisher, url, store, *options)["action"])
+    grow(repo, 2, "two")
+    last = publish(publisher, url, store, *options)
+    actions.append(last["action"])
+    assert actions == ["full", "up to date", "increment", "full"], actions
+    folder = store_dir(store)
+    stem = last["bundle"][: -len(".bundle")]
+    assert sorted(os.listdir(folder)) == sorted(["bundle-list", f"{stem}.bundle", f"{stem}.heads"])
+    node = str(tmp_path / "node")
+    wait_ready(node, url, repo.shas[-1], env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    assert seed_record(node)["bundles"] == [last["bundle"]]
+    assert seed_record(node)["upstream"]["objects"] == 0
+
+
+def test_publish_without_repo_publishes_every_mirror_of_the_root(tmp_path, served_upstream):
+    repo, url = served_upstream
+    publisher = str(tmp_path / "publisher")
+    wait_ready(publisher, url, repo.shas[0])
+    store = f"file://{tmp_path / 'store'}"
+    code, answer, out = run_cli("bundle", "publish", "--to", store, root=publisher)
+    assert code == 0, out
+    [report] = answer["published"]
+    assert report["action"] == "full" and report["repo"] == url and report["refs"] == 1, report
+    code, _, text = run_cli("bundle", "publish", "--to", store, root=publisher)
+    assert code == 0
+
+
+def test_two_publishers_at_once_leave_a_list_whose_bundles_all_seed(tmp_path, served_upstream):
+    repo, url = served_upstream
+    store = f"file://{tmp_path / 'store'}"
+    errors = []
+
+    def publisher(name: str) -> None:
+        for _ in range(4):
+            code, _, out = run_cli("bundle", "publish", url, "--to", store, root=str(tmp_path / name))
+            if code != 0:
+                errors.append(out)
+
+    threads = [threading.Thread(target=publisher, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for _ in range(4):
+        grow(repo, 1, f"race-{time.monotonic_ns()}")
+        time.sleep(0.3)
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert publish(str(tmp_path / "a"), url, store)["action"] in ("increment", "up to date", "full")
+    with open(os.path.join(store_dir(store), "bundle-list")) as handle:
+        listed = parse_list(handle.read()).entries
+    assert listed and all(os.path.isfile(os.path.join(store_dir(store), e.uri)) for e in listed)
+    node = str(tmp_path / "node")
+    answer = wait_ready(node, url, repo.shas[-1], env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    assert_checkout_matches(answer["path"], repo.path, repo.shas[-1])
+    record = seed_record(node)
+    assert record["seeded"] and record["why"] is None and len(record["bundles"]) == len(listed), record
+
+
+# ---------------------------------------------------------------- the other transport, kills, metrics
+
+def test_the_libgit2_transport_fetches_the_difference_after_seeding(tmp_path, published):
+    repo, url, store, _, newest = published
+    node = str(tmp_path / "node")
+    answer = wait_ready(node, url, newest, env={"CHECKOUTCACHE_BUNDLE_URI": store, "CHECKOUTCACHE_TRANSPORT": "pygit2"})
+    assert_checkout_matches(answer["path"], repo.path, newest)
+    record = seed_record(node)
+    assert record["seeded"] and 0 < record["upstream"]["objects"] < mirror_objects(node) * 0.5, record
+
+
+def test_without_the_git_cli_a_node_clones_from_upstream_and_says_why(tmp_path, published):
+    repo, url, store, _, newest = published
+    empty = tmp_path / "bin-without-git"
+    empty.mkdir()
+    node = str(tmp_path / "node")
+    code, answer, out = run_cli("ensure", url, newest, "--wait", "60", root=node,
+                                env={"CHECKOUTCACHE_BUNDLE_URI": store, "CHECKOUTCACHE_TRANSPORT": "pygit2",
+                                     "PATH": str(empty)})
+    assert code == 0, out
+    assert_checkout_matches(answer["path"], repo.path, newest)
+    record = seed_record(node)
+    assert not record["seeded"] and "git CLI" in record["why"], record
+
+
+def test_a_worker_killed_while_seeding_leaves_no_mirror_and_the_next_one_seeds(tmp_path, published, kill_log):
+    repo, url, store, _, newest = published
+    node = str(tmp_path / "node")
+    env = {"CHECKOUTCACHE_BUNDLE_URI": store}
+    code, answer, out = run_cli("ensure", url, newest, root=node,  # one worker, answering at once
+                                env={**env, "CHECKOUTCACHE_TEST_KILL_AT": "before-seed"})
+    assert answer["state"] == "cloning", out
+    wait_until(lambda: os.path.exists(kill_log) and open(kill_log).read(), what="the worker's kill")
+    with open(kill_log) as handle:
+        assert handle.read().split()[0] == "before-seed"
+    wait_until(lambda: not locks.clone_running(only_repo(node), newest), what="the killed worker's lock freed")
+    assert not os.path.exists(only_repo(node).mirror)
+    answer = wait_ready(node, url, newest, env=env)
+    assert_checkout_matches(answer["path"], repo.path, newest)
+    assert seed_record(node)["seeded"]
+
+
+def test_serve_metrics_say_which_mirrors_were_seeded(tmp_path, published):
+    repo, url, store, _, newest = published
+    root = str(tmp_path / "node")
+    server = Serve(root, tmp_path, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    try:
+        status, body = server.request("POST", "/v1/ensure", {"repo": url, "commit": newest, "wait": 60})
+        assert status == 200 and body["state"] == "ready", body
+        key = only_repo(root).key
+        newest_bundle = seed_record(root)["bundles"][-1]
+        deadline = time.monotonic() + 10
+        while True:
+            status, text = server.request("GET", "/metrics")
+            text = text if isinstance(text, str) else json.dumps(text)
+            if 'checkoutcache_bundle_seeds_total{outcome="seeded"} 1.0' in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert f'checkoutcache_mirror_seeded{{bundle="{newest_bundle}",repo="{key}"}} 1.0' in text, text
+        assert 'checkoutcache_bundle_seeds_total{outcome="seeded"} 1.0' in text, text
+        assert f'checkoutcache_upstream_objects_since_seed{{repo="{key}"}}' in text
+        status, body = server.request("GET", "/v1/status")
+        assert body["repos"][0]["seed"]["seeded"], body
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------- pure decisions
+
+def test_the_list_we_write_is_the_list_git_reads(tmp_path):
+    entries = [BundleEntry("100-aaaaaaaa", "100-aaaaaaaa.bundle", 100), BundleEntry("90-bbbbbbbb", "90-bbbbbbbb.bundle", 90)]
+    text = render_list(entries)
+    path = tmp_path / "list"
+    path.write_text(text)
+    read = git("config", "--file", str(path), "--list")
+    assert "bundle.mode=all" in read and "bundle.heuristic=creationToken" in read
+    assert "bundle.100-aaaaaaaa.creationtoken=100" in read
+    assert [e.token for e in parse_list(text).entries] == [90, 100]
+
+
+def test_a_list_names_only_objects_of_its_own_folder():
+    text = render_list([BundleEntry("1-abcdef12", "1-abcdef12.bundle", 1)])
+    text += '[bundle "evil"]\n\turi = https://evil.example/1-abcdef12.bundle\n\tcreationToken = 9\n'
+    text += '[bundle "up"]\n\turi = ../1-abcdef12.bundle\n\tcreationToken = 8\n'
+    assert [e.id for e in parse_list(text).entries] == ["1-abcdef12"]
+
+
+def test_plans_and_pruning_are_decided_from_the_list_and_the_clock():
+    now = 1_000_000.0
+    chain = parse_list(render_list([BundleEntry("a", "999000-aaaaaaaa.bundle", 999_000),
+                                    BundleEntry("b", "999500-bbbbbbbb.bundle", 999_500)]))
+    assert plan_publish(None, now, 6, 86400).full
+    assert not plan_publish(chain, now, 6, 86400).full
+    assert plan_publish(chain, now, 1, 86400).full  # one increment already
+    assert plan_publish(chain, now, 6, 500).full  # the full bundle is older than 500 s
+    assert plan_publish(chain, now, 6, 86400, force_full=True).full
+    stored = [("999000-aaaaaaaa.bundle", now - 7200), ("999000-aaaaaaaa.heads", now - 7200),
+              ("998000-cccccccc.bundle", now - 7200), ("998000-cccccccc.heads", now - 7200),
+              ("997000-dddddddd.bundle", now - 60), ("bundle-list", now - 7200), (".tmp-1-ab-x.bundle", now - 7200)]
+    assert to_prune(stored, {"999000-aaaaaaaa.bundle"}, now, 3600) == [
+        ".tmp-1-ab-x.bundle", "998000-cccccccc.bundle", "998000-cccccccc.heads"]
+
+
+@pytest.mark.parametrize("raw, shown", [("s3://fleet-bundles/prod/", "s3://fleet-bundles/prod"),
+                                        ("file:///srv/bundles/", "file:///srv/bundles"),
+                                        ("https://cdn.example/bundles", "https://cdn.example/bundles"),
+                                        ("off", None), ("", None)])
+def test_bundle_locations(raw, shown):
+    location = parse_bundle_uri(raw)
+    assert (str(location) if location else None) == shown
+
+
+def test_a_bad_location_names_the_setting():
+    with pytest.raises(CheckoutCacheError) as caught:
+        parse_bundle_uri("http://cdn.example/bundles")
+    assert caught.value.code == "BAD_ARGUMENT" and "CHECKOUTCACHE_BUNDLE_URI" in caught.value.message
