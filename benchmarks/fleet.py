@@ -413,6 +413,42 @@ def seed_record(root: str) -> dict | None:
     return None
 
 
+LOG_MARKS = {"start": "clone of ", "fetch": "$ git fetch ", "mirror": "mirror has the commit", "ready": "published"}
+
+
+def clone_phases(root: str, sha: str, total: float) -> dict | None:
+    """Where a node's first ensure spent its time, from its clone log (`HH:MM:SS.mmm message` lines):
+    before the upstream fetch (seeding, when seeded), the upstream fetch, the checkout and publish,
+    and the rest (the CLI's start, the first contact, starting the worker, the answer)."""
+    repos = os.path.join(root, "repos")
+    seen: dict[str, float] = {}
+    for key in os.listdir(repos) if os.path.isdir(repos) else []:
+        path = os.path.join(repos, key, "logs", f"{sha}.log")
+        if not os.path.isfile(path):
+            continue
+        with open(path, errors="replace") as handle:
+            for line in handle:
+                stamp, _, message = line.rstrip("\n").partition(" ")
+                try:
+                    hours, minutes, seconds = stamp.split(":")
+                    at = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+                except ValueError:
+                    continue
+                for mark, prefix in LOG_MARKS.items():
+                    if mark not in seen and message.startswith(prefix):
+                        seen[mark] = at
+    if len(seen) != len(LOG_MARKS):
+        return None  # the log's wording changed: no breakdown rather than a wrong one
+
+    def span(a: str, b: str) -> float:
+        return round((seen[b] - seen[a]) % 86400, 3)  # a log that crosses midnight
+
+    phases = {"before_fetch_s": span("start", "fetch"), "upstream_fetch_s": span("fetch", "mirror"),
+              "checkout_s": span("mirror", "ready")}
+    phases["outside_worker_s"] = round(total - span("start", "ready"), 3)
+    return phases
+
+
 def run_fleet(work: str, label: str, url: str, shas: list[str], proxies: list[CountingProxy],
               catch_all: CountingProxy, node_envs: list[dict], sequential: bool, keep: bool) -> dict:
     """Four cold nodes ensure the same commits; per node, what its proxy counted and its times."""
@@ -450,7 +486,8 @@ def run_fleet(work: str, label: str, url: str, shas: list[str], proxies: list[Co
                       "all_commits_s": round(sum(r["seconds"] for r in results[i]), 3),
                       "objects": counted["objects"], "bytes": counted["bytes"], "packs": counted["packs"],
                       "connections": counted["connections"], "unparsed": counted["unparsed"],
-                      "still_open": counted["still_open"], "seed_record": seed_record(roots[i])})
+                      "still_open": counted["still_open"], "seed_record": seed_record(roots[i]),
+                      "first_ready_phases": clone_phases(roots[i], shas[0], results[i][0]["seconds"])})
     unattributed = catch_all.tally(label)
     if not keep:
         shutil.rmtree(os.path.join(work, label), ignore_errors=True)
@@ -548,6 +585,12 @@ def print_report(report: dict) -> None:
     if s:
         print("  time to first ready, seeded / unseeded, per round: "
               + ", ".join(f"{r['ratio']}" for r in report["first_ready_by_round"]))
+        for mode in ("unseeded", "seeded"):
+            phases = [n["first_ready_phases"] for f in report["fleets"] if f["mode"] == mode for n in f["nodes"]
+                      if n["first_ready_phases"]]
+            if phases:
+                print(f"  first ready, {mode}, medians from the clone logs: " + ", ".join(
+                    f"{name[:-2].replace('_', ' ')} {median([p[name] for p in phases]):.2f} s" for name in phases[0]))
         records = [n["seed_record"] for f in report["fleets"] if f["mode"] == "seeded" for n in f["nodes"]]
         seeded = [r for r in records if r and r.get("seeded")]
         print(f"  seeded nodes' own records (state/mirror-seed.json): {len(seeded)} of {len(records)} seeded"
@@ -578,9 +621,9 @@ def exit_status(results: list[dict], check: bool) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a smaller history (1000 commits), one round")
+    parser.add_argument("--quick", action="store_true", help="a smaller history (1000 commits)")
     parser.add_argument("--rounds", type=int, help="pairs of fleets (unseeded, seeded), order alternating "
-                                                   "(default 1 with --quick, else 3)")
+                                                   "(default 2 with --quick, else 3)")
     parser.add_argument("--sequential", action="store_true", help="nodes one after another, not all at once")
     parser.add_argument("--behind", type=int, default=BEHIND, help="commits between the bundle and the tip")
     parser.add_argument("--seed", type=int, default=1)
@@ -591,7 +634,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a bar is missed")
     args = parser.parse_args()
     shape = SHAPES["quick" if args.quick else "default"]
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (2 if args.quick else 3)
     if not 4 <= args.behind < shape["commits"] // 2:
         parser.error("--behind must leave room for 4 commits and a long history")
     keep = args.workdir is not None
