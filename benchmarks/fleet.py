@@ -637,8 +637,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a bar is missed")
     args = parser.parse_args()
     shape = SHAPES["quick" if args.quick else "default"]
-    # Even, so that each mode goes first in as many rounds as the other: in every concurrent run so far
-    # the fleet that went first in its round was the faster one (ratios 1.1-1.4 then 0.7-0.95).
+    # Even, so that each mode goes first in as many rounds as the other: in most concurrent runs the
+    # fleet that went first in its round was the faster, by most in round 1 (seeded/unseeded 1.1-1.6).
     rounds = args.rounds or (2 if args.quick else 4)
     if not 4 <= args.behind < shape["commits"] // 2:
         parser.error("--behind must leave room for 4 commits and a long history")
