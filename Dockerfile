@@ -19,7 +19,7 @@ RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nolog
 
 COPY pyproject.toml README.md /src/
 COPY checkoutcache /src/checkoutcache
-RUN pip install --no-cache-dir /src && rm -rf /src
+RUN pip install --no-cache-dir "/src[s3]" && rm -rf /src
 COPY scripts/docker-entrypoint.sh scripts/docker-healthcheck scripts/checkoutcache-gc-cron /usr/local/bin/
 
 ENV CHECKOUTCACHE_ROOT=/cache \

@@ -515,3 +515,86 @@ def test_a_bad_location_names_the_setting():
     with pytest.raises(CheckoutCacheError) as caught:
         parse_bundle_uri("http://cdn.example/bundles")
     assert caught.value.code == "BAD_ARGUMENT" and "CHECKOUTCACHE_BUNDLE_URI" in caught.value.message
+
+
+def test_a_mirror_rebuilt_for_unreadable_objects_is_not_seeded_again(tmp_path, published):
+    repo, url, store, in_bundles, _ = published
+    node = str(tmp_path / "node")
+    env = {"CHECKOUTCACHE_BUNDLE_URI": store}
+    wait_ready(node, url, repo.shas[0], env=env)
+    assert seed_record(node)["seeded"]
+    mirror = only_repo(node).mirror
+    # Every object loose, then one blob of the commit lost: the commit is there (no fetch
+    # is needed), its checkout fails, and the mirror is rebuilt.
+    packs = os.path.join(mirror, "objects", "pack")
+    for name in sorted(os.listdir(packs)):
+        if name.endswith(".pack"):
+            os.rename(os.path.join(packs, name), str(tmp_path / name))
+            for other in os.listdir(packs):
+                if other.startswith(name[:-len(".pack")]):
+                    os.unlink(os.path.join(packs, other))
+            with open(tmp_path / name, "rb") as handle:
+                subprocess.run(["git", "-C", mirror, "unpack-objects", "-q"], stdin=handle, check=True)
+    blob = git("rev-parse", f"{in_bundles}:CHANGELOG", cwd=repo.path)
+    os.unlink(os.path.join(mirror, "objects", blob[:2], blob[2:]))
+    answer = wait_ready(node, url, in_bundles, env=env)
+    assert_checkout_matches(answer["path"], repo.path, in_bundles)
+    record = seed_record(node)
+    assert not record["seeded"] and "unreadable" in record["why"], record
+
+
+class _DrippingHttps(_StoreOverHttps):
+    """Serves a bundle list naming one bundle, then that bundle one byte per half second."""
+
+    def __init__(self, workdir: str):
+        ca = trustme.CA()
+        self.ca_file = os.path.join(workdir, "ca.pem")
+        ca.cert_pem.write_to_path(self.ca_file)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(context)
+        listing = render_list([BundleEntry("1-abcdef12", "1-abcdef12.bundle", 1)]).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path.endswith("/bundle-list"):
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(listing)))
+                    self.end_headers()
+                    self.wfile.write(listing)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(1 << 30))
+                self.end_headers()
+                try:
+                    for _ in range(600):
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        time.sleep(0.5)
+                except OSError:
+                    pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_store_that_drips_a_bundle_cannot_hold_the_clone_past_its_share(tmp_path, served_upstream):
+    repo, url = served_upstream
+    server = _DrippingHttps(str(tmp_path))
+    try:
+        node = str(tmp_path / "node")
+        started = time.monotonic()
+        answer = wait_ready(node, url, repo.shas[-1], env={
+            "SSL_CERT_FILE": server.ca_file, "CHECKOUTCACHE_CLONE_TIMEOUT": "16s",
+            "CHECKOUTCACHE_BUNDLE_URI": f"https://127.0.0.1:{server.port}/store"})
+        assert time.monotonic() - started < 16
+        assert_checkout_matches(answer["path"], repo.path, repo.shas[-1])
+        record = seed_record(node)
+        assert not record["seeded"] and "did not finish" in record["why"], record
+    finally:
+        server.stop()

@@ -72,6 +72,7 @@ def test_entrypoint_and_healthcheck_against_a_real_server(tmp_path):
 def test_dockerfile_runs_serve_as_non_root_with_git_a_volume_and_a_healthcheck():
     assert "USER checkoutcache" in DOCKERFILE and "useradd" in DOCKERFILE
     assert "git" in DOCKERFILE and 'VOLUME ["/cache"]' in DOCKERFILE
+    assert '"/src[s3]"' in DOCKERFILE  # s3:// bundle stores (boto3) work in the image
     assert "HEALTHCHECK" in DOCKERFILE and "docker-healthcheck" in DOCKERFILE
     assert 'ENTRYPOINT ["tini", "--", "docker-entrypoint.sh"]' in DOCKERFILE
     for name in ("docker-entrypoint.sh", "docker-healthcheck", "checkoutcache-gc-cron"):

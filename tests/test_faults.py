@@ -287,6 +287,28 @@ def test_a_damaged_mirror_is_rebuilt_and_checkouts_keep_working(root, store_with
     assert run_cli("verify", root=root)[0] == 0
 
 
+def test_a_mirror_missing_a_blob_never_publishes_a_checkout_without_that_file(root, store_with_bystander):
+    """Regression: `git checkout` exits 0 when it cannot read a blob (it only prints an
+    error), so a checkout lacking that file was published as ready."""
+    upstream, bystander, before = store_with_bystander
+    first = upstream.commit({"shared.txt": "a blob two commits share\n" * 50})
+    wait_ready(root, upstream.path, first)
+    mirror = only_repo(root).mirror
+    packs = os.path.join(mirror, "objects", "pack")
+    for name in sorted(os.listdir(packs)):  # every object loose, so one can be lost alone
+        if name.endswith(".pack"):
+            data = open(os.path.join(packs, name), "rb").read()
+            for other in [f for f in os.listdir(packs) if f.startswith(name[:-len(".pack")])]:
+                os.unlink(os.path.join(packs, other))
+            subprocess.run(["git", "-C", mirror, "unpack-objects", "-q"], input=data, check=True)
+    blob = git("rev-parse", f"{first}:shared.txt", cwd=upstream.path)
+    os.unlink(os.path.join(mirror, "objects", blob[:2], blob[2:]))
+    second = upstream.commit({"other.txt": "y"})  # the upstream takes the mirror to have the shared blob
+    answer = wait_ready(root, upstream.path, second)
+    assert_checkout_matches(answer["path"], upstream.path, second)
+    assert snapshot(bystander) == before
+
+
 def test_a_checkout_emptied_by_rm_is_not_served_and_is_remade(root, store_with_bystander):
     upstream, bystander, before = store_with_bystander
     path = wait_ready(root, upstream.path, upstream.shas[1])["path"]

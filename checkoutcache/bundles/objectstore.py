@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -40,7 +41,7 @@ class RepositoryFolder(Protocol):
 
     def read(self, name: str, limit: int) -> bytes: ...
 
-    def download(self, name: str, dest: str) -> int: ...
+    def download(self, name: str, dest: str, deadline: float) -> int: ...
 
     def write(self, name: str, source: str | bytes) -> None: ...
 
@@ -51,6 +52,21 @@ class RepositoryFolder(Protocol):
 
 def _too_large(name: str, limit: int) -> StoreError:
     return StoreError(f"{name} is larger than {limit} bytes")
+
+
+def copy_until(chunks, dest: str, deadline: float, name: str) -> int:
+    """Write the chunks to dest; give up at the deadline (a store that sends a byte at a
+    time must not hold a clone past its share of the timeout)."""
+    with open(dest, "wb") as target:
+        for chunk in chunks:
+            target.write(chunk)
+            if time.monotonic() > deadline:
+                raise StoreError(f"{name}: the download did not finish in the time seeding may take")
+        return target.tell()
+
+
+def _read_chunks(handle):
+    return iter(lambda: handle.read(CHUNK), b"")
 
 
 class FileFolder:
@@ -73,11 +89,10 @@ class FileFolder:
             raise _too_large(name, limit)
         return data
 
-    def download(self, name: str, dest: str) -> int:
+    def download(self, name: str, dest: str, deadline: float) -> int:
         try:
-            with open(self._path(name), "rb") as source, open(dest, "wb") as target:
-                shutil.copyfileobj(source, target, CHUNK)
-                return target.tell()
+            with open(self._path(name), "rb") as source:
+                return copy_until(_read_chunks(source), dest, deadline, name)
         except FileNotFoundError:
             raise StoreError(f"{self.where}/{name} does not exist", missing=True) from None
         except OSError as exc:
@@ -131,8 +146,9 @@ class S3Folder:
 
         self.bucket, self.prefix = bucket, prefix
         self.where = f"s3://{bucket}/{prefix}"
+        # A store that does not answer costs each new mirror at most ~2 x (connect + read) timeouts.
         self.client = boto3.session.Session().client("s3", config=BotoConfig(
-            connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 3, "mode": "standard"}))
+            connect_timeout=min(timeout, 10.0), read_timeout=timeout, retries={"max_attempts": 2, "mode": "standard"}))
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -160,15 +176,15 @@ class S3Folder:
             raise _too_large(name, limit)
         return data
 
-    def download(self, name: str, dest: str) -> int:
+    def download(self, name: str, dest: str, deadline: float) -> int:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
-            with open(dest, "wb") as target:
-                for chunk in body.iter_chunks(CHUNK):
-                    target.write(chunk)
-                return target.tell()
+            try:
+                return copy_until(body.iter_chunks(CHUNK), dest, deadline, name)
+            finally:
+                body.close()
         except (BotoCoreError, ClientError) as exc:
             raise self._error(name, exc) from None
 
@@ -243,12 +259,10 @@ class HttpsFolder:
             raise _too_large(name, limit)
         return data
 
-    def download(self, name: str, dest: str) -> int:
+    def download(self, name: str, dest: str, deadline: float) -> int:
         with self._open(name) as answer:
             try:
-                with open(dest, "wb") as target:
-                    shutil.copyfileobj(answer, target, CHUNK)
-                    return target.tell()
+                return copy_until(_read_chunks(answer), dest, deadline, name)
             except OSError as exc:
                 raise StoreError(f"{self.where}/{name}: {exc}") from None
 
@@ -270,6 +284,8 @@ def open_folder(location: BundleLocation, bundle_key: str, timeout: float = 30.0
     if location.scheme == "s3":
         try:
             return S3Folder(location.host, folder, timeout)
+        except ImportError:
+            raise StoreError("s3:// needs boto3: pip install 'checkoutcache[s3]'") from None
         except Exception as exc:  # no boto3, a broken AWS config file: the store is unusable
             raise StoreError(f"s3://{location.host}: {type(exc).__name__}: {str(exc)[:200]}") from None
     return HttpsFolder(f"https://{location.host}{urllib.parse.quote(folder)}", timeout)

@@ -16,8 +16,9 @@ scratch directory and are removed as soon as they are taken in.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, TypeVar
 
 from checkoutcache.bundles.bundlelist import MAX_LIST_BYTES, MalformedList, parse_list
 from checkoutcache.bundleuri import LIST_NAME, BundleLocation
@@ -27,6 +28,7 @@ from checkoutcache.git.bundles import BundleError, bundles_unsupported, take_in_
 # A node never spends more of its clone's time on bundles than this share: the
 # upstream fetch that follows must still fit in the clone timeout.
 SEED_SHARE = 0.5
+T = TypeVar("T")
 
 
 class SeedResult(NamedTuple):
@@ -40,6 +42,28 @@ class SeedResult(NamedTuple):
     def to_record(self, at: float) -> dict:
         return {"seeded": self.seeded, "bundles": list(self.bundles), "why": self.why, "store": self.store,
                 "bundle_bytes": self.bytes, "seconds": round(self.seconds, 3), "at": at}
+
+
+def within(deadline: float, what: str, operation: Callable[[], T]) -> T:
+    """operation's result, or StoreError once the deadline passes. A store can send a
+    byte at a time, each within every socket timeout: the read runs in a thread we stop
+    waiting for (it ends with the worker; what it writes lands in our scratch)."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = operation()
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="bundle-download", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        raise StoreError(f"{what}: the download did not finish in the time seeding may take")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fds: tuple[int, ...],
@@ -59,7 +83,8 @@ def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, k
         return result(unsupported)
     try:
         folder = open_folder(location, key, timeout=max(1.0, min(30.0, budget)))
-        listed = parse_list(folder.read(LIST_NAME, MAX_LIST_BYTES).decode("utf-8", "replace"))
+        raw = within(deadline, LIST_NAME, lambda: folder.read(LIST_NAME, MAX_LIST_BYTES))
+        listed = parse_list(raw.decode("utf-8", "replace"))
     except StoreError as exc:
         return result(("no bundle list for this repository: " if exc.missing else "the store did not answer: ")
                       + str(exc))
@@ -74,7 +99,7 @@ def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, k
             return result(f"stopped before {entry.uri}: seeding may take {budget:.0f}s of the clone at most")
         path = os.path.join(workdir, entry.uri)
         try:
-            size = folder.download(entry.uri, path)
+            size = within(deadline, entry.uri, lambda: folder.download(entry.uri, path, deadline))
             downloaded += size
             verify_bundle(mirror, path, timeout=max(1.0, deadline - time.monotonic()))
             take_in_bundle(mirror, path, keep_fds, timeout=max(1.0, deadline - time.monotonic()))

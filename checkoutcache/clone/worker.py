@@ -297,7 +297,9 @@ class Worker:
             return False
         build = RepoPaths.scratch_mirror(self.scratch.path)
         self.backend.init_mirror(build)
-        self.seed(build, keep_fds)
+        # Not when rebuilding because objects were unreadable: the store may be where
+        # the damage came from, so the new mirror comes from upstream alone.
+        self.seed(build, keep_fds, skip="rebuilding a mirror whose objects were unreadable" if rebuild else None)
         os.rename(build, self.paths.mirror)
         return True
 
@@ -336,12 +338,17 @@ class Worker:
         except (BundleError, OSError, ValueError):
             return None
 
-    def seed(self, build: str, keep_fds: tuple[int, ...]) -> None:
+    def seed(self, build: str, keep_fds: tuple[int, ...], skip: str | None = None) -> None:
         """A new mirror takes in the newest usable bundles first (bundles/seed.py): only a
         speed-up, whatever happens. Its record says how it went (status, metrics)."""
         location = self.config.bundle_uri
         records.remove_quietly(self.paths.seed_record)  # a rebuilt mirror: the old record described another
         if location is None or self.is_local:  # a local upstream is as near as any bundle
+            return
+        if skip is not None:
+            self.log(f"bundles: not used: {skip}")
+            records.write_json(self.paths.seed_record, {"seeded": False, "bundles": [], "why": skip,
+                                                        "store": str(location), "at": time.time()})
             return
         self.on_progress({"phase": "seeding from bundles"})
         checkpoint("before-seed")

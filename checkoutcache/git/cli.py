@@ -22,6 +22,7 @@ import subprocess
 import threading
 
 from checkoutcache.credentials import Credential, redact, secrets_of
+from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
     CHECKOUT_CONFIG,
     KEEP_PREFIX,
@@ -327,6 +328,18 @@ class GitCliBackend:
             if lfs and "filter lfs failed" in output:
                 raise lfs_failure(output, last_meaningful_line(output), [])
             raise git_failure(output, last_meaningful_line(output), [])
+        self._check_written(tree_dir)
+
+    def _check_written(self, tree_dir: str) -> None:
+        """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
+        sha1 file` and leaves the file out): every path the index lists must be on disk,
+        else the mirror lacks objects and the checkout is not published."""
+        listed = self._run(["-C", tree_dir, "ls-files", "-z"])
+        self._check(listed)
+        missing = [p for p in listed.stdout.split("\0") if p and not os.path.lexists(os.path.join(tree_dir, p))]
+        if missing:
+            detail = f"git left {len(missing)} file(s) unwritten, e.g. {missing[0][:200]!r}: an object is unreadable"
+            raise CheckoutCacheError("CLONE_FAILED", detail=detail)
 
     def deep_problems(self, checkout_dir: str, sha: str) -> list[str]:
         def run(*args: str) -> subprocess.CompletedProcess:
