@@ -195,3 +195,27 @@ def test_a_checkout_that_cannot_be_moved_does_not_stop_gc(root, tmp_path, upstre
         subprocess.run(["umount", stuck], check=False)
     code, report, _ = gc(root, "--max-checkouts", "0", "--grace", "0")
     assert code == 0 and [(r["name"], r["reason"]) for r in report["removed"]] == [(upstream.shas[0], "damaged")]
+
+
+def test_a_tree_of_awkward_names_is_checked_out_whole(root, tmp_path):
+    """The check that every path git listed is on disk (git/cli.py) reads names as
+    bytes: a name that is not UTF-8, has a newline or a tab, or a dangling symlink is
+    no reason to fail a clone."""
+    path = str(tmp_path / "awkward")
+    git("init", "-q", "-b", "main", path)
+    names = [b'"new\\nline"', b'"tab\\there"', b"not-utf8-\xff\xfe", b"quote\"d", b"sp ace/inner file"]
+    lines = [b"blob", b"mark :1", b"data 2", b"x\n", b"blob", b"mark :2", b"data 7", b"missing",
+             b"commit refs/heads/main", b"mark :3", b"committer Test <test@example.invalid> 0 +0000", b"data 7",
+             b"awkward"]
+    lines += [b"M 100644 :1 " + name for name in names]
+    lines += [b"M 120000 :2 dangling-link"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_ENV)
+    subprocess.run(["git", "fast-import", "--quiet"], input=b"\n".join(lines) + b"\n", cwd=path, env=env,
+                   check=True, capture_output=True)
+    sha = git("rev-parse", "main", cwd=path)
+    for transport in ("cli", "pygit2"):
+        answer = wait_ready(os.path.join(root, transport), path, sha, env={"CHECKOUTCACHE_TRANSPORT": transport})
+        on_disk = set(os.listdir(os.fsencode(answer["path"])))
+        assert {b"new\nline", b"tab\there", b"not-utf8-\xff\xfe", b'quote"d', b"sp ace", b"dangling-link"} <= on_disk
+        assert os.readlink(os.path.join(answer["path"], "dangling-link")) == "missing"

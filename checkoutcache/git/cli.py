@@ -338,11 +338,17 @@ class GitCliBackend:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
         sha1 file` and leaves the file out): every path the index lists must be on disk,
         else the mirror lacks objects and the checkout is not published."""
-        listed = self._run(["-C", tree_dir, "ls-files", "-z"])
-        self._check(listed)
-        missing = [p for p in listed.stdout.split("\0") if p and not os.path.lexists(os.path.join(tree_dir, p))]
+        # Bytes, not text: a path need not be UTF-8, and a decoded one would not be found.
+        listed = subprocess.run([self.git, "-C", tree_dir, "ls-files", "-z"], capture_output=True, env=git_env(),
+                                stdin=subprocess.DEVNULL, cwd="/")
+        if listed.returncode != 0:
+            stderr = listed.stderr.decode("utf-8", "replace")
+            raise git_failure(stderr, last_meaningful_line(stderr), [])
+        base = os.fsencode(tree_dir)
+        missing = [p for p in listed.stdout.split(b"\0") if p and not os.path.lexists(os.path.join(base, p))]
         if missing:
-            detail = f"git left {len(missing)} file(s) unwritten, e.g. {missing[0][:200]!r}: an object is unreadable"
+            shown = missing[0].decode("utf-8", "replace")[:200]
+            detail = f"git left {len(missing)} file(s) unwritten, e.g. {shown!r}: an object is unreadable"
             raise CheckoutCacheError("CLONE_FAILED", detail=detail)
 
     def deep_problems(self, checkout_dir: str, sha: str) -> list[str]:
