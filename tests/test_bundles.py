@@ -507,6 +507,7 @@ def test_plans_and_pruning_are_decided_from_the_list_and_the_clock():
               ("998000-cccccccc.retired", now - 3700),  # retired over an hour ago: deleted
               ("997000-dddddddd.bundle", now - 7200), ("997000-dddddddd.retired", now - 60),  # retired a minute ago
               ("996000-eeeeeeee.bundle", now - 9000),  # old but never seen unlisted: retired first
+              ("995000-ffffffff.bundle", now - 60),  # young: another publisher's, its list not written yet
               ("bundle-list", now - 7200), (".tmp-1-ab-x.bundle", now - 7200), (".tmp-2-cd-y.bundle", now - 10)]
     plan = plan_prune(stored, {"999000-aaaaaaaa.bundle"}, now, 3600)
     assert plan.retire == ["996000-eeeeeeee.bundle"]
@@ -762,3 +763,35 @@ def test_an_s3_endpoint_on_plain_http_is_refused_unless_allowed(tmp_path, served
     assert not record["seeded"] and "is not https://" in record["why"] and record["reason"] == "store-down", record
     code, answer, out = run_cli("bundle", "publish", url, "--to", store, root=str(tmp_path / "p2"), env=insecure)
     assert code == 1 and answer["published"][0]["error"] == "BUNDLE_STORE_FAILED", out
+
+
+def test_a_branch_replaced_by_a_deeper_one_between_bundles_seeds_a_sound_mirror(tmp_path, served_upstream):
+    """Regression (found by review): `foo` in the full bundle and `foo/bar` in the
+    increment clashed under one refs/bundles/; git updated the other refs, the pack was
+    then removed, and the mirror kept refs to missing objects (later fetches failed)."""
+    repo, url = served_upstream
+    git("branch", "foo", cwd=repo.path)
+    git("branch", "side", cwd=repo.path)
+    store = f"file://{tmp_path / 'store'}"
+    publisher = str(tmp_path / "publisher")
+    publish(publisher, url, store)
+    git("branch", "-D", "foo", cwd=repo.path)
+    # A new commit on each, so the increment carries both refs.
+    git("checkout", "-q", "-b", "foo/bar", cwd=repo.path)
+    repo.commit({"foo-bar.txt": "foo/bar"})
+    git("checkout", "-q", "side", cwd=repo.path)
+    repo.commit({"side.txt": "side"})
+    git("checkout", "-q", "main", cwd=repo.path)
+    newest = repo.shas[-1]
+    assert publish(publisher, url, store)["action"] == "increment"
+    node = str(tmp_path / "node")
+    wait_ready(node, url, newest, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    record = seed_record(node)
+    assert record["seeded"] and record["why"] is None and len(record["bundles"]) == 2, record
+    mirror = only_repo(node).mirror
+    git("fsck", "--connectivity-only", "--no-dangling", cwd=mirror)
+    git("branch", "-D", "side", cwd=repo.path)
+    later = repo.commit({"later.txt": "later"})
+    code, answer, out = run_cli("ensure", url, later, "--wait", "60", root=node)
+    assert code == 0 and answer["state"] == "ready", out  # the first attempt, not after a back-off
+    git("gc", "--prune=now", "--quiet", cwd=mirror)

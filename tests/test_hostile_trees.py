@@ -219,3 +219,15 @@ def test_a_tree_of_awkward_names_is_checked_out_whole(root, tmp_path):
         on_disk = set(os.listdir(os.fsencode(answer["path"])))
         assert {b"new\nline", b"tab\there", b"not-utf8-\xff\xfe", b'quote"d', b"sp ace", b"dangling-link"} <= on_disk
         assert os.readlink(os.path.join(answer["path"], "dangling-link")) == "missing"
+
+
+def test_a_path_near_path_max_is_checked_out(root, tmp_path):
+    """Regression (found by review): the completeness check tested the absolute path, over
+    PATH_MAX for a file git had written fine relative to the tree: the clone failed."""
+    path = str(tmp_path / "long")
+    long_name = "/".join(["d" * 250] * 15 + ["f" * 200])  # 3965 bytes relative, > 4096 absolute
+    sha = fast_import(path, [long_name])
+    answer = wait_ready(root, path, sha)
+    assert len(os.fsencode(answer["path"])) + 1 + len(long_name) > 4096
+    assert git("ls-files", "--deleted", cwd=answer["path"]) == ""
+    assert git("ls-files", cwd=answer["path"]) == long_name

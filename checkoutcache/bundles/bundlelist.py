@@ -138,10 +138,11 @@ class PrunePlan(NamedTuple):
 
 
 def plan_prune(stored: list[tuple[str, float]], listed: set[str], now: float, prune_after: float) -> PrunePlan:
-    """What to retire and delete. A bundle no list names is first marked retired; it and
-    its heads go prune_after after the mark (not after its own age: a publisher that read
-    the list naming it may still write a list naming it within its run). Temp files of a
-    publisher that died go once older than prune_after."""
+    """What to retire and delete. A bundle no list names and older than prune_after (a
+    younger one may be another publisher's, its list not written yet) is first marked
+    retired; it and its heads go prune_after after the mark (not after its own age: a
+    publisher that read the list naming it may still write a list naming it within its
+    run). Temp files of a publisher that died go once older than prune_after."""
     retire, delete, relisted = [], [], []
     by_stem: dict[str, dict[str, float]] = {}
     for name, modified in stored:
@@ -159,7 +160,8 @@ def plan_prune(stored: list[tuple[str, float]], listed: set[str], now: float, pr
             if marked is not None:
                 relisted.append(stem + RETIRED_SUFFIX)
         elif marked is None:
-            retire.append(bundle)
+            if now - parts.get(BUNDLE_SUFFIX, now) >= prune_after:  # a young one may be listed any moment
+                retire.append(bundle)
         elif now - marked >= prune_after:
             delete += [stem + suffix for suffix in (BUNDLE_SUFFIX, HEADS_SUFFIX, RETIRED_SUFFIX) if suffix in parts]
     return PrunePlan(sorted(retire), sorted(delete), sorted(relisted))

@@ -179,7 +179,7 @@ class S3Folder:
         self.client = boto3.session.Session().client("s3", config=BotoConfig(
             connect_timeout=min(timeout, 10.0), read_timeout=timeout, retries={"max_attempts": 2, "mode": "standard"}))
         endpoint = str(self.client.meta.endpoint_url)
-        if not endpoint.startswith("https://") and os.environ.get(ALLOW_HTTP_S3_VAR) != "1":
+        if urllib.parse.urlsplit(endpoint).scheme.lower() != "https" and os.environ.get(ALLOW_HTTP_S3_VAR) != "1":
             # Signatures protect the request, not the answer: bundles over http could be anyone's.
             raise StoreError(f"the S3 endpoint {strip_userinfo(endpoint)} is not https:// (set {ALLOW_HTTP_S3_VAR}=1 "
                              f"for a store on a trusted network)")

@@ -133,7 +133,8 @@ def _seed(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fd
             size = within(deadline, entry.uri, lambda: folder.download(entry.uri, path, deadline, room))
             downloaded += size
             verify_bundle(mirror, path, timeout=max(1.0, deadline - time.monotonic()))
-            take_in_bundle(mirror, path, keep_fds, timeout=max(1.0, deadline - time.monotonic()))
+            take_in_bundle(mirror, path, entry.uri[: -len(".bundle")], keep_fds,
+                           timeout=max(1.0, deadline - time.monotonic()))
         except (StoreError, BundleError, OSError) as exc:
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             reason = BUNDLE_UNUSABLE

@@ -3,7 +3,7 @@
 The git CLI only, whatever the transport setting: libgit2 reads no bundles.
 Every git runs in git_env() without a URL (no operator config, no credential):
 a bundle is a local file. What a bundle brings in lands under refs/bundles/
-(git's own bundle-uri does the same): a fetch from upstream offers those
+(git's own bundle-uri does the same, there one folder per bundle): a fetch from upstream offers those
 commits as "haves", so only the difference is sent, and gc's repack keeps them.
 """
 
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from typing import Callable
 
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, git_failure
-from checkoutcache.git.cli import last_meaningful_line
+from checkoutcache.git.cli import die_with_parent, last_meaningful_line
 from checkoutcache.git.env import git_env
 
 BUNDLE_REFS = "refs/bundles/"
@@ -33,15 +34,34 @@ def bundles_unsupported() -> str | None:
 
 
 def _git(args: list[str], keep_fds: tuple[int, ...] = (), timeout: float | None = None,
-         stdin: str | None = None) -> subprocess.CompletedProcess:
+         stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run git in a process group of its own: at the timeout the whole group is killed
+    (git fetch's index-pack would otherwise read on, holding the inherited mirror lock
+    and writing into the mirror after we cleaned it), and it dies with its parent."""
     try:
-        return subprocess.run(["git", *args], input=stdin, capture_output=True, text=True, errors="replace",
-                              env=git_env(), cwd="/", pass_fds=keep_fds, timeout=timeout,
-                              stdin=None if stdin is not None else subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise BundleError(f"git {args[2] if len(args) > 2 else args[0]} did not finish within {timeout:g}s") from None
+        proc = subprocess.Popen(["git", *args], stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                                env=env if env is not None else git_env(), cwd="/", pass_fds=keep_fds,
+                                start_new_session=True, preexec_fn=die_with_parent)
     except OSError as exc:
         raise BundleError(f"git could not start: {exc.strerror}") from None
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.communicate()
+        raise BundleError(f"git {args[2] if len(args) > 2 else args[0]} did not finish within {timeout:g}s") from None
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def published_refs(mirror: str) -> dict[str, str]:
@@ -85,8 +105,8 @@ def verify_bundle(mirror: str, path: str, timeout: float) -> None:
         raise BundleError(last_meaningful_line(done.stderr))
 
 
-def take_in_bundle(mirror: str, path: str, keep_fds: tuple[int, ...], timeout: float) -> None:
-    """Fetch every ref of the bundle into refs/bundles/, all or nothing.
+def take_in_bundle(mirror: str, path: str, namespace: str, keep_fds: tuple[int, ...], timeout: float) -> None:
+    """Fetch every ref of the bundle into refs/bundles/<namespace>/, all or nothing.
 
     git stores the bundle's pack before its connectivity check: a bundle whose pack
     lacks objects its refs need fails the fetch but leaves the pack behind, and a
@@ -95,8 +115,11 @@ def take_in_bundle(mirror: str, path: str, keep_fds: tuple[int, ...], timeout: f
     packs = os.path.join(mirror, "objects", "pack")
     before = set(os.listdir(packs)) if os.path.isdir(packs) else set()
     try:
-        done = _git(["-C", mirror, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", path,
-                     f"+refs/*:{BUNDLE_REFS}*"], keep_fds, timeout)
+        # --atomic: every ref or none (a failed one would leave the others pointing into
+        # the pack removed below). A namespace per bundle: a branch `foo` in one bundle
+        # and `foo/bar` in a later one never clash.
+        done = _git(["-C", mirror, "fetch", "--atomic", "--quiet", "--no-tags", "--no-write-fetch-head", "--",
+                     path, f"+refs/*:{BUNDLE_REFS}{namespace}/*"], keep_fds, timeout)
         if done.returncode != 0:
             raise BundleError(last_meaningful_line(done.stderr))
     except BaseException:
@@ -117,10 +140,9 @@ def fetch_published(mirror: str, url: str, credential: Credential | None, log: C
             *ALL_BRANCHES_AND_TAGS]
     log("$ git " + redact(" ".join(args[2:]), secrets))
     try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, errors="replace", cwd="/",
-                              env=git_env(credential=credential, url=url), pass_fds=keep_fds, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise CheckoutCacheError("TIMEOUT", limit=f"{timeout:g}s") from None
+        done = _git(args, keep_fds, timeout, env=git_env(credential=credential, url=url))
+    except BundleError as exc:
+        raise CheckoutCacheError("TIMEOUT" if "did not finish" in str(exc) else "CLONE_FAILED",
+                                 limit=f"{timeout:g}s", detail=str(exc)) from None
     if done.returncode != 0:
         raise git_failure(done.stderr, last_meaningful_line(done.stderr), secrets)

@@ -39,11 +39,12 @@ from checkoutcache.git.backend import (
 )
 from checkoutcache.git.env import git_env
 
-_PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>\d+)% \((?P<done>\d+)/(?P<total>\d+)\)"
-                       r"(?:, (?P<size>[\d.]+) (?P<unit>[KMG]i?B|bytes))?")
+_PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>[0-9]{1,3})% "
+                       r"\((?P<done>[0-9]{1,12})/(?P<total>[0-9]{1,12})\)"
+                       r"(?:, (?P<size>[0-9]{1,12}(?:\.[0-9]{1,6})?) (?P<unit>[KMG]i?B|bytes))?")
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-_SENT = re.compile(r"^remote: Total (\d+) \(delta \d+\)")
-_UPDATING = re.compile(r"^Updating files:\s+(\d+)% \((\d+)/(\d+)\)")
+_SENT = re.compile(r"^remote: Total ([0-9]{1,12}) \(delta [0-9]+\)")
+_UPDATING = re.compile(r"^Updating files:\s+([0-9]{1,3})% \(([0-9]{1,12})/([0-9]{1,12})\)")
 # What a git run's output may cost in memory: its last lines, each cut at a length.
 KEPT_LINES = 200
 MAX_LINE = 8192
@@ -84,7 +85,7 @@ except OSError:  # pragma: no cover - not Linux
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -338,14 +339,14 @@ class GitCliBackend:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
         sha1 file` and leaves the file out): every path the index lists must be on disk,
         else the mirror lacks objects and the checkout is not published."""
-        # Bytes, not text: a path need not be UTF-8, and a decoded one would not be found.
-        listed = subprocess.run([self.git, "-C", tree_dir, "ls-files", "-z"], capture_output=True, env=git_env(),
-                                stdin=subprocess.DEVNULL, cwd="/")
+        # git itself compares its index with the tree (paths relative to the tree, so no
+        # absolute path is ever too long), as bytes (a path need not be UTF-8).
+        listed = subprocess.run([self.git, "-C", tree_dir, "ls-files", "--deleted", "-z"], capture_output=True,
+                                env=git_env(), stdin=subprocess.DEVNULL, cwd="/")
         if listed.returncode != 0:
             stderr = listed.stderr.decode("utf-8", "replace")
             raise git_failure(stderr, last_meaningful_line(stderr), [])
-        base = os.fsencode(tree_dir)
-        missing = [p for p in listed.stdout.split(b"\0") if p and not os.path.lexists(os.path.join(base, p))]
+        missing = [p for p in listed.stdout.split(b"\0") if p]
         if missing:
             shown = missing[0].decode("utf-8", "replace")[:200]
             detail = f"git left {len(missing)} file(s) unwritten, e.g. {shown!r}: an object is unreadable"
@@ -370,7 +371,7 @@ class GitCliBackend:
                 keep_fds: tuple[int, ...]) -> tuple[int, str]:
         """Run git, turning its progress lines into progress updates; (exit code, other output)."""
         proc = subprocess.Popen([self.git, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, env=env, pass_fds=keep_fds, preexec_fn=_die_with_parent,
+                                stderr=subprocess.PIPE, env=env, pass_fds=keep_fds, preexec_fn=die_with_parent,
                                 cwd="/")
         RUNNING.add(proc)
         try:

@@ -102,15 +102,16 @@ def read_list(folder: RepositoryFolder) -> BundleList | None:
 
 
 def chain_heads(folder: RepositoryFolder, current: BundleList) -> list[dict[str, str]] | None:
-    """The heads file of every listed bundle, oldest first; None if one is missing."""
+    """The heads file of every listed bundle, oldest first; None if one is missing or unusable."""
     chain = []
     for entry in current.entries:
         try:
-            chain.append(parse_heads(folder.read(heads_name(entry.uri), MAX_LIST_BYTES * 16).decode()))
+            text = folder.read(heads_name(entry.uri), MAX_LIST_BYTES * 16).decode("utf-8", "replace")
         except StoreError as exc:
-            if exc.missing:
-                return None
+            if exc.missing or "larger than" in str(exc):
+                return None  # a new chain needs no heads
             raise
+        chain.append(parse_heads(text))
     return chain
 
 
@@ -153,10 +154,10 @@ class Publisher:
             raise CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=unsupported)
         folder = open_folder(self.location, key, timeout=self.config.probe_timeout)
         current = read_list(folder)
-        chain = chain_heads(folder, current) if current is not None else None
         stored = {name for name, _ in folder.list()}
         now = time.time()
         plan = plan_publish(current, now, self.options.max_increments, self.options.full_every, self.options.full)
+        chain = chain_heads(folder, current) if current is not None and not plan.full else None
         if not plan.full and chain is None:
             plan = plan._replace(full=True, why="a listed bundle's heads file is missing")
         if not plan.full and any(e.uri not in stored for e in current.entries):
@@ -223,7 +224,12 @@ class Publisher:
         try:
             latest = read_list(folder)  # another publisher's list, written since ours, keeps its bundles
             listed |= {e.uri for e in latest.entries} if latest else set()
-            plan = plan_prune(folder.list(), listed, time.time(), self.options.prune_after)
+            stored = folder.list()
+            # The store's clock, not ours: marks and objects carry its times (S3 LastModified,
+            # file mtimes); its freshest object is no later than its now (a run that wrote
+            # nothing prunes late, never early).
+            now = max([modified for _name, modified in stored], default=time.time())
+            plan = plan_prune(stored, listed, now, self.options.prune_after)
             for bundle in plan.retire:
                 folder.write(retired_name(bundle), b"")
             for name in plan.delete + plan.relisted:
