@@ -60,7 +60,7 @@ class RepositoryFolder(Protocol):
 
 
 def _too_large(name: str, limit: int) -> StoreError:
-    return StoreError(f"{name} is larger than {limit} bytes")
+    return StoreError(f"{name} is larger than {limit} bytes", large=True)
 
 
 def copy_until(chunks, dest: str, deadline: float, max_bytes: int, name: str) -> int:

@@ -115,6 +115,8 @@ def _seed(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fd
         raw = within(deadline, LIST_NAME, lambda: folder.read(LIST_NAME, MAX_LIST_BYTES))
         listed = parse_list(raw.decode("utf-8", "replace"))
     except StoreError as exc:
+        if exc.large:
+            return result(f"the bundle list at {location} is not usable: {exc}", BAD_LIST)
         return result(("no bundle list for this repository: " if exc.missing else "the store did not answer: ")
                       + str(exc), NO_LIST if exc.missing else STORE_DOWN)
     except MalformedList as exc:

@@ -108,7 +108,7 @@ def chain_heads(folder: RepositoryFolder, current: BundleList) -> list[dict[str,
         try:
             text = folder.read(heads_name(entry.uri), MAX_LIST_BYTES * 16).decode("utf-8", "replace")
         except StoreError as exc:
-            if exc.missing or "larger than" in str(exc):
+            if exc.missing or exc.large:
                 return None  # a new chain needs no heads
             raise
         chain.append(parse_heads(text))
