@@ -34,11 +34,9 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +45,7 @@ sys.path.insert(0, PROJECT)
 sys.path.insert(0, HERE)
 
 import make_repo
+from countingproxy import CountingProxy
 from gitdaemon import GitDaemon
 
 PY = sys.executable
@@ -60,66 +59,6 @@ FULL = {"commits": 8, "top": {"commits": 300, "files": 2000}, "lib": {"commits":
 def loadavg() -> str:
     with open("/proc/loadavg") as handle:
         return " ".join(handle.read().split()[:3])
-
-
-class CountingProxy:
-    """A TCP proxy on 127.0.0.1 to 127.0.0.1:target, counting the bytes sent to the client."""
-
-    def __init__(self, target: int):
-        self.target = target
-        self.to_client = 0
-        self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target))
-            except OSError:
-                client.close()
-                continue
-            threading.Thread(target=self.pipe, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(upstream, client, True), daemon=True).start()
-
-    def pipe(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-                if count:
-                    with self.lock:
-                        self.to_client += len(data)
-        except OSError:
-            pass
-        finally:
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-
-    def read(self) -> int:
-        with self.lock:
-            return self.to_client
-
-    def stop(self) -> None:
-        # shutdown wakes the accepting thread: a bare close would leave it in accept() on an fd
-        # number the next proxy's socket may get.
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
 
 
 def run(cmd: list[str], env: dict, cwd: str | None = None) -> subprocess.CompletedProcess:

@@ -484,7 +484,7 @@ def main() -> int:
         summary = []
         print(f"\nmedian over {args.rounds} rounds; bar: >= {BAR_RPS} answers/s and p99 <= {BAR_P99_MS:g} ms "
               f"at {args.connections} clients; load average before {load_before}, after {load_after}\n")
-        print(f"| stack | req/s | p50 ms | p99 ms | server CPU us/req | server cores | other cores | errors | bar |")
+        print("| stack | req/s | p50 ms | p99 ms | server CPU us/req | server cores | other cores | errors | bar |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         for name in names:
             rows = [x for x in results if x["name"] == name]

@@ -4,20 +4,12 @@ on canned reports (CI does not run the benchmarks themselves)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
 
 import pytest
 
-RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "run.py")
+from .helpers import daemons  # noqa: F401 - puts benchmarks/ on the path
 
-
-@pytest.fixture(scope="module")
-def run():
-    spec = importlib.util.spec_from_file_location("benchmarks_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import run  # noqa: E402  (benchmarks/run.py)
 
 
 def shape(serve: float = 1.0, cli: float = 0.9, first: float = 0.95) -> dict:
@@ -37,7 +29,7 @@ GOOD = {
 }
 
 
-def test_all_bars_met_exits_zero(run):
+def test_all_bars_met_exits_zero():
     results = run.bars(GOOD)
     # ready; 3 shapes x (serve, CLI, first ready); 2 review columns x 3; gc and status
     assert len(results) == 1 + 9 + 6 + 2 and all(bar["met"] for bar in results)
@@ -55,7 +47,7 @@ def test_all_bars_met_exits_zero(run):
     (("scaling", "bar", "gc_seconds"), 1.01),
     (("scaling", "bar", "status_seconds"), 0.51),
 ])
-def test_any_missed_bar_exits_one_under_check(run, path, value):
+def test_any_missed_bar_exits_one_under_check(path, value):
     report = copy.deepcopy(GOOD)
     target = report
     for key in path[:-1]:
@@ -67,14 +59,14 @@ def test_any_missed_bar_exits_one_under_check(run, path, value):
     assert run.exit_status(results, check=False) == 0  # without --check a run only reports
 
 
-def test_a_bar_exactly_at_its_limit_is_met(run):
+def test_a_bar_exactly_at_its_limit_is_met():
     report = copy.deepcopy(GOOD)
     report["shapes"]["large"]["new_commit"]["ratio_serve"] = run.BAR_NEW_COMMIT_SERVE
     report["reviews"]["ours, grace > pause"]["clones"] = 29
     assert run.exit_status(run.bars(report), check=True) == 0
 
 
-def test_bars_not_run_are_listed_never_met_and_do_not_fail_check(run):
+def test_bars_not_run_are_listed_never_met_and_do_not_fail_check():
     report = copy.deepcopy(GOOD)
     del report["shapes"]["history"]
     del report["scaling"]

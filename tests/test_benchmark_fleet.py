@@ -1,26 +1,20 @@
-"""benchmarks/fleet.py counts objects at the upstream by reading pack headers
-out of upload-pack responses, and judges its bars: the reader is tested on
+"""benchmarks/fleet.py counts objects at the upstream (benchmarks/countingproxy.py
+reads pack headers out of upload-pack responses) and judges its bars: the reader is tested on
 made-up streams cut at every byte and on real clones through its proxy (git
 daemon, protocol v0 and v2), the bars on canned reports."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
 import subprocess
 
 import pytest
 
-FLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "fleet.py")
+from .helpers import daemons  # noqa: F401 - puts benchmarks/ on the path
 
+import countingproxy  # noqa: E402  (benchmarks/countingproxy.py)
+import fleet  # noqa: E402  (benchmarks/fleet.py)
 
-@pytest.fixture(scope="module")
-def fleet():
-    spec = importlib.util.spec_from_file_location("benchmarks_fleet", FLEET)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def pkt(payload: bytes) -> bytes:
@@ -56,39 +50,39 @@ TWO_PACKS = (pkt(b"packfile\n") + sideband(pack(3)) + b"0000"
 @pytest.mark.parametrize("stream,counts", [(V2_FETCH, [1234]), (V0_FETCH, [70000]), (V0_RAW, [5]),
                                            (TWO_PACKS, [3, 2 ** 32 - 1]),
                                            (pkt(b"a" * 40 + b" refs/heads/main\n") + b"0000", [])])
-def test_pack_headers_whole_and_cut_at_every_byte(fleet, stream, counts):
-    whole = fleet.PackHeaders()
+def test_pack_headers_whole_and_cut_at_every_byte(stream, counts):
+    whole = countingproxy.PackHeaders()
     whole.feed(stream)
     assert (whole.counts, whole.unparsed) == (counts, False)
     for cut in range(1, len(stream)):
-        parts = fleet.PackHeaders()
+        parts = countingproxy.PackHeaders()
         parts.feed(stream[:cut])
         parts.feed(stream[cut:])
         assert (parts.counts, parts.unparsed) == (counts, False), cut
-    one_by_one = fleet.PackHeaders()
+    one_by_one = countingproxy.PackHeaders()
     for index in range(len(stream)):
         one_by_one.feed(stream[index:index + 1])
     assert one_by_one.counts == counts
 
 
-def test_a_stream_that_is_not_pkt_lines_is_flagged_not_counted(fleet):
-    reader = fleet.PackHeaders()
+def test_a_stream_that_is_not_pkt_lines_is_flagged_not_counted():
+    reader = countingproxy.PackHeaders()
     reader.feed(b"HTTP/1.1 200 OK\r\n\r\n" + pack(9))
     assert reader.unparsed and reader.counts == []
-    reader = fleet.PackHeaders()
+    reader = countingproxy.PackHeaders()
     reader.feed(pkt(b"packfile\n") + pkt(b"\x01NOTAPACKHEADER"))
     assert reader.unparsed and reader.counts == []
 
 
 @pytest.mark.parametrize("version", ["0", "2"])
-def test_proxy_counts_the_objects_a_clone_receives(fleet, tmp_path, version):
+def test_proxy_counts_the_objects_a_clone_receives(tmp_path, version):
     import make_repo  # benchmarks/ is on the path once fleet.py is loaded
     from gitdaemon import GitDaemon
 
     served = tmp_path / "served"
     make_repo.generate(str(served / "repo"), commits=20, files=30, file_size=512, depth=1, changes=3, seed=4)
     daemon = GitDaemon(str(served))
-    proxy = fleet.CountingProxy(daemon.port, "test")
+    proxy = countingproxy.CountingProxy(daemon.port, "test")
     try:
         proxy.label = "clone"
         target = tmp_path / "clone.git"
@@ -115,13 +109,13 @@ GOOD = {"full_clone": {"objects": 10000},
         "summary": {"unseeded": summary(9990, 2.0), "seeded": summary(500, 1.5)}}
 
 
-def test_bars_met(fleet):
+def test_bars_met():
     results = fleet.bars(GOOD)
     assert [bar["met"] for bar in results] == [True, True, True]
     assert fleet.exit_status(results, check=True) == 0
 
 
-def test_a_bar_exactly_at_its_limit_is_met(fleet):
+def test_a_bar_exactly_at_its_limit_is_met():
     report = copy.deepcopy(GOOD)
     report["summary"]["seeded"] = summary(500, 2.0)  # 5% of 10000 objects; 1.0x the time
     assert all(bar["met"] for bar in fleet.bars(report))
@@ -129,7 +123,7 @@ def test_a_bar_exactly_at_its_limit_is_met(fleet):
 
 @pytest.mark.parametrize("seeded,unseeded_errors", [(summary(501, 1.5), 0), (summary(500, 2.01), 0),
                                                     (summary(500, 1.5, errors=1), 0), (summary(500, 1.5), 2)])
-def test_a_missed_bar_fails_only_under_check(fleet, seeded, unseeded_errors):
+def test_a_missed_bar_fails_only_under_check(seeded, unseeded_errors):
     report = copy.deepcopy(GOOD)
     report["summary"]["seeded"] = seeded
     report["summary"]["unseeded"]["errors"] = unseeded_errors
@@ -139,7 +133,7 @@ def test_a_missed_bar_fails_only_under_check(fleet, seeded, unseeded_errors):
     assert fleet.exit_status(results, check=False) == 0
 
 
-def test_without_seeding_the_seeding_bars_are_not_run(fleet):
+def test_without_seeding_the_seeding_bars_are_not_run():
     report = copy.deepcopy(GOOD)
     del report["summary"]["seeded"]
     results = fleet.bars(report)

@@ -250,16 +250,29 @@ def test_a_store_without_this_repository_says_so(tmp_path, served_upstream):
 
 # ---------------------------------------------------------------- https (read-only), and refusals
 
-class _StoreOverHttps:
-    """The store's directory served read-only over HTTPS (test CA); /redirect/<path> sends to http://."""
+class _Https:
+    """A threaded HTTPS server on 127.0.0.1 with a certificate from a test CA (ca_file)."""
 
-    def __init__(self, directory: str, workdir: str):
+    def __init__(self, workdir: str, handler: type[http.server.BaseHTTPRequestHandler]):
         ca = trustme.CA()
         self.ca_file = os.path.join(workdir, "ca.pem")
         ca.cert_pem.write_to_path(self.ca_file)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ca.issue_cert("127.0.0.1").configure_cert(context)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def stop(self):
+        self.server.shutdown()
+
+
+class _StoreOverHttps(_Https):
+    """The store's directory served read-only over HTTPS; /redirect/<path> sends to http://."""
+
+    def __init__(self, directory: str, workdir: str):
         class Handler(http.server.SimpleHTTPRequestHandler):
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, directory=directory, **kwargs)
@@ -275,13 +288,7 @@ class _StoreOverHttps:
                     return
                 super().do_GET()
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
+        super().__init__(workdir, Handler)
 
 
 def test_a_node_seeds_from_an_https_store_and_refuses_a_redirect_to_http(tmp_path, published):
@@ -562,15 +569,10 @@ def test_a_mirror_rebuilt_for_unreadable_objects_is_not_seeded_again(tmp_path, p
     assert not record["seeded"] and "unreadable" in record["why"] and record["reason"] == "rebuild", record
 
 
-class _DrippingHttps(_StoreOverHttps):
+class _DrippingHttps(_Https):
     """Serves a bundle list naming one bundle, then that bundle one byte per half second."""
 
     def __init__(self, workdir: str):
-        ca = trustme.CA()
-        self.ca_file = os.path.join(workdir, "ca.pem")
-        ca.cert_pem.write_to_path(self.ca_file)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("127.0.0.1").configure_cert(context)
         listing = render_list([BundleEntry("1-abcdef12", "1-abcdef12.bundle", 1)]).encode()
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -595,11 +597,7 @@ class _DrippingHttps(_StoreOverHttps):
                 except OSError:
                     pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(workdir, Handler)
 
 
 def test_a_store_that_drips_a_bundle_cannot_hold_the_clone_past_its_share(tmp_path, served_upstream):
@@ -670,16 +668,10 @@ def test_a_file_store_never_follows_a_symlink_or_reads_a_device(tmp_path, served
     assert not record["seeded"] and "symbolic link" in record["why"], record
 
 
-class _BrokenHttps(_StoreOverHttps):
+class _BrokenHttps(_Https):
     """Answers every request with a status line that is not HTTP."""
 
     def __init__(self, workdir: str):
-        ca = trustme.CA()
-        self.ca_file = os.path.join(workdir, "ca.pem")
-        ca.cert_pem.write_to_path(self.ca_file)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("127.0.0.1").configure_cert(context)
-
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
@@ -687,11 +679,7 @@ class _BrokenHttps(_StoreOverHttps):
             def do_GET(self):
                 self.wfile.write(b"garbage that is no status line\r\n\r\n")
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(workdir, Handler)
 
 
 def test_an_https_store_that_speaks_no_http_costs_speed_only(tmp_path, served_upstream):
