@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from checkoutcache.bundles.seed import REBUILD, SEED_SHARE, seed_mirror
+from checkoutcache.bundles.seed import REBUILD, SEED_SHARE, SeedResult, seed_mirror
 from checkoutcache.bundleuri import bundle_key
 from checkoutcache.clone.decide import next_failure
 from checkoutcache.clone.submodules import ensure_in_store, populate, submodules_of
@@ -349,21 +349,21 @@ class Worker:
             return
         if skip is not None:
             self.log(f"bundles: not used: {skip}")
-            records.write_json(self.paths.seed_record, {"seeded": False, "bundles": [], "why": skip,
-                                                        "reason": REBUILD, "store": str(location),
-                                                        "at": time.time()})
-            self.journal("seeded", outcome="none", reason=REBUILD, bundles=0)
-            return
-        self.on_progress({"phase": "seeding from bundles"})
-        checkpoint("before-seed")
-        remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
-        # seed_mirror never raises: whatever the store does costs speed only.
-        result = seed_mirror(build, location, bundle_key(self.scope, self.url, self.is_local),
-                             self.scratch.path, keep_fds, SEED_SHARE * remaining, self.log)
+            result = SeedResult(False, (), skip, REBUILD, str(location), 0, 0.0)
+        else:
+            self.on_progress({"phase": "seeding from bundles"})
+            checkpoint("before-seed")
+            remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
+            # seed_mirror never raises: whatever the store does costs speed only.
+            result = seed_mirror(build, location, bundle_key(self.scope, self.url, self.is_local),
+                                 self.scratch.path, keep_fds, SEED_SHARE * remaining, self.log)
         record = result.to_record(time.time())
         if result.seeded:
             record["upstream"] = {"fetches": 0, "objects": 0, "bytes": 0}
-        records.write_json(self.paths.seed_record, record)
+        try:
+            records.write_json(self.paths.seed_record, record)
+        except OSError:
+            pass  # observability only: a full disk fails the fetch that follows, with its own code
         outcome = "none" if not result.seeded else ("partial" if result.why else "seeded")
         self.journal("seeded", outcome=outcome, reason=result.reason or "", bundles=len(result.bundles))
 

@@ -28,6 +28,10 @@ PUBLISHED_REFS = ("refs/heads/", "refs/tags/")
 class BundleError(Exception):
     """A bundle could not be made, checked or taken in: the reason, one line."""
 
+    def __init__(self, why: str, timed_out: bool = False):
+        super().__init__(why)
+        self.timed_out = timed_out
+
 
 def bundles_unsupported() -> str | None:
     return None if shutil.which("git") else "bundles need the git CLI (git is not on PATH)"
@@ -53,7 +57,8 @@ def _git(args: list[str], keep_fds: tuple[int, ...] = (), timeout: float | None 
         except OSError:
             pass
         proc.communicate()
-        raise BundleError(f"git {args[2] if len(args) > 2 else args[0]} did not finish within {timeout:g}s") from None
+        raise BundleError(f"git {args[2] if len(args) > 2 else args[0]} did not finish within {timeout:g}s",
+                          timed_out=True) from None
     except BaseException:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -142,7 +147,7 @@ def fetch_published(mirror: str, url: str, credential: Credential | None, log: C
     try:
         done = _git(args, keep_fds, timeout, env=git_env(credential=credential, url=url))
     except BundleError as exc:
-        raise CheckoutCacheError("TIMEOUT" if "did not finish" in str(exc) else "CLONE_FAILED",
+        raise CheckoutCacheError("TIMEOUT" if exc.timed_out else "CLONE_FAILED",
                                  limit=f"{timeout:g}s", detail=str(exc)) from None
     if done.returncode != 0:
         raise git_failure(done.stderr, last_meaningful_line(done.stderr), secrets)
