@@ -89,6 +89,12 @@ class Config:
     submodules: str = setting("recursive", "CHECKOUTCACHE_SUBMODULES",
                               "Check out every submodule's work tree, nested ones too (recursive), or none. "
                               "Checkouts made under each setting are kept apart.", parse_submodules)
+    max_submodules: int = setting(100, "CHECKOUTCACHE_MAX_SUBMODULES",
+                                  "A commit whose submodules (all levels) need more checkouts fails with "
+                                  "SUBMODULE_FAILED.", _count)
+    max_submodule_bytes: int = setting(4 << 30, "CHECKOUTCACHE_MAX_SUBMODULE_BYTES",
+                                       "A commit whose submodules (all levels) hold more bytes fails with "
+                                       "SUBMODULE_FAILED.", parse_size, "4G")
     lfs: str = setting("on", "CHECKOUTCACHE_LFS",
                        "Check out Git LFS files with their content (on; needs git-lfs) or as pointer files (off). "
                        "Checkouts made under each setting are kept apart.", parse_lfs)

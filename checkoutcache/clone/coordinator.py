@@ -43,9 +43,13 @@ RECORD_GRACE = 0.5
 
 
 class Coordinator:
-    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, fork_workers: bool = False):
+    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, fork_workers: bool = False,
+                 inline: bool = False):
+        """inline: a clone this coordinator starts runs in this very process (a worker
+        making a submodule's commit ready), not in a worker of its own."""
         self.root_paths = root_paths
         self.fork_workers = fork_workers
+        self.inline = inline
         self.config = config
         self.spec = spec
         self.sha = sha
@@ -187,6 +191,8 @@ class Coordinator:
                   "deaths": deaths}
         records.write_json(self.paths.clone_record(self.sha), record)
         records.remove_quietly(self.paths.deaths_record(self.sha))  # the count is in the clone record now
+        if self.inline:
+            return self.clone_inline(deaths)
         try:
             pid = start_worker(self.root_paths.root, self.paths, self.sha, clone_lock.fileno(),
                                self.config, self.credential, fork=self.fork_workers, deaths=deaths)
@@ -196,6 +202,18 @@ class Coordinator:
         from checkoutcache.store.liveness import pid_namespace  # psutil only off the ready path
 
         return self.cloning({**record, "pid": pid, "pidns": pid_namespace()})
+
+    def clone_inline(self, deaths: int) -> Answer:
+        """Run the clone here, under the clone lock our caller holds; answer its outcome."""
+        from checkoutcache.clone.worker import Worker  # the worker's imports only where a clone runs
+
+        Worker(self.paths, self.sha, self.config, self.credential, deaths).run(timer=False)
+        if touch_if_ready(self.paths.ready_marker(self.sha)):
+            return self.ready()
+        failure = self.failure()
+        if failure is None:
+            return self.error(CheckoutCacheError("CLONE_FAILED", detail="the clone ended without an outcome"))
+        return self.failed(failure, time.time())
 
     def run(self, wait: float, on_progress: Callable[[Answer], None] | None = None) -> Answer:
         try:

@@ -28,7 +28,7 @@ import time
 from checkoutcache.bundles.seed import REBUILD, SEED_SHARE, SeedResult, seed_mirror
 from checkoutcache.bundleuri import bundle_key
 from checkoutcache.clone.decide import next_failure
-from checkoutcache.clone.submodules import ensure_in_store, populate, submodules_of
+from checkoutcache.clone.submodules import Budget, ensure_in_store, making, populate, submodules_in
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
     Credential,
@@ -125,8 +125,8 @@ class Worker:
             text = f"{stamp} (this attempt's log reached {CLONE_LOG_CAP} bytes: later lines are dropped)\n"
         try:
             self._log.write(text)
-        except OSError:
-            pass  # a full disk must not turn a clean failure into a crash
+        except (OSError, ValueError):
+            pass  # a full disk (or a log closed by a finished run) must not turn a clean failure into a crash
 
     def journal(self, event: str, **fields) -> None:
         path = os.environ.get(JOURNAL)
@@ -176,15 +176,20 @@ class Worker:
             self.scratch.discard()
 
     # ------------------------------------------------------------ the clone
-    def run(self) -> int:
+    def run(self, timer: bool = True) -> int:
+        """timer: stop the clone at the clone timeout (a worker process of its own); a
+        clone run inline (a submodule's, in its superproject's worker) runs under its
+        caller's timer instead."""
         self.log(f"clone of {self.sha} from {self.url} by pid {self.pid} ({self.backend.name})")
         self.write_record()
         self.journal("started")
-        timer = threading.Timer(self.config.clone_timeout, self.on_timeout)
-        timer.daemon = True
-        timer.start()
+        deadline = threading.Timer(self.config.clone_timeout, self.on_timeout)
+        deadline.daemon = True
+        if timer:
+            deadline.start()
         try:
-            self.clone()
+            with making(self.paths.key, self.sha):
+                self.clone()
         except BaseException as exc:  # every failure is recorded; SIGKILL is the only exception
             with self._finishing:
                 explained = self.explain(exc)
@@ -192,7 +197,8 @@ class Worker:
                 self.record_failure(*explained)
             return EXIT_FAILED
         finally:
-            timer.cancel()
+            deadline.cancel()
+            self._log.close()
         return EXIT_OK
 
     def clone(self) -> None:
@@ -244,21 +250,34 @@ class Worker:
         if self.submodules_setting == SUBMODULES_NONE:
             # Only whether the commit has submodules, for the answer: nothing else is read.
             return {"submodules": "none"} if self.backend.gitmodules(self.paths.mirror, self.sha) else {}
-        subs = submodules_of(self.backend, self.paths.mirror, self.sha, self.url)
-        if not subs:
-            return {}
-        self.on_progress({"phase": "checking out submodules"})
+        tree_fd = os.open(self.scratch.tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            subs = submodules_in(self.backend, self.scratch.tree, self.paths.mirror, self.sha, self.url)
+            if not subs:
+                return {}
+            self.on_progress({"phase": "checking out submodules"})
+            borrowed = self.populate_submodules(tree_fd, subs)
+        finally:
+            os.close(tree_fd)
+        marker = {"submodules": "included", "borrows": borrowed}
+        if self.submodule_lfs is not None and self.lfs_answer in (None, "content"):
+            # What the answer says of LFS files covers the submodules' too: pointers anywhere say so.
+            marker["lfs"] = self.submodule_lfs if self.submodule_lfs != "content" else "content"
+        return marker
+
+    def populate_submodules(self, tree_fd: int, subs: list) -> list[list[str]]:
         root = self.paths.root
         deadline = time.monotonic() + max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
+        budget = Budget(self.config.max_submodules, self.config.max_submodule_bytes)
 
         def ensure(url: str, sha: str, wait: float) -> str:
-            return ensure_in_store(root, self.scope, url, sha, wait, super_is_local=self.is_local)
+            return ensure_in_store(root, self.config, self.scope, url, sha, wait, super_is_local=self.is_local)
 
-        def checkout(where: str, key: str, sha: str) -> None:
+        def checkout(where: str, where_fd: int, key: str, sha: str) -> None:
             store = RootPaths(root).repo(key)
             lfs = None
             if self.backend.lfs_objects(store.mirror, sha):
-                # The submodule's own ensure put its LFS objects in its repository's store:
+                # The submodule's own clone put its LFS objects in its repository's store:
                 # checked out from there with content where we can, else the answer says so.
                 reason = LFS_OFF if self.lfs_setting == LFS_OFF else self.backend.lfs_unsupported()
                 if reason is None:
@@ -268,17 +287,13 @@ class Worker:
                     self.submodule_lfs = self.submodule_lfs or "content"
                 else:
                     self.submodule_lfs = LFS_OFF if reason == LFS_OFF else "pointers"
-            self.backend.checkout(where, store.mirror_objects, sha, lambda _update: None, self.log, lfs)
+            self.backend.checkout(where, store.mirror_objects, sha, lambda _update: None, self.log, lfs,
+                                  keep_fds=(where_fd,))
 
-        def submodules_at(key: str, url: str, sha: str):
-            return submodules_of(self.backend, RootPaths(root).repo(key).mirror, sha, url)
+        def submodules_at(where: str, where_fd: int, key: str, url: str, sha: str):
+            return submodules_in(self.backend, where, RootPaths(root).repo(key).mirror, sha, url, (where_fd,))
 
-        borrowed = populate(self.scratch.tree, subs, deadline, 1, ensure, checkout, submodules_at, self.log)
-        marker = {"submodules": "included", "borrows": borrowed}
-        if self.submodule_lfs is not None and self.lfs_answer in (None, "content"):
-            # What the answer says of LFS files covers the submodules' too: pointers anywhere say so.
-            marker["lfs"] = self.submodule_lfs if self.submodule_lfs != "content" else "content"
-        return marker
+        return populate(tree_fd, subs, deadline, 1, budget, ensure, checkout, submodules_at, self.log)
 
     def ensure_mirror(self, keep_fds: tuple[int, ...], rebuild: bool = False) -> bool:
         """Create the mirror if missing (built in our scratch, seeded from bundles when

@@ -183,28 +183,44 @@ class GitCliBackend:
             refs[ref.strip()] = sha.strip()
         return refs
 
-    def gitmodules(self, mirror: str, sha: str) -> dict[str, str]:
-        """path -> url of the commit's .gitmodules (git reads the blob; nothing runs)."""
-        done = self._run(["-C", mirror, "config", "--blob", f"{sha}:.gitmodules", "--null", "--get-regexp",
-                          r"^submodule\..*\.(path|url)$"])
-        if done.returncode != 0:
-            return {}
+    def gitmodules(self, mirror: str, sha: str) -> dict[bytes, str]:
+        """path -> url of the commit's .gitmodules, paths as bytes (git reads the blob; nothing runs).
+        {} without a .gitmodules; CLONE_FAILED when git cannot read the one there is."""
+        done = subprocess.run([self.git, "-C", mirror, "config", "--blob", f"{sha}:.gitmodules", "--null",
+                               "--get-regexp", r"^submodule\..*\.(path|url)$"], capture_output=True,
+                              env=git_env(), stdin=subprocess.DEVNULL, cwd="/")
+        stderr = done.stderr.decode("utf-8", "replace")
+        # git stops at a line it cannot parse, says so, and may still exit 0 with what came before.
+        if done.returncode != 0 or stderr.strip():
+            if self.object_kind(mirror, f"{sha}:.gitmodules") is None:
+                return {}
+            if done.returncode == 1 and not stderr.strip():
+                return {}  # a .gitmodules that names no submodule
+            raise CheckoutCacheError("CLONE_FAILED", detail=f"its .gitmodules cannot be read: "
+                                                            f"{last_meaningful_line(stderr)}")
         paths, urls = {}, {}
-        for entry in filter(None, done.stdout.split("\0")):
-            key, _, value = entry.partition("\n")
-            name, _, field = key[len("submodule."):].rpartition(".")
-            (paths if field == "path" else urls)[name] = value
+        for entry in filter(None, done.stdout.split(b"\0")):
+            key, _, value = entry.partition(b"\n")
+            name, _, field = key[len(b"submodule."):].rpartition(b".")
+            if field == b"path":
+                paths[name] = value
+            else:
+                urls[name] = value.decode("utf-8", "replace")
         return {path: urls[name] for name, path in paths.items() if name in urls}
 
-    def gitlinks(self, mirror: str, sha: str) -> dict[str, str]:
-        """path -> commit of every submodule entry (mode 160000) of the commit's tree."""
-        done = self._run(["-C", mirror, "ls-tree", "-r", "-z", sha])
+    def index_gitlinks(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> dict[bytes, str]:
+        """path -> commit of every gitlink in the index git wrote for tree_dir's checkout."""
+        done = subprocess.run([self.git, "-C", tree_dir, "ls-files", "--stage", "-z"], capture_output=True,
+                              env=git_env(), stdin=subprocess.DEVNULL, cwd="/", pass_fds=keep_fds)
+        if done.returncode != 0:
+            stderr = done.stderr.decode("utf-8", "replace")
+            raise git_failure(stderr, last_meaningful_line(stderr), [])
         links = {}
-        for entry in filter(None, done.stdout.split("\0")) if done.returncode == 0 else []:
-            meta, _, path = entry.partition("\t")
-            mode, kind, oid = meta.split()
-            if kind == "commit":
-                links[path] = oid
+        for entry in filter(None, done.stdout.split(b"\0")):
+            meta, _, path = entry.partition(b"\t")
+            mode, oid, _stage = meta.split()
+            if mode == b"160000":
+                links[path] = oid.decode()
         return links
 
     def drop_refs_under(self, mirror: str, prefix: str) -> None:
@@ -320,7 +336,7 @@ class GitCliBackend:
         return done.returncode == 0 and bool(done.stdout.strip("\0"))
 
     def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
-                 lfs: dict[str, str] | None = None) -> None:
+                 lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = ()) -> None:
         make_work_repository(tree_dir)  # what `git init --template=` makes, without starting git
         write_alternates(tree_dir, mirror_objects)
         write_git_config(os.path.join(tree_dir, ".git"), {**CHECKOUT_CONFIG, **(lfs or {})})
@@ -328,21 +344,21 @@ class GitCliBackend:
         # default single writer on a 3000-file tree (benchmarks/RESULTS.md).
         cmd = ["-C", tree_dir, "-c", "advice.detachedHead=false", "-c", "checkout.workers=0",
                "checkout", "--progress", "--detach", sha]
-        code, output = self._stream(cmd, git_env(), on_progress, log, [], ())
+        code, output = self._stream(cmd, git_env(), on_progress, log, [], keep_fds)
         if code != 0:
             if lfs and "filter lfs failed" in output:
                 raise lfs_failure(output, last_meaningful_line(output), [])
             raise git_failure(output, last_meaningful_line(output), [])
-        self._check_written(tree_dir)
+        self._check_written(tree_dir, keep_fds)
 
-    def _check_written(self, tree_dir: str) -> None:
+    def _check_written(self, tree_dir: str, keep_fds: tuple[int, ...]) -> None:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
         sha1 file` and leaves the file out): every path the index lists must be on disk,
         else the mirror lacks objects and the checkout is not published."""
         # git itself compares its index with the tree (paths relative to the tree, so no
         # absolute path is ever too long), as bytes (a path need not be UTF-8).
         listed = subprocess.run([self.git, "-C", tree_dir, "ls-files", "--deleted", "-z"], capture_output=True,
-                                env=git_env(), stdin=subprocess.DEVNULL, cwd="/")
+                                env=git_env(), stdin=subprocess.DEVNULL, cwd="/", pass_fds=keep_fds)
         if listed.returncode != 0:
             stderr = listed.stderr.decode("utf-8", "replace")
             raise git_failure(stderr, last_meaningful_line(stderr), [])

@@ -108,45 +108,41 @@ class Pygit2Backend:
         return {head.name: str(head.oid) for head in heads
                 if any(fnmatch.fnmatchcase(head.name, p) for p in patterns)}
 
-    def gitmodules(self, mirror: str, sha: str) -> dict[str, str]:
+    def gitmodules(self, mirror: str, sha: str) -> dict[bytes, str]:
         import configparser
 
         import pygit2
 
         try:
-            data = pygit2.Repository(mirror).revparse_single(f"{sha}:.gitmodules").read_raw().decode("utf-8", "replace")
+            data = pygit2.Repository(mirror).revparse_single(f"{sha}:.gitmodules").read_raw()
         except _errors():
             return {}
+        # Bytes that are not UTF-8 survive as surrogates, and go back to bytes below.
         parser = configparser.ConfigParser(strict=False, interpolation=None)
         try:
-            parser.read_string(data)
+            parser.read_string(data.decode("utf-8", "surrogateescape"))
         except configparser.Error:
             return {}
         found = {}
         for section in parser.sections():
             if section.startswith("submodule ") and parser.has_option(section, "path") and \
                     parser.has_option(section, "url"):
-                found[parser.get(section, "path").strip()] = parser.get(section, "url").strip()
+                path = os.fsencode(parser.get(section, "path").strip())
+                found[path] = parser.get(section, "url").strip().encode("utf-8", "surrogateescape").decode(
+                    "utf-8", "replace")
         return found
 
-    def gitlinks(self, mirror: str, sha: str) -> dict[str, str]:
+    def index_gitlinks(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> dict[bytes, str]:
         import pygit2
 
-        links = {}
         try:
-            repo = pygit2.Repository(mirror)
-            stack = [("", repo[sha].peel(pygit2.Tree))]
-            while stack:
-                prefix, tree = stack.pop()
-                for entry in tree:
-                    path = prefix + entry.name
-                    if entry.filemode == pygit2.enums.FileMode.COMMIT:
-                        links[path] = str(entry.id)
-                    elif entry.filemode == pygit2.enums.FileMode.TREE:
-                        stack.append((path + "/", repo[entry.id]))
-        except _errors():
-            return {}
-        return links
+            index = pygit2.Repository(tree_dir).index
+            # pygit2 decodes paths with surrogateescape: fsencode gives git's bytes back.
+            return {os.fsencode(entry.path): str(entry.id) for entry in index
+                    if entry.mode == pygit2.enums.FileMode.COMMIT}
+        except _errors() as exc:
+            text = str(exc) or type(exc).__name__
+            raise git_failure(text, text, []) from None
 
     def drop_refs_under(self, mirror: str, prefix: str) -> None:
         import pygit2
@@ -293,7 +289,7 @@ class Pygit2Backend:
         return False
 
     def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
-                 lfs: dict[str, str] | None = None) -> None:
+                 lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = ()) -> None:
         import pygit2
 
         try:
