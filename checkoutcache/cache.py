@@ -115,12 +115,14 @@ class Cache:
             return Answer(state=State.READY, commit=sha, repo=spec.url, path=paths.checkout(sha), lfs=lfs_of(record),
                           submodules=submodules_of(record))
         from checkoutcache.clone.coordinator import Coordinator
+        from checkoutcache.clone.spawn import worker_starter
 
         try:
             config = self.config  # a malformed setting is the caller's input: answered, nothing written
         except CheckoutCacheError as exc:
             return Answer.from_error(exc)
-        return Coordinator(self.paths, config, spec, sha, self.fork_workers).run(float(wait), on_progress)
+        return Coordinator(self.paths, config, spec, sha, worker_starter(self.fork_workers)).run(float(wait),
+                                                                                                on_progress)
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
              on_progress: Callable[[Answer], None] | None = None) -> Hold:

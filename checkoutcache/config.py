@@ -104,6 +104,10 @@ class Config:
         "from upstream (README \"Fleets: seeding from bundles\"); also where `bundle publish` writes.",
         parse_bundle_uri, "off")
 
+    seed_timeout: float = setting(120.0, "CHECKOUTCACHE_SEED_TIMEOUT",
+                                  "The longest a new mirror spends taking in bundles; not counted in the clone "
+                                  "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")
+
     @classmethod
     def from_env(cls, environ: os._Environ | dict[str, str] | None = None, **overrides: Any) -> "Config":
         """Explicit overrides (CLI options) win over the environment, which wins over defaults."""

@@ -9,6 +9,7 @@ are a public contract (documented in the README): add codes, never rename them.
 
 from __future__ import annotations
 
+import errno
 from typing import NamedTuple
 
 INPUT = "input"
@@ -154,3 +155,14 @@ def describe(code: str, **fields: object) -> tuple[str, str]:
 
 def is_input_error(code: str | None) -> bool:
     return code is not None and code in CODES and CODES[code].kind == INPUT
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError that says the disk (or the caller's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: OSError) -> CheckoutCacheError:
+    """DISK_FULL for a write that met ENOSPC: every such write on the ensure and gc paths says this."""
+    where = f" writing {exc.filename}" if isinstance(exc.filename, str) else ""
+    return CheckoutCacheError("DISK_FULL", detail=f"{exc.strerror or exc}{where}")

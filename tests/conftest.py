@@ -4,6 +4,7 @@ inside its own temporary directories. Helpers live in tests/helpers/."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -30,7 +31,11 @@ def daemon(tmp_path_factory):
 
 @pytest.fixture
 def served_upstream(daemon, request) -> tuple[Upstream, str]:
-    name = f"repo-{request.node.name}".replace("[", "-").replace("]", "").replace("/", "-")[:80]
+    # Cut to a length git daemon paths take, kept apart by a digest of the whole name
+    # (parametrized tests share a long prefix).
+    full = request.node.name
+    name = f"repo-{full}".replace("[", "-").replace("]", "").replace("/", "-")[:72] + "-" + \
+        hashlib.sha1(full.encode()).hexdigest()[:7]
     repo = Upstream(os.path.join(daemon.base, name))
     repo.standard_history()
     return repo, daemon.url(name)

@@ -17,6 +17,7 @@ from checkoutcache.answers import State
 from checkoutcache.clone.coordinator import Coordinator
 from checkoutcache.clone.decide import MAX_DEATHS
 from checkoutcache.config import Config
+from checkoutcache.clone.spawn import worker_starter
 from checkoutcache.repospec import parse_repo
 from checkoutcache.store import locks, records
 from checkoutcache.store.layout import RootPaths
@@ -29,7 +30,8 @@ from .helpers import assert_checkout_matches, files_under, only_repo, pid_alive
 def coordinator(root, upstream):
     """A coordinator for upstream's second commit, after first contact (the store exists, nothing else)."""
     def make(sha: str | None = None) -> Coordinator:
-        return Coordinator(RootPaths(root), Config.from_env({}), parse_repo(upstream.path), sha or upstream.shas[1])
+        return Coordinator(RootPaths(root), Config.from_env({}), parse_repo(upstream.path), sha or upstream.shas[1],
+                           worker_starter())
     made = make()
     made.first_contact()
     assert os.path.isfile(made.paths.repo_json)

@@ -15,7 +15,6 @@ scratch directory and are removed as soon as they are taken in.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import threading
@@ -25,19 +24,24 @@ from typing import Callable, NamedTuple, TypeVar
 from checkoutcache.bundles.bundlelist import MAX_LIST_BYTES, MalformedList, parse_list
 from checkoutcache.bundleuri import LIST_NAME, BundleLocation
 from checkoutcache.bundles.objectstore import StoreError, open_folder
-from checkoutcache.git.bundles import BundleError, bundles_unsupported, take_in_bundle, verify_bundle
+from checkoutcache.errors import is_disk_full
+from checkoutcache.git.bundles import (
+    BundleError,
+    bundles_unsupported,
+    drop_unreachable,
+    take_in_bundle,
+    verify_bundle,
+)
 
-# A node never spends more of its clone's time on bundles than this share: the
-# upstream fetch that follows must still fit in the clone timeout.
-SEED_SHARE = 0.5
 T = TypeVar("T")
 # Why a mirror was not (wholly) seeded, as a metrics label: a fixed set.
 NO_GIT, NO_LIST, STORE_DOWN, BAD_LIST, OUT_OF_TIME, NO_SPACE, BUNDLE_UNUSABLE, REBUILD, UNEXPECTED = (
     "no-git", "no-list", "store-down", "bad-list", "out-of-time", "no-space", "bundle-unusable", "rebuild",
     "unexpected")
 REASONS = (NO_GIT, NO_LIST, STORE_DOWN, BAD_LIST, OUT_OF_TIME, NO_SPACE, BUNDLE_UNUSABLE, REBUILD, UNEXPECTED)
-# What seeding may download: half the space free beyond this share of the disk (the
-# bundle's pack then takes about as much again in the mirror; other clones need room).
+# What seeding may download, all bundles together: half the space free beyond this
+# share of the disk when it starts (each bundle's pack takes about as much again in
+# the mirror while its download is still there; other clones need room).
 DISK_RESERVE = 0.10
 
 
@@ -84,11 +88,18 @@ def within(deadline: float, what: str, operation: Callable[[], T]) -> T:
 
 
 def seed_mirror(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fds: tuple[int, ...],
-                budget: float, log: Callable[[str], None]) -> SeedResult:
-    """Never raises (bar the worker's own death): whatever the store does ends in a result."""
+                budget: float, log: Callable[[str], None], reachable_only: bool = False) -> SeedResult:
+    """Never raises (bar the worker's own death): whatever the store does ends in a result.
+
+    budget: the seconds seeding may take (its own, not the clone's). reachable_only: drop
+    whatever the bundles' refs do not reach once they are taken in (libgit2 fetches take an
+    object's presence for its history's, so a stray commit a pack carried must not stay)."""
     started = time.monotonic()
     try:
-        return _seed(mirror, location, key, workdir, keep_fds, budget, log, started)
+        result = _seed(mirror, location, key, workdir, keep_fds, budget, log, started)
+        if result.seeded and reachable_only:
+            drop_unreachable(mirror, keep_fds, timeout=max(30.0, budget))
+        return result
     except Exception as exc:  # a store's answer no branch foresaw: a speed-up lost, not a clone
         why = f"unexpected {type(exc).__name__}: {str(exc)[:300]}"
         log(f"bundles: {why}")
@@ -124,6 +135,7 @@ def _seed(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fd
     if not listed.entries:
         return result(f"the bundle list at {location} names no bundle", BAD_LIST)
     log(f"bundles: {len(listed.entries)} listed at {folder.where}")
+    room = space_for_downloads(workdir)  # for all of them: a long chain cannot fill the disk
     for entry in listed.entries:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -131,8 +143,8 @@ def _seed(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fd
                           OUT_OF_TIME)
         path = os.path.join(workdir, entry.uri)
         try:
-            room = space_for_downloads(workdir)
-            size = within(deadline, entry.uri, lambda: folder.download(entry.uri, path, deadline, room))
+            size = within(deadline, entry.uri,
+                          lambda: folder.download(entry.uri, path, deadline, max(0, room - downloaded)))
             downloaded += size
             verify_bundle(mirror, path, timeout=max(1.0, deadline - time.monotonic()))
             take_in_bundle(mirror, path, entry.uri[: -len(".bundle")], keep_fds,
@@ -142,7 +154,7 @@ def _seed(mirror: str, location: BundleLocation, key: str, workdir: str, keep_fd
             reason = BUNDLE_UNUSABLE
             if isinstance(exc, StoreError):
                 reason = OUT_OF_TIME if exc.late else NO_SPACE if exc.large else BUNDLE_UNUSABLE
-            elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            elif is_disk_full(exc):
                 reason = NO_SPACE
             return result(f"{entry.uri} not taken in ({detail}); fetching the rest from upstream", reason)
         finally:

@@ -5,8 +5,14 @@ within the caller's limit.
 Single flight (invariant 2) rests on one step: taking the commit's clone lock
 without waiting. Whoever gets it re-checks (another process may have already
 published or failed meanwhile: double-checked locking) and, if the commit is
-still absent, starts the worker and hands it the lock. Everyone else sees the
+still absent, starts the clone and hands it the lock. Everyone else sees the
 lock held and answers `cloning` with the record of the live owner.
+
+How a clone starts is the caller's `Start`: a detached worker (spawn.py's
+`worker_starter`, for the CLI, the library and serve), or the clone run to its
+end in this very process (worker.py's `run_inline`, for a submodule's commit
+in its superproject's worker). The coordinator imports neither, so the worker
+can coordinate its submodules' clones without an import cycle.
 """
 
 from __future__ import annotations
@@ -17,15 +23,14 @@ from typing import Callable
 
 from checkoutcache.answers import Answer, State
 from checkoutcache.clone.decide import Step, next_failure, next_step_for_not_ready
-from checkoutcache.clone.spawn import start_worker
 from checkoutcache.config import Config
-from checkoutcache.credentials import credential_for, unbound_credential_note
-from checkoutcache.errors import CheckoutCacheError, describe
+from checkoutcache.credentials import Credential, credential_for, unbound_credential_note
+from checkoutcache.errors import CheckoutCacheError, describe, disk_full, is_disk_full
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists
-from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.ready import lfs_of, submodules_of, touch_if_ready
 from checkoutcache.store.watch import StateWatch
 from checkoutcache.store.records import Failure, read_failure
@@ -42,14 +47,15 @@ LOOKS_WHILE_LOCK_FLAPS = 3
 RECORD_GRACE = 0.5
 
 
+# start(paths, sha, clone lock fd, config, credential, deaths) -> the pid of a worker that
+# runs on (holding the lock it inherited), or None when the clone ran to its end here.
+Start = Callable[[RepoPaths, str, int, Config, Credential | None, int], int | None]
+
+
 class Coordinator:
-    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, fork_workers: bool = False,
-                 inline: bool = False):
-        """inline: a clone this coordinator starts runs in this very process (a worker
-        making a submodule's commit ready), not in a worker of its own."""
+    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, start: Start):
         self.root_paths = root_paths
-        self.fork_workers = fork_workers
-        self.inline = inline
+        self.start = start
         self.config = config
         self.spec = spec
         self.sha = sha
@@ -58,7 +64,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ answers
     def ready(self) -> Answer:
-        record = records.read_json(self.paths.ready_marker(self.sha)) or {}
+        record = records.read_json(self.paths.ready_marker(self.sha), records.MARKER) or {}
         return Answer(state=State.READY, commit=self.sha, repo=self.spec.url, path=self.paths.checkout(self.sha),
                       lfs=lfs_of(record), submodules=submodules_of(record))
 
@@ -90,7 +96,7 @@ class Coordinator:
         lock is the only evidence) or for the lock to go free."""
         deadline = time.monotonic() + RECORD_GRACE
         while True:
-            record = records.read_json(self.paths.clone_record(self.sha))
+            record = records.read_json(self.paths.clone_record(self.sha), records.CLONE)
             if record and record.get("pid") and _owner_lives(record):
                 return record
             if not locks.clone_running(self.paths, self.sha):
@@ -154,7 +160,7 @@ class Coordinator:
                 return self.ready()
             clone_lock = locks.clone_of(self.paths, self.sha)
         if clone_lock is None:
-            return self.cloning(records.read_json(self.paths.clone_record(self.sha)) or {})
+            return self.cloning(records.read_json(self.paths.clone_record(self.sha), records.CLONE) or {})
         # A worker may have published since our first look: look again under the lock.
         with locks.rechecked(clone_lock, lambda: not touch_if_ready(marker)) as still_absent:
             if still_absent is None:
@@ -163,8 +169,8 @@ class Coordinator:
             failure = self.failure()
             # A clone record while we hold the lock is a dead owner's: it carries the deaths so far
             # (once gc has tidied the dead record away, its count is in the deaths record).
-            dead = records.read_json(self.paths.clone_record(self.sha)) or \
-                records.read_json(self.paths.deaths_record(self.sha))
+            dead = records.read_json(self.paths.clone_record(self.sha), records.CLONE) or \
+                records.read_json(self.paths.deaths_record(self.sha), records.DEATHS)
             decision = next_step_for_not_ready(failure, _deaths(dead), now)
             if decision.step is Step.BACK_OFF:
                 return self.failed(failure, now)
@@ -191,23 +197,19 @@ class Coordinator:
                   "deaths": deaths}
         records.write_json(self.paths.clone_record(self.sha), record)
         records.remove_quietly(self.paths.deaths_record(self.sha))  # the count is in the clone record now
-        if self.inline:
-            return self.clone_inline(deaths)
         try:
-            pid = start_worker(self.root_paths.root, self.paths, self.sha, clone_lock.fileno(),
-                               self.config, self.credential, fork=self.fork_workers, deaths=deaths)
+            pid = self.start(self.paths, self.sha, clone_lock.fileno(), self.config, self.credential, deaths)
         except OSError as exc:
             records.remove_quietly(self.paths.clone_record(self.sha))
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
+        if pid is None:
+            return self.outcome()
         from checkoutcache.store.liveness import pid_namespace  # psutil only off the ready path
 
         return self.cloning({**record, "pid": pid, "pidns": pid_namespace()})
 
-    def clone_inline(self, deaths: int) -> Answer:
-        """Run the clone here, under the clone lock our caller holds; answer its outcome."""
-        from checkoutcache.clone.worker import Worker  # the worker's imports only where a clone runs
-
-        Worker(self.paths, self.sha, self.config, self.credential, deaths).run(timer=False)
+    def outcome(self) -> Answer:
+        """What a clone that ran to its end here left: ready, or its failure."""
         if touch_if_ready(self.paths.ready_marker(self.sha)):
             return self.ready()
         failure = self.failure()
@@ -216,6 +218,14 @@ class Coordinator:
         return self.failed(failure, time.time())
 
     def run(self, wait: float, on_progress: Callable[[Answer], None] | None = None) -> Answer:
+        try:
+            return self._run(wait, on_progress)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            return self.error(disk_full(exc))  # a record or lock file that found no room: nothing half-made
+
+    def _run(self, wait: float, on_progress: Callable[[Answer], None] | None) -> Answer:
         try:
             unreachable = self.first_contact()
         except CheckoutCacheError as exc:

@@ -39,7 +39,8 @@ from checkoutcache.credentials import (
     redact,
     without_credentials,
 )
-from checkoutcache.store.layout import FILE_MODE, RepoPaths
+from checkoutcache.store.layout import RepoPaths
+from checkoutcache.store.modes import open_created
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Workers started by a long-lived caller (serve, the library in a pipeline) must
@@ -62,6 +63,16 @@ def use_worker_server(server) -> None:
 
 def reap_finished_workers() -> None:
     _STARTED[:] = [proc for proc in _STARTED if proc.poll() is None]
+
+
+def worker_starter(fork: bool = False):
+    """The coordinator's Start for a detached worker (coordinator.py): forked from this
+    process (the CLI), else from serve's worker server, else spawned."""
+    def start(paths: RepoPaths, sha: str, lock_fd: int, config: Config, credential: Credential | None,
+              deaths: int) -> int:
+        return start_worker(paths.root, paths, sha, lock_fd, config, credential, fork=fork, deaths=deaths)
+
+    return start
 
 
 def start_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
@@ -88,7 +99,7 @@ def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: C
            "--commit", sha, "--lock-fd", str(lock_fd), "--deaths", str(deaths)]
     # The worker's stderr goes to the commit's log (appended: the history of attempts),
     # so even a crash before the worker sets up its own logging leaves a trace.
-    log_fd = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    log_fd = open_created(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND)
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env)
@@ -143,7 +154,7 @@ def _become_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: 
     try:
         _retitle(sha)
         devnull = os.open(os.devnull, os.O_RDWR)
-        log = os.open(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        log = open_created(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.dup2(log, 2)

@@ -130,16 +130,16 @@ def check_allowed(spec, super_is_local: bool) -> None:
         raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why=f"{spec.url[:200]} matches no allowed pattern")
 
 
-def ensure_in_store(root: str, config, scope: str, url: str, sha: str, wait: float,
+def ensure_in_store(root: str, config, scope: str, url: str, sha: str, wait: float, start,
                     super_is_local: bool = False) -> str:
     """Make the submodule's commit ready in its own repository's store, in this
-    process (single flight as for any caller; the clone runs inline when nobody
-    else is making it); returns that repository's key."""
+    process (single flight as for any caller; `start` runs the clone inline when
+    nobody else is making it: worker.py's run_inline); returns that repository's key."""
     if url.startswith("~"):
         raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why="a submodule may not name a path in a home directory")
     spec = parse_repo(url, scope, cwd="/", lfs=config.lfs, submodules=config.submodules)
     check_allowed(spec, super_is_local)
-    from checkoutcache.clone.coordinator import Coordinator  # the coordinator runs workers: imported on use
+    from checkoutcache.clone.coordinator import Coordinator  # only a commit with submodules pays for it
     from checkoutcache.store.layout import RootPaths, existing_key
 
     root_paths = RootPaths(root)
@@ -148,7 +148,7 @@ def ensure_in_store(root: str, config, scope: str, url: str, sha: str, wait: flo
         raise CheckoutCacheError("CLONE_FAILED", detail="the commit is its own submodule (a cycle)")
     if len(_MAKING) > MAX_DEPTH:
         raise CheckoutCacheError("CLONE_FAILED", detail=f"submodules nested deeper than {MAX_DEPTH} levels")
-    answer = Coordinator(root_paths, config, spec, sha, inline=True).run(max(0.0, wait))
+    answer = Coordinator(root_paths, config, spec, sha, start).run(max(0.0, wait))
     if answer.state == "cloning":
         raise CheckoutCacheError("TIMEOUT", limit=f"{max(1.0, wait):.0f}s")
     if answer.error == "SUBMODULE_FAILED":

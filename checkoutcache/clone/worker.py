@@ -18,14 +18,15 @@ only; see README "Test hooks").
 from __future__ import annotations
 
 import argparse
-import errno
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
+from typing import Iterator
 
-from checkoutcache.bundles.seed import REBUILD, SEED_SHARE, SeedResult, seed_mirror
+from checkoutcache.bundles.seed import REBUILD, SeedResult, seed_mirror
 from checkoutcache.bundleuri import bundle_key
 from checkoutcache.clone.decide import next_failure
 from checkoutcache.clone.submodules import Budget, ensure_in_store, making, populate, submodules_in
@@ -36,7 +37,7 @@ from checkoutcache.credentials import (
     redact,
     secrets_of,
 )
-from checkoutcache.errors import CheckoutCacheError, describe
+from checkoutcache.errors import CheckoutCacheError, describe, is_disk_full
 from checkoutcache.git import mirror
 from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, keep_ref, lfs_checkout_config,
                                        lfs_endpoint, not_a_commit, review_refspec)
@@ -54,7 +55,8 @@ from checkoutcache.store.checkouts import (
     to_trash,
 )
 from checkoutcache.store.inventory import NO_SIZES, inventory, record_size
-from checkoutcache.store.layout import CLONE_LOG_CAP, FILE_MODE, RepoPaths, RootPaths
+from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths, RootPaths
+from checkoutcache.store.modes import open_created, set_shared_umask
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import Scratch, create_scratch
@@ -76,7 +78,7 @@ def open_attempt_log(paths: RepoPaths, sha: str):
             os.replace(log, paths.previous_clone_log(sha))
     except OSError:
         pass
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    fd = open_created(log, os.O_WRONLY | os.O_APPEND)
     return os.fdopen(fd, "a", buffering=1, errors="replace")
 
 
@@ -88,7 +90,7 @@ class Worker:
         self.credential = credential
         self.deaths = deaths  # kept in our record: if we die too, the next starter counts on
         self.secrets = secrets_of(credential)
-        info = records.read_json(paths.repo_json) or {}
+        info = records.read_json(paths.repo_json, records.REPO) or {}
         self.url = info.get("url", "")
         self.is_local = bool(info.get("is_local", False))
         # The store's LFS setting (repo.json; stores made before it existed: on).
@@ -104,6 +106,10 @@ class Worker:
         self.backend = pick_backend(config.transport)
         self.pid, self.pid_start = own_identity()
         self.started_at = time.time()
+        self._started = time.monotonic()
+        self._paused = 0.0  # seconds spent outside the clone timeout (seeding from bundles)
+        self._timer: threading.Timer | None = None
+        self._timed = False
         self.progress: dict = {}
         self._last_write = 0.0
         self._finishing = threading.Lock()
@@ -135,7 +141,7 @@ class Worker:
         line = json.dumps({"event": event, "commit": self.sha, "repo": self.paths.key, "pid": self.pid,
                            "at": time.time(), **fields})
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+            fd = open_created(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
             try:
                 os.write(fd, (line + "\n").encode())  # one O_APPEND write: lines never interleave
             finally:
@@ -183,10 +189,8 @@ class Worker:
         self.log(f"clone of {self.sha} from {self.url} by pid {self.pid} ({self.backend.name})")
         self.write_record()
         self.journal("started")
-        deadline = threading.Timer(self.config.clone_timeout, self.on_timeout)
-        deadline.daemon = True
-        if timer:
-            deadline.start()
+        self._timed = timer
+        self._arm_timer()
         try:
             with making(self.paths.key, self.sha):
                 self.clone()
@@ -197,9 +201,37 @@ class Worker:
                 self.record_failure(*explained)
             return EXIT_FAILED
         finally:
-            deadline.cancel()
+            self._disarm_timer()
             self._log.close()
         return EXIT_OK
+
+    # ------------------------------------------------------------ the clone timeout
+    def remaining(self) -> float:
+        """What is left of the clone timeout (time spent seeding does not count)."""
+        return self.config.clone_timeout - (time.monotonic() - self._started - self._paused)
+
+    def _arm_timer(self) -> None:
+        if self._timed:
+            self._timer = threading.Timer(max(0.0, self.remaining()), self.on_timeout)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _disarm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    @contextlib.contextmanager
+    def outside_the_clone_timeout(self) -> Iterator[None]:
+        """Seeding is bounded by its own budget (CHECKOUTCACHE_SEED_TIMEOUT): a slow bundle
+        store can make a clone faster or not, never make it time out."""
+        self._disarm_timer()
+        paused_at = time.monotonic()
+        try:
+            yield
+        finally:
+            self._paused += time.monotonic() - paused_at
+            self._arm_timer()
 
     def clone(self) -> None:
         if is_published(self.paths, self.sha):
@@ -267,11 +299,12 @@ class Worker:
 
     def populate_submodules(self, tree_fd: int, subs: list) -> list[list[str]]:
         root = self.paths.root
-        deadline = time.monotonic() + max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
+        deadline = time.monotonic() + max(1.0, self.remaining())
         budget = Budget(self.config.max_submodules, self.config.max_submodule_bytes)
 
         def ensure(url: str, sha: str, wait: float) -> str:
-            return ensure_in_store(root, self.config, self.scope, url, sha, wait, super_is_local=self.is_local)
+            return ensure_in_store(root, self.config, self.scope, url, sha, wait, run_inline,
+                                   super_is_local=self.is_local)
 
         def checkout(where: str, where_fd: int, key: str, sha: str) -> None:
             store = RootPaths(root).repo(key)
@@ -281,7 +314,7 @@ class Worker:
                 # checked out from there with content where we can, else the answer says so.
                 reason = LFS_OFF if self.lfs_setting == LFS_OFF else self.backend.lfs_unsupported()
                 if reason is None:
-                    info = records.read_json(store.repo_json) or {}
+                    info = records.read_json(store.repo_json, records.REPO) or {}
                     lfs = lfs_checkout_config(store.lfs_store, lfs_endpoint(info.get("url", ""),
                                                                             bool(info.get("is_local"))))
                     self.submodule_lfs = self.submodule_lfs or "content"
@@ -328,7 +361,7 @@ class Worker:
         except CheckoutCacheError:
             if not mirror.git_lock_files(self.paths.mirror):
                 raise
-            for stale in mirror.remove_stale_git_locks(self.paths.mirror, min_age=0.0):
+            for stale in mirror.remove_stale_leftovers(self.paths.mirror, min_age=0.0):
                 self.log(f"removed git lock {stale} left by a killed process")
             return operation()
 
@@ -344,7 +377,7 @@ class Worker:
 
         self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential,
                                                      track, self.log, keep_fds))
-        seed = records.read_json(self.paths.seed_record)
+        seed = records.read_json(self.paths.seed_record, records.SEED)
         if seed and seed.get("seeded"):  # what upstream sent since seeding, for status and metrics
             upstream = seed.setdefault("upstream", {})
             upstream["fetches"] = int(upstream.get("fetches", 0)) + 1
@@ -368,10 +401,11 @@ class Worker:
         else:
             self.on_progress({"phase": "seeding from bundles"})
             checkpoint("before-seed")
-            remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
-            # seed_mirror never raises: whatever the store does costs speed only.
-            result = seed_mirror(build, location, bundle_key(self.scope, self.url, self.is_local),
-                                 self.scratch.path, keep_fds, SEED_SHARE * remaining, self.log)
+            # seed_mirror never raises: whatever the store does costs speed only, within its own budget.
+            with self.outside_the_clone_timeout():
+                result = seed_mirror(build, location, bundle_key(self.scope, self.url, self.is_local),
+                                     self.scratch.path, keep_fds, self.config.seed_timeout, self.log,
+                                     reachable_only=self.backend.name == "pygit2")
         record = result.to_record(time.time())
         if result.seeded:
             record["upstream"] = {"fetches": 0, "objects": 0, "bytes": 0}
@@ -415,14 +449,13 @@ class Worker:
                     self.log(f"checkout {sha} lost its objects; removed")
 
     def fetch_into_mirror(self, rebuild: bool = False) -> None:
-        remaining = max(1.0, self.config.clone_timeout - (time.time() - self.started_at))
-        with locks.mirror_write(self.paths, timeout=remaining) as mirror_lock:
+        with locks.mirror_write(self.paths, timeout=max(1.0, self.remaining())) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
             rebuilt = self.ensure_mirror(keep_fds, rebuild)
             mirror_dir = self.paths.mirror
             kept = False
-            if self.refuse_non_commit(mirror_dir) is None:  # absent: fetch it
-                for stale in mirror.remove_stale_git_locks(mirror_dir):
+            if not self.commit_present(mirror_dir):  # absent, or there without its history: fetch it
+                for stale in mirror.remove_stale_leftovers(mirror_dir):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
                 checkpoint("before-fetch")
@@ -434,18 +467,20 @@ class Worker:
                 except CheckoutCacheError as exc:
                     self.log(f"fetch by id refused ({exc.detail}); fetching all refs")
                     self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds)
-                    if self.backend.object_kind(mirror_dir, self.sha) is None:
+                    if not self.commit_present(mirror_dir):
                         kept = self.fetch_from_review_refs(keep_fds)
                 checkpoint("after-fetch")
                 try:
-                    found = self.refuse_non_commit(mirror_dir)
+                    present = self.commit_present(mirror_dir)
                 except CheckoutCacheError:
                     if kept:
                         self.backend.drop_keep(mirror_dir, self.sha)  # a tag, tree or blob is never kept
                     raise
-                if found is None:
+                if not present:
+                    if kept:
+                        self.backend.drop_keep(mirror_dir, self.sha)
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
-                                             detail="the server does not have it")
+                                             detail="the server does not have it (or not its whole history)")
             if not kept:
                 self.keep(self.sha, keep_fds)
             if rebuilt:
@@ -502,6 +537,18 @@ class Worker:
             return self.backend.object_kind(self.paths.mirror, self.sha) is not None
         return False
 
+    def commit_present(self, mirror_dir: str) -> bool:
+        """Whether the mirror has the commit with its whole history (DESIGN invariant 13).
+        A commit that is there only as a stray object (a bundle's pack can carry one
+        without its parents) counts as absent: it is fetched from upstream, and never
+        kept (a keep-ref would offer it to the upstream as a "have" it cannot back)."""
+        if self.refuse_non_commit(mirror_dir) is None:
+            return False
+        if self.backend.is_connected(mirror_dir, self.sha):
+            return True
+        self.log(f"commit {self.sha} is in the mirror without its whole history; fetching it from upstream")
+        return False
+
     def refuse_non_commit(self, mirror_dir: str) -> tuple[str, str | None] | None:
         """What the id names in the mirror (None: absent). An id naming a tag, tree or
         blob is the caller's mistake (NOT_A_COMMIT), whatever the transport: nothing is
@@ -515,7 +562,7 @@ class Worker:
         """(code, message, next step) for whatever stopped the clone."""
         if isinstance(exc, CheckoutCacheError):
             return exc.code, redact(exc.message, self.secrets), exc.next
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if is_disk_full(exc):
             code, detail = "DISK_FULL", str(exc)
         elif isinstance(exc, locks.LockTimeout):
             return ("TIMEOUT", *describe("TIMEOUT", limit=f"{self.config.clone_timeout:g}s"))
@@ -549,12 +596,18 @@ def main(argv: list[str] | None = None) -> int:
                       args.deaths)
 
 
+def run_inline(paths: RepoPaths, sha: str, lock_fd: int, config: Config, credential: Credential | None,
+               deaths: int) -> None:
+    """The coordinator's Start for a submodule's commit: its clone runs here, to its end, under
+    the clone lock the coordinator holds (lock_fd), and under our own clone timeout."""
+    Worker(paths, sha, config, credential, deaths).run(timer=False)
+
+
 def run_worker(root: str, key: str, sha: str, config: Config, credential: Credential | None,
                deaths: int = 0) -> int:
-    # The caller's umask decides whether group members may write (several uids
-    # sharing a root), but whatever it was (0 in some containers), nothing we
-    # create is world-writable.
-    os.umask(os.umask(0) | 0o002)
+    # Group members share the root (several uids): what git writes for us is group
+    # writable and never world-writable, whatever the caller's umask was.
+    set_shared_umask()
     return Worker(RootPaths(root).repo(key), sha, config, credential, deaths).run()
 
 

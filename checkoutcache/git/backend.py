@@ -58,6 +58,8 @@ KEEP_PREFIX = "refs/keep/"
 ALL_BRANCHES_AND_TAGS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 # Where review refs land for as long as it takes to keep the commit they hold.
 REVIEW_PREFIX = "refs/review/"
+# What seeding took in from bundles, one namespace per bundle (git/bundles.py).
+BUNDLE_REFS = "refs/bundles/"
 
 
 def review_refspec(pattern: str) -> str:
@@ -114,6 +116,9 @@ class GitBackend(Protocol):
     def has_commit(self, mirror: str, sha: str) -> bool: ...
     def object_kind(self, mirror: str, sha: str) -> tuple[str, str | None] | None: ...
     def objects_readable(self, mirror: str, sha: str) -> bool: ...
+    # The commit's history is all there: walked down to what the mirror's refs reach
+    # (the commit's own keep-ref excepted), which git's fetches checked when they made them.
+    def is_connected(self, mirror: str, sha: str) -> bool: ...
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
               on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None: ...
     def keep(self, mirror: str, sha: str, keep_fds: tuple[int, ...] = ()) -> None: ...
@@ -148,6 +153,10 @@ _UNREACHABLE = re.compile(
     r"|ssl|http[^\n]*\b(401|403|404)\b|not found|unexpected http status|no such device or address"
     r"|connection reset|network is unreachable|host key verification", re.I)
 _DISK_FULL = re.compile(r"no space left on device|disk quota exceeded", re.I)
+
+
+def disk_full_text(text: str) -> bool:
+    return _DISK_FULL.search(text) is not None
 
 
 def classify(text: str) -> str:

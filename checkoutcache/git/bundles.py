@@ -17,11 +17,10 @@ from typing import Callable
 
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, git_failure
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, BUNDLE_REFS, git_failure
 from checkoutcache.git.cli import die_with_parent, last_meaningful_line
 from checkoutcache.git.env import git_env
 
-BUNDLE_REFS = "refs/bundles/"
 PUBLISHED_REFS = ("refs/heads/", "refs/tags/")
 
 
@@ -134,6 +133,14 @@ def take_in_bundle(mirror: str, path: str, namespace: str, keep_fds: tuple[int, 
             except OSError:
                 pass
         raise
+
+
+def drop_unreachable(mirror: str, keep_fds: tuple[int, ...], timeout: float) -> None:
+    """Repack a freshly seeded mirror to what its refs reach, and prune the rest."""
+    for args in (["repack", "-a", "-d", "-q"], ["prune", "--expire=now"]):
+        done = _git(["-C", mirror, *args], keep_fds, timeout)
+        if done.returncode != 0:
+            raise BundleError(last_meaningful_line(done.stderr))
 
 
 def fetch_published(mirror: str, url: str, credential: Credential | None, log: Callable[[str], None],

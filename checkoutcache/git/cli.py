@@ -25,6 +25,7 @@ from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
     CHECKOUT_CONFIG,
+    disk_full_text,
     KEEP_PREFIX,
     LFS_PROGRAM,
     MIRROR_CONFIG,
@@ -254,6 +255,11 @@ class GitCliBackend:
             target = peeled.stdout.strip() if peeled.returncode == 0 else None
         return kind, target
 
+    def is_connected(self, mirror: str, sha: str) -> bool:
+        done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", sha, "--not",
+                          f"--exclude={keep_ref(sha)}", "--all"], stdout=subprocess.DEVNULL)
+        return done.returncode == 0
+
     def objects_readable(self, mirror: str, sha: str) -> bool:
         # archive reads (inflates) every blob and tree of the commit: its exit
         # status says whether the mirror can serve the whole tree.
@@ -349,9 +355,9 @@ class GitCliBackend:
             if lfs and "filter lfs failed" in output:
                 raise lfs_failure(output, last_meaningful_line(output), [])
             raise git_failure(output, last_meaningful_line(output), [])
-        self._check_written(tree_dir, keep_fds)
+        self._check_written(tree_dir, keep_fds, output)
 
-    def _check_written(self, tree_dir: str, keep_fds: tuple[int, ...]) -> None:
+    def _check_written(self, tree_dir: str, keep_fds: tuple[int, ...], output: str) -> None:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
         sha1 file` and leaves the file out): every path the index lists must be on disk,
         else the mirror lacks objects and the checkout is not published."""
@@ -363,10 +369,32 @@ class GitCliBackend:
             stderr = listed.stderr.decode("utf-8", "replace")
             raise git_failure(stderr, last_meaningful_line(stderr), [])
         missing = [p for p in listed.stdout.split(b"\0") if p]
-        if missing:
-            shown = missing[0].decode("utf-8", "replace")[:200]
+        if not missing:
+            return
+        shown = missing[0].decode("utf-8", "replace")[:200]
+        if "unable to write" not in output and not disk_full_text(output):
             detail = f"git left {len(missing)} file(s) unwritten, e.g. {shown!r}: an object is unreadable"
             raise CheckoutCacheError("CLONE_FAILED", detail=detail)
+        # git could not write them (it says so, and exits 0): a full disk when they need more
+        # than is free (git removed the part it wrote), another reason otherwise.
+        need = self._index_sizes(tree_dir, missing, keep_fds)
+        free = shutil.disk_usage(tree_dir).free
+        if need > free or disk_full_text(output):
+            raise CheckoutCacheError("DISK_FULL", detail=f"the checkout needs {need} more bytes than the "
+                                                         f"{free} free")
+        raise CheckoutCacheError("CLONE_FAILED", detail=f"git could not write {len(missing)} file(s), e.g. "
+                                                        f"{shown!r}")
+
+    def _index_sizes(self, tree_dir: str, paths: list[bytes], keep_fds: tuple[int, ...]) -> int:
+        """The bytes of the index's blobs at these paths."""
+        staged = subprocess.run([self.git, "--literal-pathspecs", "-C", tree_dir, "ls-files", "--stage", "-z",
+                                 "--", *paths], capture_output=True, env=git_env(), stdin=subprocess.DEVNULL,
+                                cwd="/", pass_fds=keep_fds)
+        ids = [entry.split(b" ")[1] for entry in staged.stdout.split(b"\0") if entry.count(b" ") >= 2]
+        sized = subprocess.run([self.git, "-C", tree_dir, "cat-file", "--batch-check=%(objectsize)"],
+                               input=b"".join(oid + b"\n" for oid in ids), capture_output=True, env=git_env(),
+                               cwd="/", pass_fds=keep_fds)
+        return sum(int(line) for line in sized.stdout.split() if line.isdigit())
 
     def deep_problems(self, checkout_dir: str, sha: str) -> list[str]:
         def run(*args: str) -> subprocess.CompletedProcess:

@@ -200,6 +200,26 @@ class Pygit2Backend:
                 target = None
         return kind, target
 
+    def is_connected(self, mirror: str, sha: str) -> bool:
+        import pygit2
+
+        try:
+            repo = pygit2.Repository(mirror)
+            walker = repo.walk(sha, pygit2.enums.SortMode.NONE)
+            for name in repo.references:
+                if name == keep_ref(sha):
+                    continue
+                try:
+                    walker.hide(repo.references[name].peel(pygit2.Commit).id)
+                except _errors():
+                    continue  # a ref to a tree or blob reaches no commit
+            for commit in walker:
+                if repo.get(commit.tree_id) is None:
+                    return False
+        except _errors():
+            return False  # a parent that is not there
+        return True
+
     def objects_readable(self, mirror: str, sha: str) -> bool:
         import pygit2
 

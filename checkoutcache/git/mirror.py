@@ -1,22 +1,28 @@
-"""Stale git lock files in a mirror: found and removed from what is on disk.
+"""What killed or failed git processes leave in a mirror, found and removed from
+what is on disk: lock files (`*.lock`), temporary packs (`tmp_pack_*`,
+`tmp_idx_*`, `.tmp-*` of a repack) and `pack-*.keep` files (git writes one
+while a fetch's pack is not yet referenced, and removes it after; a fetch
+killed in between leaves it, and that pack then survives every gc).
 
 Every function here must be called with the repository's mirror lock held
 (locks/mirror.lock): git's own lock files are not enough, since two fetches
 into one mirror race on shallow.lock/HEAD.lock, and under our lock no writer
-of ours can own a git lock file. Invariant 5 (nothing done to the mirror
+of ours can own any of these files. Invariant 5 (nothing done to the mirror
 breaks a checkout) is kept by the keep-refs (backend.py).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 
-# A git lock file younger than this may belong to a git process that is still
+# A leftover younger than this may belong to a git process that is still
 # running outside our lock discipline (an operator's own `git` in the mirror);
-# one older than this under our held mirror lock is a leftover of a killed process.
+# one older than this under our held mirror lock is a killed process's.
 STALE_GIT_LOCK_AGE = 5.0
 _LOCK_DIRS = ("", "refs", "objects/info", "objects/pack", "logs")
+_PACK_LEFTOVER = re.compile(r"^(tmp_pack_|tmp_idx_|tmp_rev_|\.tmp-).*|^pack-[0-9a-f]{40,64}\.keep$")
 
 
 def git_lock_files(mirror: str) -> list[str]:
@@ -31,16 +37,21 @@ def git_lock_files(mirror: str) -> list[str]:
     return found
 
 
-def remove_stale_git_locks(mirror: str, now: float | None = None, min_age: float = STALE_GIT_LOCK_AGE) -> list[str]:
-    """Delete git *.lock files left in the mirror by killed git processes.
+def pack_leftovers(mirror: str) -> list[str]:
+    """Temporary packs and stale .keep files in objects/pack (relative paths)."""
+    return [os.path.join("objects", "pack", name) for name in _files(os.path.join(mirror, "objects", "pack"))
+            if _PACK_LEFTOVER.match(name)]
 
-    min_age spares a very young lock that an operator's own git may hold; a
-    write that then fails with lock files present clears them all (min_age=0)
-    and retries.
+
+def remove_stale_leftovers(mirror: str, now: float | None = None, min_age: float = STALE_GIT_LOCK_AGE) -> list[str]:
+    """Delete lock files, temporary packs and .keep files killed or failed git processes left.
+
+    min_age spares a very young one that an operator's own git may hold; a write
+    that then fails with lock files present clears them all (min_age=0) and retries.
     """
     now = time.time() if now is None else now
     removed = []
-    for relative in git_lock_files(mirror):
+    for relative in git_lock_files(mirror) + pack_leftovers(mirror):
         path = os.path.join(mirror, relative)
         try:
             if now - os.lstat(path).st_mtime >= min_age:

@@ -44,7 +44,7 @@ class SeedCollector:
         size = GaugeMetricFamily("checkoutcache_upstream_bytes_since_seed",
                                  "Bytes fetched from upstream into a seeded mirror since seeding", labels=["repo"])
         for key in self.root_paths.repo_keys():
-            record = records.read_json(self.root_paths.repo(key).seed_record)
+            record = records.read_json(self.root_paths.repo(key).seed_record, records.SEED)
             if record is None:
                 continue
             bundles = record.get("bundles") or []

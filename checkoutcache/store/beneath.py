@@ -24,7 +24,7 @@ import os
 import platform
 import stat
 
-from checkoutcache.store.layout import DIR_MODE
+from checkoutcache.store.modes import make_dir
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # openat2(2): the syscall number is 437 on every architecture that has it.
@@ -97,7 +97,7 @@ def _step(dir_fd: int, part: bytes, rel: bytes, create: bool) -> int:
         if not create:
             raise
     try:
-        os.mkdir(part, DIR_MODE, dir_fd=dir_fd)
+        make_dir(part, dir_fd=dir_fd)
     except FileExistsError:
         pass  # made meanwhile: opened below, with the same checks
     return _open_component(dir_fd, part, rel)

@@ -40,7 +40,7 @@ def write_ready_marker(marker: str, sha: str, top: list[str], extra: dict | None
 
 def is_published(paths: RepoPaths, sha: str) -> bool:
     """Marked and intact (the ready path's cheap check), without touching it."""
-    record = records.read_json(paths.ready_marker(sha))
+    record = records.read_json(paths.ready_marker(sha), records.MARKER)
     return record is not None and looks_intact(paths.checkout(sha), record)
 
 

@@ -13,12 +13,11 @@ import errno
 import os
 import time
 
-from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.errors import CheckoutCacheError, disk_full, is_disk_full
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import records
+from checkoutcache.store.modes import make_dir, open_created
 from checkoutcache.store.layout import (
-    DIR_MODE,
-    FILE_MODE,
     LAYOUT_VERSION,
     ROOT_README,
     RepoPaths,
@@ -27,7 +26,7 @@ from checkoutcache.store.layout import (
 
 
 def make_dirs(path: str) -> None:
-    """Like os.makedirs, but every level it creates gets DIR_MODE less the umask
+    """Like os.makedirs, but every level it creates gets DIR_MODE whatever the umask
     (os.makedirs gives the intermediate ones 0777 minus the umask: world-writable under umask 0)."""
     missing = []
     while not os.path.isdir(path):
@@ -38,14 +37,15 @@ def make_dirs(path: str) -> None:
         path = parent
     for directory in reversed(missing):
         try:
-            os.mkdir(directory, DIR_MODE)
+            make_dir(directory)
         except FileExistsError:
             pass
 
 
 def root_error(root: str, exc: OSError) -> CheckoutCacheError:
-    why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-    return CheckoutCacheError("ROOT_UNUSABLE", root=root, why=why)
+    if is_disk_full(exc):
+        return disk_full(exc)
+    return CheckoutCacheError("ROOT_UNUSABLE", root=root, why=exc.strerror or str(exc))
 
 
 def init_root(root_paths: RootPaths) -> None:
@@ -55,7 +55,7 @@ def init_root(root_paths: RootPaths) -> None:
         make_dirs(root_paths.locks_dir)
         if not os.path.exists(root_paths.readme):
             tmp = f"{root_paths.readme}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            fd = open_created(tmp, os.O_WRONLY | os.O_TRUNC)
             with os.fdopen(fd, "w") as handle:
                 handle.write(ROOT_README.format(version=LAYOUT_VERSION))
             os.replace(tmp, root_paths.readme)

@@ -21,7 +21,7 @@ import attrs
 from checkoutcache.store import locks, records
 from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.ready import looks_intact
-from checkoutcache.store.records import Failure, read_failure
+from checkoutcache.store.records import Failure
 from checkoutcache.store.scratch import ScratchFacts, scratch_facts
 
 
@@ -36,6 +36,9 @@ class CheckoutInfo:
     held: bool
     # (key, commit) of other repositories' mirrors whose objects it borrows (submodules)
     borrows: tuple[tuple[str, str], ...] = ()
+    marker: dict = attrs.field(factory=dict, eq=False)  # its ready marker's record (validated)
+    # errno name when a peer made it unreadable: then it is listed and left alone
+    unreadable: str | None = None
 
 
 @attrs.frozen
@@ -45,6 +48,7 @@ class CloneInfo:
     alive: bool
     started_at: float | None
     progress: dict
+    borrows: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen
@@ -57,6 +61,9 @@ class RepoInfo:
     clones: list[CloneInfo]
     failures: dict[str, Failure]
     scratch: list[ScratchFacts]
+    meta: dict = attrs.field(factory=dict, eq=False)  # repo.json, validated
+    # Entries that could not be read or did not fit their schema: {"path", "error", "why"}
+    problems: list[dict] = attrs.field(factory=list, eq=False)
 
 
 def disk_usage(path: str) -> int:
@@ -97,61 +104,96 @@ def record_size(paths: RepoPaths, sha: str) -> int:
     return size
 
 
-def checkout_size(paths: RepoPaths, sha: str, last_used: float | None, sizes: str) -> int:
+def checkout_size(paths: RepoPaths, sha: str, last_used: float | None, sizes: str,
+                  reader: records.Reader | None = None) -> int:
     """The recorded size; measured (and recorded) again when there is none, or,
     for FRESH_SIZES, when the checkout was used after its last measure."""
     if sizes == NO_SIZES:
         return 0
-    record = records.read_json(paths.size_record(sha)) or {}
+    reader = reader or records.Reader(paths.root)
+    record = reader.read(paths.size_record(sha), records.SIZE) or {}
     size, use = record.get("bytes"), record.get("use_at_measure")
-    if isinstance(size, int) and size >= 0:
-        stale = sizes == FRESH_SIZES and last_used is not None and (not isinstance(use, (int, float))
-                                                                     or last_used > use)
+    if size is not None:
+        stale = sizes == FRESH_SIZES and last_used is not None and (use is None or last_used > use)
         if not stale:
             return size
     return record_size(paths, sha)
 
 
-def checkout_info(paths: RepoPaths, sha: str, sizes: str = RECORDED_SIZES) -> CheckoutInfo:
+def checkout_info(paths: RepoPaths, sha: str, sizes: str = RECORDED_SIZES,
+                  reader: records.Reader | None = None) -> CheckoutInfo:
+    """What one checkout is; a checkout a peer made unreadable says so (its errno) and is
+    otherwise taken as it looks: ready, in use, and not ours to judge."""
+    reader = reader or records.Reader(paths.root)
     path = paths.checkout(sha)
     marker = paths.ready_marker(sha)
     try:
         last_used = os.stat(marker).st_mtime
         ready = True
+        record = records.load_json(marker)
     except (FileNotFoundError, NotADirectoryError):
-        last_used, ready = None, False
-    record = (records.read_json(marker) or {}) if ready else {}
+        last_used, ready, record = None, False, None
+    except OSError as exc:
+        reader.note(marker, records.errno_name(exc), exc.strerror or "")
+        return CheckoutInfo(sha=sha, path=path, ready=True, intact=True, last_used=None, size=0, held=True,
+                            unreadable=records.errno_name(exc))
+    if ready and record is not None and records.invalid(record, records.MARKER) is not None:
+        reader.note(marker, "INVALID", records.invalid(record, records.MARKER) or "")
+        record = None
+    record = record or {}
     intact = ready and looks_intact(path, record)
-    borrows = tuple((str(pair[0]), str(pair[1])) for pair in record.get("borrows") or []
-                    if isinstance(pair, list) and len(pair) == 2)
+    borrows = tuple((pair[0], pair[1]) for pair in record.get("borrows") or [])
+    try:
+        held = ready and locks.checkout_held(marker)
+    except OSError as exc:
+        reader.note(marker, records.errno_name(exc), exc.strerror or "")
+        held = True  # cannot tell: never evicted
     return CheckoutInfo(sha=sha, path=path, ready=ready, intact=intact, last_used=last_used,
-                        size=checkout_size(paths, sha, last_used, sizes) if ready else 0,
-                        held=ready and locks.checkout_held(marker), borrows=borrows)
+                        size=checkout_size(paths, sha, last_used, sizes, reader) if ready else 0,
+                        held=held, borrows=borrows, marker=record)
 
 
-def clone_infos(paths: RepoPaths) -> list[CloneInfo]:
+def clone_infos(paths: RepoPaths, reader: records.Reader) -> list[CloneInfo]:
     clones = []
     for sha in paths.clone_record_shas():
-        record = records.read_json(paths.clone_record(sha)) or {}
-        clones.append(CloneInfo(sha=sha, pid=record.get("pid"), alive=locks.clone_running(paths, sha),
-                                started_at=record.get("started_at"), progress=record.get("progress") or {}))
+        record = reader.read(paths.clone_record(sha), records.CLONE) or {}
+        try:
+            alive = locks.clone_running(paths, sha)
+        except OSError as exc:
+            reader.note(paths.clone_lock(sha), records.errno_name(exc), exc.strerror or "")
+            alive = True  # cannot tell: its record stays
+        clones.append(CloneInfo(sha=sha, pid=record.get("pid"), alive=alive, started_at=record.get("started_at"),
+                                progress=record.get("progress") or {},
+                                borrows=tuple((p[0], p[1]) for p in record.get("borrows") or [])))
     return clones
 
 
-def failures(paths: RepoPaths) -> dict[str, Failure]:
+def failures(paths: RepoPaths, reader: records.Reader) -> dict[str, Failure]:
     found = {}
     for sha in paths.failure_record_shas():
-        failure = read_failure(paths.failure_record(sha))
+        failure = Failure.from_record(reader.read(paths.failure_record(sha), records.FAILURE))
         if failure is not None:
             found[sha] = failure
     return found
 
 
 def repo_info(paths: RepoPaths, sizes: str = RECORDED_SIZES) -> RepoInfo:
-    meta = records.read_json(paths.repo_json) or {}
+    reader = records.Reader(paths.root)
+    meta = reader.read(paths.repo_json, records.REPO) or {}
+    checkouts = []
+    for sha in paths.checkout_shas():
+        try:
+            checkouts.append(checkout_info(paths, sha, sizes, reader))
+        except OSError as exc:  # a peer's entry we cannot even look at: listed, left alone
+            reader.note(paths.checkout(sha), records.errno_name(exc), exc.strerror or "")
+    try:
+        scratch = scratch_facts(paths)
+    except OSError as exc:
+        reader.note(paths.scratch_dir, records.errno_name(exc), exc.strerror or "")
+        scratch = []
     return RepoInfo(key=paths.key, url=meta.get("url"), scope=meta.get("scope"), paths=paths,
-                    checkouts=[checkout_info(paths, sha, sizes) for sha in paths.checkout_shas()],
-                    clones=clone_infos(paths), failures=failures(paths), scratch=scratch_facts(paths))
+                    checkouts=checkouts, clones=clone_infos(paths, reader), failures=failures(paths, reader),
+                    scratch=scratch, meta=meta, problems=reader.problems)
 
 
 def inventory(root_paths: RootPaths, sizes: str = RECORDED_SIZES) -> list[RepoInfo]:

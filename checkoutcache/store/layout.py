@@ -106,10 +106,13 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
                 └── clone-<sha>.lock  exclusive for a clone's whole life: one clone per commit
 
-Permissions: directories DIR_MODE (0775) and files FILE_MODE (0664), less the
-creator's umask and never world-writable; mirrors are core.sharedRepository=
-group. Callers with different uids share a root through a common group
-(a setgid root directory, umask 002).
+Permissions (store/modes.py): directories DIR_MODE (2775: setgid, so what is
+made inside belongs to the root's group) and files FILE_MODE (0664), set by the
+store whatever the creator's umask; never world-writable. Mirrors are
+core.sharedRepository=group; the clone worker runs git under umask 002.
+Callers with different uids share a root through a common group (the root's).
+An entry a peer made unreadable costs that entry in status and gc (listed with
+its errno), never the whole run.
 
 A reader may assume: a checkout with its marker is complete and stays where it
 is for as long as the reader holds the marker's shared lock; records are
@@ -147,10 +150,10 @@ from __future__ import annotations
 import os
 
 LAYOUT_VERSION = 1
-# Modes of what we create, less the creator's umask (never less than 002, so
-# nothing is world-writable): group members share the store (several uids in
-# one group, e.g. a sidecar and review containers; see the README).
-DIR_MODE = 0o775
+# Modes of what the store creates, whatever the umask (store/modes.py): group
+# members share the store (several uids in one group, e.g. a sidecar and review
+# containers); nothing is world-writable.
+DIR_MODE = 0o2775
 FILE_MODE = 0o664
 # What one clone attempt may write to its log: a server's endless `remote:`
 # output must not fill the disk.

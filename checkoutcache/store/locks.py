@@ -31,7 +31,8 @@ from typing import Callable, Iterator
 import fcntl
 
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.store.layout import FILE_MODE, RepoPaths, RootPaths
+from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.modes import open_created
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,10 @@ class Lock:
 
 
 def _open(path: str, create: bool):
-    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    fd = os.open(path, flags, FILE_MODE)
-    return os.fdopen(fd, "r+b")
+    # Read-only: flock needs no write access, so a lock file a peer made 0644 (its
+    # umask, or a chmod) still locks for every uid of the group.
+    fd = open_created(path, os.O_RDONLY) if create else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return os.fdopen(fd, "rb")
 
 
 def _flock(handle, shared: bool, path: str) -> bool:

@@ -21,7 +21,8 @@ import attrs
 
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import remove_tree, to_trash
-from checkoutcache.store.layout import DIR_MODE, RepoPaths, entries
+from checkoutcache.store.layout import RepoPaths, entries
+from checkoutcache.store.modes import make_dir
 from checkoutcache.store.liveness import (
     is_alive,
     own_identity,
@@ -49,7 +50,7 @@ def create_scratch(paths: RepoPaths, commit: str) -> Scratch:
     pid, start_time = own_identity()
     with locks.scratch_change(paths):
         path = paths.scratch_dir_for(pid, os.urandom(6).hex())
-        os.mkdir(path, DIR_MODE)
+        make_dir(path)
         owner_lock = locks.try_lock(paths.scratch_owner_lock(path))
         if owner_lock is None:  # pragma: no cover - a fresh directory's lock cannot be held
             raise RuntimeError(f"fresh scratch lock {path} is held")
@@ -73,16 +74,19 @@ class ScratchFacts:
 
 
 def scratch_facts(paths: RepoPaths) -> list[ScratchFacts]:
-    """A snapshot of every scratch directory and whether its owner lives (no lock taken)."""
+    """A snapshot of every scratch directory and whether its owner lives (no lock taken).
+    One a peer made unreadable counts as live: it is never reaped on a guess."""
     facts = []
     for name in entries(paths.scratch_dir):
         pid = RepoPaths.scratch_pid(name)
         path = paths.scratch_entry(name)
-        owner = records.read_json(RepoPaths.scratch_owner_json(path)) or {}
-        facts.append(ScratchFacts(
-            name=name, pid=pid, commit=owner.get("commit"),
-            owner_alive=_owner_alive(pid, owner, path),
-            lock_held=locks.is_locked(RepoPaths.scratch_owner_lock(path))))
+        try:
+            owner = records.read_json(RepoPaths.scratch_owner_json(path), records.OWNER) or {}
+            held = locks.is_locked(RepoPaths.scratch_owner_lock(path))
+        except OSError:
+            owner, held = {}, True
+        facts.append(ScratchFacts(name=name, pid=pid, commit=owner.get("commit"),
+                                  owner_alive=_owner_alive(pid, owner, path), lock_held=held))
     return facts
 
 

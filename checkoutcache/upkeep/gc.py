@@ -45,6 +45,7 @@ import attrs
 from checkoutcache.config import Config
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git import mirror
+from checkoutcache.git.backend import BUNDLE_REFS
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import (
@@ -62,7 +63,7 @@ from checkoutcache.store.layout import RepoPaths, RootPaths, entries
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
-from checkoutcache.units import iso
+from checkoutcache.units import format_bytes, iso
 from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
 
 USED_MEANWHILE = "used-meanwhile"
@@ -99,6 +100,9 @@ class GcReport:
     mirrors: list[dict] = attrs.Factory(list)
     # What could not be deleted: {"repo", "path" (relative to the root), "error" (errno name)}.
     unremovable: list[dict] = attrs.Factory(list)
+    # Entries gc could not read or whose records did not fit (a peer's chmod, a bad record):
+    # {"path", "error" (errno name or INVALID), "why"}; each is left alone.
+    problems: list[dict] = attrs.Factory(list)
     disk_before: dict | None = None
     disk_after: dict | None = None
     # What the store holds after this run (ready, intact checkouts): computed
@@ -116,7 +120,7 @@ class GcReport:
             "removed": [attrs.asdict(r) for r in self.removed],
             "kept_over_limit": [attrs.asdict(k) for k in self.kept],
             "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
-            "unremovable": self.unremovable, "clock_repaired": self.clock_repaired,
+            "unremovable": self.unremovable, "clock_repaired": self.clock_repaired, "problems": self.problems,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
             "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after},
         }
@@ -183,7 +187,7 @@ def record_unremovable(paths: RepoPaths, report: GcReport, now: float) -> None:
     if report.dry_run:
         return
     previous = {(e.get("path"), e.get("error")): e.get("since", now)
-                for e in (records.read_json(paths.unremovable_record) or {}).get("entries", [])}
+                for e in (records.read_json(paths.unremovable_record, records.UNREMOVABLE) or {}).get("entries", [])}
     mine = [dict(e, since=previous.get((e["path"], e["error"]), now))
             for e in report.unremovable if e["repo"] == paths.key]
     if mine:
@@ -250,7 +254,7 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
 def drop_dead_clone_record(paths: RepoPaths, sha: str) -> None:
     """Remove a dead clone's record, keeping its count of worker deaths (state/<sha>.deaths.json),
     so that a worker that always dies still ends in WORKER_DIED. Caller holds the clone lock."""
-    record = records.read_json(paths.clone_record(sha))
+    record = records.read_json(paths.clone_record(sha), records.CLONE)
     if record is not None:
         try:
             deaths = max(0, int(record.get("deaths", 0)))
@@ -267,7 +271,7 @@ def forget_old_deaths(paths: RepoPaths, report: GcReport) -> None:
         return
     for sha in paths.deaths_record_shas():
         def old(sha: str = sha) -> bool:
-            at = (records.read_json(paths.deaths_record(sha)) or {}).get("at", 0)
+            at = (records.read_json(paths.deaths_record(sha), records.DEATHS) or {}).get("at", 0)
             return not isinstance(at, (int, float)) or time.time() - at > DEATHS_MEMORY
 
         if old():
@@ -399,8 +403,13 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         if report.dry_run:
             report.mirrors.append(entry)
             return
-        entry["stale_locks"] = mirror.remove_stale_git_locks(paths.mirror)
-        stamp = records.read_json(paths.mirror_gc_stamp) or {}
+        removed = mirror.remove_stale_leftovers(paths.mirror)
+        entry["stale_locks"] = [name for name in removed if name.endswith(".lock")]
+        entry["stale_leftovers"] = [name for name in removed if not name.endswith(".lock")]
+        if drop_bundle_refs(paths, backend):
+            entry["refs_dropped"] += 1
+            entry["bundle_refs_dropped"] = True
+        stamp = records.read_json(paths.mirror_gc_stamp, records.MIRROR_GC) or {}
         lfs_pending = False
         if os.path.isdir(paths.lfs_objects) and (entry["refs_dropped"] or stamp.get("lfs_pending")):
             lfs_pending = not prune_lfs(paths, backend, entry)
@@ -412,14 +421,52 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         if pending and not due:
             records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": True, **lfs_flag})
         elif pending:
-            repacked = backend.repack(paths.mirror, (mirror_lock.fileno(),), config.clone_timeout,
-                                      started=lambda: checkpoint("gc-during-repack"))
+            short = short_of_space_for_repack(paths, config)
+            repacked = None
+            if short is not None:
+                entry["repack_skipped"] = short
+            else:
+                repacked = backend.repack(paths.mirror, (mirror_lock.fileno(),), config.clone_timeout,
+                                          started=lambda: checkpoint("gc-during-repack"))
+                if repacked is None:
+                    entry["repack_skipped"] = f"the {backend.name} transport cannot repack"
+                elif not repacked:  # what it wrote before failing goes: a repack never leaves the disk fuller
+                    entry["stale_leftovers"] += mirror.remove_stale_leftovers(paths.mirror, min_age=0.0)
             entry["repacked"] = bool(repacked)
-            if repacked is None:
-                entry["repack_skipped"] = f"the {backend.name} transport cannot repack"
             records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
                                                        "pending": not repacked, **lfs_flag})
     report.mirrors.append(entry)
+
+
+# What a repack keeps free for the reviews' own writes when no min-free is set.
+REPACK_RESERVE = 0.05
+
+
+def short_of_space_for_repack(paths: RepoPaths, config: Config) -> str | None:
+    """Why a repack must wait (None: it fits). git writes the new pack, about the size of
+    the mirror's objects, before it deletes the old ones: that must fit with the reserve
+    (min-free, else 5% of the disk) still free, or reviews meet ENOSPC in their checkouts."""
+    usage = shutil.disk_usage(paths.mirror)
+    need = disk_usage(paths.mirror_objects)
+    reserve = config.min_free.bytes_of(usage.total) if config.min_free else int(usage.total * REPACK_RESERVE)
+    if usage.free - need >= reserve:
+        return None
+    return (f"not enough free space: a repack needs about {format_bytes(need)} with {format_bytes(reserve)} kept "
+            f"free, and {format_bytes(usage.free)} is free (it stays due)")
+
+
+def drop_bundle_refs(paths: RepoPaths, backend) -> bool:
+    """refs/bundles/* serve a seeded mirror's first upstream fetch (git offers them as
+    haves); once the mirror has fetched from upstream they are only weight (checkouts
+    keep what they use with keep-refs), so they go, and the next repack drops what
+    only they held. True when some were dropped. Caller holds the mirror lock."""
+    seed = records.read_json(paths.seed_record, records.SEED) or {}
+    upstream = seed.get("upstream") if isinstance(seed.get("upstream"), dict) else {}
+    if not seed.get("seeded") or not upstream.get("fetches") or seed.get("bundle_refs_dropped"):
+        return False
+    backend.drop_refs_under(paths.mirror, BUNDLE_REFS)
+    records.write_json(paths.seed_record, {**seed, "bundle_refs_dropped": True})
+    return True
 
 
 def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
@@ -479,6 +526,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
         repos = inventory(root_paths, sizes=FRESH_SIZES)
+        report.problems = [problem for info in repos for problem in info.problems]
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
@@ -519,6 +567,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             with going_on(report, info.paths, root_paths):
                 forget_old_deaths(info.paths, report)
                 forget_finished_commits(info.paths, report)
-            record_unremovable(info.paths, report, now)
+            with going_on(report, info.paths, root_paths):
+                record_unremovable(info.paths, report, now)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
     return report

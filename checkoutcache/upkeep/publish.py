@@ -23,7 +23,6 @@ code; the others go on.
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from typing import Callable
@@ -48,7 +47,7 @@ from checkoutcache.bundleuri import LIST_NAME, BundleLocation, bundle_key, heads
 from checkoutcache.cache import store_key
 from checkoutcache.config import Config
 from checkoutcache.credentials import credential_for
-from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.errors import CheckoutCacheError, disk_full, is_disk_full
 from checkoutcache.git.bundles import (
     BundleError,
     bundles_unsupported,
@@ -81,7 +80,7 @@ def stored_repositories(root_paths: RootPaths) -> list[RepoSpec]:
     found: dict[str, RepoSpec] = {}
     for key in root_paths.repo_keys():
         paths = root_paths.repo(key)
-        info = records.read_json(paths.repo_json) or {}
+        info = records.read_json(paths.repo_json, records.REPO) or {}
         url, scope, is_local = info.get("url"), info.get("scope"), bool(info.get("is_local"))
         if not isinstance(url, str) or not isinstance(scope, str) or is_local or not os.path.isdir(paths.mirror):
             continue
@@ -141,8 +140,8 @@ class Publisher:
         if isinstance(exc, locks.LockTimeout):
             return CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=(
                 f"its mirror stayed locked for {self.config.clone_timeout:g}s (a clone or gc holds it)"))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return CheckoutCacheError("DISK_FULL", detail=str(exc))
+        if is_disk_full(exc):
+            return disk_full(exc)
         return CheckoutCacheError("INTERNAL_ERROR", detail=f"{type(exc).__name__}: {exc}"[:300])
 
     def _publish(self, spec: RepoSpec, key: str) -> dict:

@@ -18,7 +18,6 @@ from checkoutcache.store import records
 from checkoutcache.store.inventory import RepoInfo, inventory
 from checkoutcache.store.layout import RootPaths
 from checkoutcache.store.ready import lfs_of
-from checkoutcache.store.records import read_failure
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
 from checkoutcache.upkeep.gc import disk_of
@@ -27,7 +26,7 @@ from checkoutcache.upkeep.gc import disk_of
 def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
     """The repository's Git LFS state: its setting, what its checkouts hold, the store,
     and why LFS content is absent when it is (README "Git LFS")."""
-    setting = (records.read_json(info.paths.repo_json) or {}).get("lfs", LFS_ON)
+    setting = info.meta.get("lfs", LFS_ON)
     if setting == LFS_OFF:
         why = "CHECKOUTCACHE_LFS=off: LFS files are checked out as pointer files"
     else:
@@ -49,12 +48,13 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     checkouts = []
     for c in info.checkouts:
         entry = Entry(repo=info.key, sha=c.sha, last_used=c.last_used or 0.0, size=c.size, held=c.held)
-        marker = records.read_json(info.paths.ready_marker(c.sha)) or {}
+        marker = c.marker
         checkouts.append({
             "commit": c.sha, "path": c.path, "ready": c.ready, "intact": c.intact, "size": c.size,
             "lfs": lfs_of(marker), "lfs_why": marker.get("lfs_why"),
             "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(idle_seconds(c.last_used, now)),
             "held": c.held, "protected": protection(entry, config.grace, now) if c.ready else None,
+            **({"unreadable": c.unreadable} if c.unreadable else {}),
         })
     clones = [{"commit": c.sha, "pid": c.pid, "alive": c.alive, "started_at": iso(c.started_at),
                "progress": c.progress} for c in info.clones]
@@ -65,12 +65,12 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
                for s in info.scratch]
     return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": checkouts,
             "clones": clones, "failures": failures, "scratch": scratch, "stuck_in_trash": stuck_in_trash(info),
-            "lfs": lfs_status(info, config, checkouts), "seed": seed_status(info)}
+            "lfs": lfs_status(info, config, checkouts), "seed": seed_status(info), "problems": info.problems}
 
 
 def seed_status(info: RepoInfo) -> dict | None:
     """How the mirror began, when CHECKOUTCACHE_BUNDLE_URI was set (state/mirror-seed.json)."""
-    record = records.read_json(info.paths.seed_record)
+    record = records.Reader(info.paths.root).read(info.paths.seed_record, records.SEED)
     if record is None:
         return None
     upstream = record.get("upstream") if isinstance(record.get("upstream"), dict) else None
@@ -82,7 +82,7 @@ def seed_status(info: RepoInfo) -> dict | None:
 
 def stuck_in_trash(info: RepoInfo) -> list[dict]:
     """What gc's last run could not delete (state/unremovable.json), as long as it is still there."""
-    record = records.read_json(info.paths.unremovable_record) or {}
+    record = records.Reader(info.paths.root).read(info.paths.unremovable_record, records.UNREMOVABLE) or {}
     return [{"path": e.get("path"), "error": e.get("error"), "since": iso(e.get("since"))}
             for e in record.get("entries", [])
             if os.path.lexists(info.paths.trash_entry(os.path.basename(str(e.get("entry", "")))))]
@@ -110,10 +110,13 @@ def unreachable(root_paths: RootPaths, now: float) -> list[dict]:
     """Repositories never reached (their first contact failed), from unreachable/<key>.failed.json."""
     found = []
     for key, path in root_paths.unreachable_records():
-        failure = read_failure(path)
+        try:
+            meta = records.read_json(path, records.FAILURE) or {}
+        except OSError:
+            continue  # a peer's record we may not read: that repository is simply not listed
+        failure = records.Failure.from_record(meta)
         if failure is None:
             continue
-        meta = records.read_json(path) or {}
         found.append({"key": key, "repo": meta.get("repo"), "scope": meta.get("scope"),
                       "error": failure.code, "message": failure.message, "attempts": failure.attempts,
                       "failed_at": iso(failure.failed_at), "retry_after": max(0, round(failure.retry_at - now))})

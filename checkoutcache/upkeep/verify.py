@@ -24,7 +24,7 @@ from checkoutcache.store.ready import looks_intact
 def verify_checkout(paths: RepoPaths, sha: str, backend: GitBackend) -> dict:
     path = paths.checkout(sha)
     problems = []
-    record = records.read_json(paths.ready_marker(sha))
+    record = records.read_json(paths.ready_marker(sha), records.MARKER)
     if record is None:
         problems.append("no ready marker")
     elif not looks_intact(path, record):

@@ -66,7 +66,7 @@ def assert_checkout_matches(checkout: str, upstream_path: str, sha: str) -> None
     assert expected, f"commit {sha} lists no files: nothing would be compared"
     assert checkout_tree(checkout) == expected
     assert os.path.isfile(marker(checkout)), "a checkout answered ready has its marker"
-    assert git("status", "--porcelain", cwd=checkout) == ""
+    assert git("--no-optional-locks", "status", "--porcelain", cwd=checkout) == ""  # reads only: no index refresh
     assert git("rev-parse", "HEAD", cwd=checkout) == sha
     assert git("log", "-1", "--format=%H", cwd=checkout) == sha
 
