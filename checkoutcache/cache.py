@@ -110,7 +110,10 @@ class Cache:
             return Answer.from_error(exc)
         spec = store_key(self.paths, spec)
         paths = self.paths.repo(spec.key)
-        record = ready_record(paths.ready_marker(sha))
+        try:
+            record = ready_record(paths.ready_marker(sha))
+        except OSError:
+            record = None  # a marker we may not open: the coordinator answers what and where
         if record is not None:
             return Answer(state=State.READY, commit=sha, repo=spec.url, path=paths.checkout(sha), lfs=lfs_of(record),
                           submodules=submodules_of(record))

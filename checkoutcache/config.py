@@ -39,6 +39,16 @@ def _ref_patterns(value: str | tuple) -> tuple[str, ...]:
     return patterns
 
 
+def _on_off(variable: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in ("on", "off"):
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{variable}: {str(value)[:40]!r} is not on or off")
+        return text
+
+    return parse
+
+
 def _transport(value: str) -> str:
     if value not in ("auto", "cli", "pygit2"):
         raise CheckoutCacheError("BAD_ARGUMENT", what=f"transport {str(value)[:40]!r} is not auto, cli or pygit2")
@@ -83,6 +93,9 @@ class Config:
         ("refs/pull/*", "refs/merge-requests/*", "refs/changes/*"), "CHECKOUTCACHE_REVIEW_REFS",
         "Where review commits live, fetched when a server refuses a commit by id (comma-separated, or none).",
         lambda v: _ref_patterns(v), "refs/pull/*,refs/merge-requests/*,refs/changes/*")
+    fsck: str = setting("on", "CHECKOUTCACHE_FSCK",
+                        "git checks every fetched object (fetch.fsckObjects): malformed trees, `..` or `.git` "
+                        "paths are refused before they reach a checkout (off: not checked).", _on_off("CHECKOUTCACHE_FSCK"))
     transport: str = setting("auto", "CHECKOUTCACHE_TRANSPORT",
                              "Fetch and check out with the git CLI (cli), libgit2 (pygit2), or the CLI when installed (auto).",
                              _transport)

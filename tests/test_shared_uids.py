@@ -12,6 +12,7 @@ import grp
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ import pytest
 
 from checkoutcache.store.layout import RootPaths
 
-from .helpers import assert_checkout_matches
+from .helpers import assert_checkout_matches, walk
 
 USER, GROUP = "ccother", "ccshare"
 
@@ -49,10 +50,17 @@ def shared_root():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def cli(root: str, *args: str, user: str | None = None, umask: str = "002") -> tuple[int, dict | None, str]:
+def cli(root: str, *args: str, user: str | None = None, umask: str = "002",
+        capless: bool = False) -> tuple[int, dict | None, str]:
+    """The CLI as root, as the second user, or as root without any capability (capless: the
+    file modes bind it as they bind any peer, so a peer's chmod can really keep it out)."""
     command = ["sh", "-c", f'umask {umask} && exec "$@"', "sh", sys.executable, "-m", "checkoutcache",
                "--root", root, *args]
-    if user is not None:
+    if capless:
+        gid = str(grp.getgrnam(GROUP).gr_gid)
+        command = ["setpriv", "--regid", gid, "--groups", gid, "--securebits", "+noroot,+noroot_locked",
+                   "--bounding-set", "-all", "--inh-caps", "-all", *command]
+    elif user is not None:
         command = ["setpriv", f"--reuid={user}", f"--regid={GROUP}", "--init-groups",
                    "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", *command]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKOUTCACHE_")}
@@ -103,3 +111,65 @@ def test_a_use_that_cannot_be_recorded_is_still_a_ready_answer(second_user, shar
     path = answer["path"]
     code, answer, out = cli(shared_root, "ensure", url, sha, user=second_user)
     assert code == 0 and answer == {"state": "ready", "commit": sha, "repo": url, "path": path}, out
+
+
+def test_a_store_made_under_umask_022_is_shared_by_construction(second_user, shared_root, served_upstream):
+    """Regression: a sidecar with no umask set (a container image's 022) wrote 0644 files and
+    0755 directories; every `status` and `gc` of another uid of the group answered INTERNAL_ERROR
+    (PermissionError opening a marker), and its clones of new commits failed on the lock files."""
+    upstream, url = served_upstream
+    first, second = upstream.shas[0], upstream.shas[1]
+    code, answer, out = cli(shared_root, "ensure", url, first, "--wait", "60", umask="022")
+    assert code == 0, out
+    for entry in walk(shared_root):
+        if entry.is_dir:
+            assert stat.S_IMODE(entry.info.st_mode) & 0o070 == 0o070, entry.path
+        elif entry.is_file and "/checkouts/" not in entry.path and "/objects/" not in entry.path:
+            assert stat.S_IMODE(entry.info.st_mode) & 0o060 == 0o060, entry.path
+    for args in (("status",), ("gc",), ("verify",), ("ensure", url, second, "--wait", "60")):
+        code, report, out = cli(shared_root, *args, user=second_user, umask="022")
+        assert code == 0, (args, out)
+        assert "INTERNAL_ERROR" not in out
+    # root (the sidecar) uses the other uid's clone
+    code, answer, out = cli(shared_root, "ensure", url, second, umask="022")
+    assert code == 0 and answer["state"] == "ready", out
+    assert_checkout_matches(answer["path"], upstream.path, second)
+
+
+def test_an_entry_a_peer_made_unreadable_costs_that_entry_never_the_run(second_user, shared_root, served_upstream):
+    """A peer's `chmod 600` of its marker and of a record, `chmod 000` of a checkout's .git, and
+    a record that fits no schema: status and gc of another uid (here root without any
+    capability: the modes bind it) list each, with its errno, and go on with the rest."""
+    upstream, url = served_upstream
+    shas = upstream.shas
+    paths = {}
+    for sha in shas:
+        code, answer, out = cli(shared_root, "ensure", url, sha, "--wait", "60", user=second_user)
+        assert code == 0, out
+        paths[sha] = answer["path"]
+    (key,) = RootPaths(shared_root).repo_keys()
+    store = RootPaths(shared_root).repo(key)
+    os.chmod(store.ready_marker(shas[0]), 0o600)
+    os.chmod(store.size_record(shas[1]), 0o600)
+    os.chmod(os.path.join(paths[shas[2]], ".git"), 0o000)
+    with open(store.failure_record("f" * 40), "w") as handle:
+        json.dump({"code": "NO_SUCH_CODE", "message": "x", "next": "x", "attempts": "many",
+                   "failed_at": 1.0, "retry_at": 2.0}, handle)  # a record that fits no schema
+    try:
+        code, report, out = cli(shared_root, "status", capless=True)
+        assert code == 0, out
+        problems = {(p["path"].split("/")[-1], p["error"]) for p in report["repos"][0]["problems"]}
+        assert ("checkoutcache-ready", "EACCES") in problems, problems
+        assert (f"{shas[1]}.size.json", "EACCES") in problems, problems
+        assert (f"{'f' * 40}.failed.json", "INVALID") in problems, problems
+        assert report["repos"][0]["failures"] == []  # a bad record counts as absent
+        # Asking for the commit whose marker it may not read: what and where, not a traceback.
+        code, answer, out = cli(shared_root, "ensure", url, shas[0], capless=True)
+        assert code == 1 and answer["error"] == "ROOT_UNUSABLE" and "checkoutcache-ready" in answer["message"], out
+        code, report, out = cli(shared_root, "gc", "--max-checkouts", "0", "--grace", "0", capless=True)
+        assert code == 0, out
+        assert report["problems"], report
+        # What it could not read it left where it was.
+        assert os.path.isdir(paths[shas[2]]) and os.path.isdir(paths[shas[0]])
+    finally:
+        os.chmod(os.path.join(paths[shas[2]], ".git"), 0o2775)

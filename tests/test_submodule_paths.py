@@ -70,7 +70,23 @@ def assert_nothing_written(outside: str) -> None:
     assert os.listdir(outside) == []
 
 
-def test_a_submodule_path_through_another_submodules_symlink_writes_nothing_outside(root, daemon, outside):
+# Both layers: git's fsck refuses the malformed trees at the fetch (the default), and with it
+# off (CHECKOUTCACHE_FSCK=off) our own path handling still writes nothing outside.
+FSCK = pytest.mark.parametrize("fsck", ["on", "off"])
+
+
+def expect_refused_or_safe(code: int, answer: dict, fsck: str) -> bool:
+    """True when the commit was made (fsck off: then the caller checks the tree)."""
+    if fsck == "on":
+        assert code == 1 and "duplicateEntries" in answer["message"], answer
+        return False
+    if code != 0:
+        assert answer["error"] == "SUBMODULE_FAILED", answer
+    return code == 0
+
+
+@FSCK
+def test_a_submodule_path_through_another_submodules_symlink_writes_nothing_outside(root, daemon, outside, fsck):
     """The superproject names a gitlink `a` and a tree `a/` holding gitlink `a/b/c`; submodule
     `a` checks out a symlink `b` pointing outside. Once, `a/b/c` was written through it."""
     inner, inner_url = served(daemon, "inner")
@@ -84,17 +100,16 @@ def test_a_submodule_path_through_another_submodules_symlink_writes_nothing_outs
                                     (b"a/b/c", f"../{os.path.basename(inner.path)}")])
     sha = commit_tree(top.path, tree(top.path, [("100644", modules, b".gitmodules"),
                                                 ("160000", linker_sha, b"a"), ("040000", a_tree, b"a")]))
-    code, answer, err = run_cli("ensure", top_url, sha, "--wait", "120", root=root)
+    code, answer, err = run_cli("ensure", top_url, sha, "--wait", "120", root=root, env={"CHECKOUTCACHE_FSCK": fsck})
     assert_nothing_written(outside)
-    if code == 0:  # git's index kept the tree `a/`: `a/b/c` is then a plain directory inside
+    if expect_refused_or_safe(code, answer, fsck):  # git's index kept the tree `a/`: a plain directory
         assert answer["submodules"] == "included"
         assert open(os.path.join(answer["path"], "a", "b", "c", "f.txt")).read() == "hi\n"
         assert not os.path.islink(os.path.join(answer["path"], "a", "b"))
-    else:
-        assert answer["error"] == "SUBMODULE_FAILED", answer
 
 
-def test_a_nested_submodule_behind_a_symlink_of_its_parent_fails_the_commit(root, daemon, outside):
+@FSCK
+def test_a_nested_submodule_behind_a_symlink_of_its_parent_fails_the_commit(root, daemon, outside, fsck):
     """A submodule whose own tree holds a tree `b/` (with gitlink `b/c`) and then a symlink
     `b` pointing outside: git's index keeps the symlink, `ls-tree` also lists `b/c`. The
     superproject passes fsck; only the submodule, on the attacker's server, is malformed."""
@@ -111,12 +126,10 @@ def test_a_nested_submodule_behind_a_symlink_of_its_parent_fails_the_commit(root
     sha = commit_tree(top.path, tree(top.path, [("100644", top_modules, b".gitmodules"),
                                                 ("160000", middle_sha, b"m")]))
     git("fsck", cwd=top.path)  # the superproject itself is well-formed
-    code, answer, err = run_cli("ensure", top_url, sha, "--wait", "120", root=root)
+    code, answer, err = run_cli("ensure", top_url, sha, "--wait", "120", root=root, env={"CHECKOUTCACHE_FSCK": fsck})
     assert_nothing_written(outside)
-    if code == 0:  # the index of `m` holds the symlink only: no submodule at m/b/c
+    if expect_refused_or_safe(code, answer, fsck):  # the index of `m` holds the symlink only
         assert os.path.islink(os.path.join(answer["path"], "m", "b"))
-    else:
-        assert answer["error"] == "SUBMODULE_FAILED", answer
 
 
 def test_beneath_refuses_symlinks_dotdot_and_absolute_paths(tmp_path):

@@ -47,7 +47,10 @@ def ready_answer(argv: list[str]) -> int | None:
         return None  # the full CLI explains what is wrong
     root_paths = RootPaths(os.path.realpath(os.path.expanduser(root)) if root else default_root())
     paths = root_paths.repo(existing_key(root_paths, spec.key, spec.legacy_key))
-    record = ready_record(paths.ready_marker(sha))
+    try:
+        record = ready_record(paths.ready_marker(sha))
+    except OSError:
+        return None  # a marker we may not open: the full CLI says what and where
     if record is None:
         return None
     path = paths.checkout(sha)

@@ -25,7 +25,7 @@ from checkoutcache.answers import Answer, State
 from checkoutcache.clone.decide import Step, next_failure, next_step_for_not_ready
 from checkoutcache.config import Config
 from checkoutcache.credentials import Credential, credential_for, unbound_credential_note
-from checkoutcache.errors import CheckoutCacheError, describe, disk_full, is_disk_full
+from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
@@ -221,9 +221,9 @@ class Coordinator:
         try:
             return self._run(wait, on_progress)
         except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            return self.error(disk_full(exc))  # a record or lock file that found no room: nothing half-made
+            # A record or lock that found no room, or an entry of a peer's we may not read:
+            # answered with what and where, never a traceback; nothing is left half-made.
+            return self.error(root_error(self.root_paths.root, exc))
 
     def _run(self, wait: float, on_progress: Callable[[Answer], None] | None) -> Answer:
         try:

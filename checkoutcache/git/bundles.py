@@ -123,7 +123,7 @@ def take_in_bundle(mirror: str, path: str, namespace: str, keep_fds: tuple[int, 
         # the pack removed below). A namespace per bundle: a branch `foo` in one bundle
         # and `foo/bar` in a later one never clash.
         done = _git(["-C", mirror, "fetch", "--atomic", "--quiet", "--no-tags", "--no-write-fetch-head", "--",
-                     path, f"+refs/*:{BUNDLE_REFS}{namespace}/*"], keep_fds, timeout)
+                     path, f"+refs/*:{BUNDLE_REFS}{namespace}/*"], keep_fds, timeout, env=git_env(takes_objects=True))
         if done.returncode != 0:
             raise BundleError(last_meaningful_line(done.stderr))
     except BaseException:

@@ -51,11 +51,17 @@ KEPT_LINES = 200
 MAX_LINE = 8192
 
 
+# fatal lines that only say that something else failed: the line before says what.
+_WRAPPERS = re.compile(r"index-pack failed|fsck error in packed object|fetch-pack: invalid index-pack output|"
+                       r"the remote end hung up unexpectedly", re.I)
+
+
 def last_meaningful_line(text: str) -> str:
     lines = [ln.strip() for ln in re.split(r"[\r\n]+", text) if ln.strip()]
     lines = [ln for ln in lines if not _PROGRESS.match(ln) and not ln.startswith("From ")]
-    fatal = [ln for ln in lines if ln.lower().startswith(("fatal:", "error:"))]
-    return (fatal or lines or ["(git printed nothing)"])[-1][:300]
+    errors = [ln for ln in lines if ln.lower().startswith(("fatal:", "error:"))]
+    telling = [ln for ln in errors if not _WRAPPERS.search(ln)]
+    return (telling or errors or lines or ["(git printed nothing)"])[-1][:300]
 
 
 def parse_progress(line: str) -> dict | None:

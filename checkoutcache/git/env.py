@@ -40,12 +40,23 @@ SAFE_CONFIG = {
     "safe.directory": "*",
 }
 ALLOWED_PROTOCOLS = "https:ssh:git:file"
+# CHECKOUTCACHE_FSCK (on by default): git checks every object a fetch brings. Its tree
+# checks are what matter here (duplicate entries, `..`, `.git`, unsorted trees: the
+# shapes hostile repositories use); the commit and tag header checks only find old
+# history's sloppy dates and names, which no checkout is harmed by: those are ignored.
+# Measured on a 20,000-commit, 497k-object fetch: 1.14x the time (benchmarks/MONOREPO.md).
+FSCK_VAR = "CHECKOUTCACHE_FSCK"
+FSCK_CONFIG = {"fetch.fsckObjects": "true", **{f"fetch.fsck.{msg}": "ignore" for msg in (
+    "badDate", "badDateOverflow", "badEmail", "badTimezone", "missingEmail", "missingNameBeforeEmail",
+    "missingSpaceBeforeDate", "missingSpaceBeforeEmail", "zeroPaddedDate", "multipleAuthors",
+    "missingAuthor", "missingCommitter", "badTagName", "missingTaggerEntry")}}
 
 
 def git_env(base: dict[str, str] | None = None, credential: Credential | None = None,
-            url: str | None = None) -> dict[str, str]:
+            url: str | None = None, takes_objects: bool = False) -> dict[str, str]:
     """The environment of one git process; url is given for network operations
-    (which alone read the operator's config and may carry a credential)."""
+    (which alone read the operator's config and may carry a credential). Fetches
+    (url given, or takes_objects: a bundle's take-in) check what they bring in."""
     base = dict(os.environ if base is None else base)
     env = {k: v for k, v in base.items()
            if not k.startswith("GIT_") and k not in CREDENTIAL_VARS and k != OPERATOR_CONFIG_VAR}
@@ -61,6 +72,8 @@ def git_env(base: dict[str, str] | None = None, credential: Credential | None = 
         "LANGUAGE": "C",
     })
     config = dict(SAFE_CONFIG)
+    if (url is not None or takes_objects) and base.get(FSCK_VAR, "on") != "off":
+        config.update(FSCK_CONFIG)
     auth_config, auth_env = git_auth(credential, url)
     config.update(auth_config)
     env.update(auth_env)

@@ -45,7 +45,8 @@ def make_dirs(path: str) -> None:
 def root_error(root: str, exc: OSError) -> CheckoutCacheError:
     if is_disk_full(exc):
         return disk_full(exc)
-    return CheckoutCacheError("ROOT_UNUSABLE", root=root, why=exc.strerror or str(exc))
+    where = f"{exc.filename}: " if isinstance(exc.filename, str) else ""
+    return CheckoutCacheError("ROOT_UNUSABLE", root=root, why=f"{where}{exc.strerror or exc}")
 
 
 def init_root(root_paths: RootPaths) -> None:

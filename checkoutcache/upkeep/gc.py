@@ -57,7 +57,7 @@ from checkoutcache.store.checkouts import (
     remove_tree,
     trash_entries,
 )
-from checkoutcache.store.create import make_dirs
+from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, disk_usage, inventory
 from checkoutcache.store.layout import RepoPaths, RootPaths, entries
 from checkoutcache.store.records import read_failure
@@ -513,8 +513,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     forget_stale_journals(root_paths, report, time.time())
     if not os.path.isdir(root_paths.repos_dir):
         return report
-    make_dirs(root_paths.locks_dir)
-    gc_lock = locks.gc_run(root_paths)
+    try:
+        make_dirs(root_paths.locks_dir)
+        gc_lock = locks.gc_run(root_paths)
+    except OSError as exc:  # no room even for the lock file, or a root we may not write
+        raise root_error(root_paths.root, exc) from None
     if gc_lock is None:
         report.skipped = "another gc is running"
         return report
@@ -532,7 +535,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         now = time.time()
         entries = [Entry(repo=info.key, sha=c.sha, size=c.size, held=c.held,
                          last_used=now if (info.key, c.sha) in used_within_grace else c.last_used)
-                   for info in repos for c in info.checkouts if c.ready and c.intact]
+                   for info in repos for c in info.checkouts if c.ready and c.intact and not c.unreadable]
         for info in repos:
             for c in info.checkouts:
                 if c.ready and c.last_used is not None and c.last_used > now:

@@ -1,0 +1,112 @@
+"""The cache never fills the disk itself, and every write that meets a full disk
+answers DISK_FULL (DESIGN invariant 15): real tmpfs filesystems of a few MiB
+(root only: CI runs as root), real repositories, the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from .helpers import Upstream, assert_checkout_matches, git, make_idle, only_repo, run_cli, wait_ready
+from .helpers.disk import fill, free_bytes, small_filesystem
+
+
+def big_history(path: str, commits: int, size: int) -> Upstream:
+    upstream = Upstream(path)
+    for number in range(commits):
+        upstream.commit({"big.bin": os.urandom(size), "README.md": f"{number}\n"})
+    return upstream
+
+
+def test_a_repack_on_a_tight_disk_is_skipped_with_its_reason_and_nothing_fills(tmp_path):
+    """Regression: gc's mirror repack took the last 5.8 MiB, left a 14 MiB tmp_pack_* behind,
+    reviews in their grace window got ENOSPC in their own checkouts, and the next gc answered
+    INTERNAL_ERROR."""
+    upstream = big_history(str(tmp_path / "up"), 4, 3 << 20)
+    with small_filesystem(str(tmp_path / "small"), "40m") as mount:
+        root = os.path.join(mount, "cache")
+        paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
+        for path in paths[:2]:
+            make_idle(path, 3600)
+        fill(mount, leave=6 << 20)
+        before = free_bytes(mount)
+        code, report, out = run_cli("gc", "--max-checkouts", "2", "--grace", "5m", "--mirror-gc-interval", "0",
+                                    root=root)
+        assert code == 0, out
+        (entry,) = report["mirrors"]
+        assert entry["refs_dropped"] == 2 and entry["repacked"] is False, entry
+        assert "not enough free space" in entry["repack_skipped"], entry
+        pack_dir = os.path.join(only_repo(root).mirror, "objects", "pack")
+        assert not [n for n in os.listdir(pack_dir) if n.startswith(("tmp_", ".tmp-"))]
+        assert free_bytes(mount) >= before  # the evictions freed room; nothing took it
+        # A review in its grace window can still write in its checkout.
+        with open(os.path.join(paths[3], "build-output.txt"), "wb") as handle:
+            handle.write(b"x" * (1 << 20))
+        code, report, out = run_cli("gc", "--mirror-gc-interval", "0", root=root)
+        assert code == 0 and report["mirrors"][0].get("repack_skipped"), out  # still due, still says why
+        os.unlink(os.path.join(paths[3], "build-output.txt"))
+        assert_checkout_matches(paths[3], upstream.path, upstream.shas[3])
+
+
+def test_a_failed_repack_removes_its_temporary_packs(root, upstream, fake_git):
+    paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
+    make_idle(paths[0], 3600)
+    # A git gc that writes part of a pack and dies, as ENOSPC or a kill leaves it.
+    failing = fake_git('case "$*" in *" gc "*) d="$2/objects/pack"; '
+                       'head -c 100000 /dev/zero > "$d/tmp_pack_XYZ"; head -c 100 /dev/zero > "$d/.tmp-1-pack-x.pack"; '
+                       'exit 1;; esac')
+    code, report, out = run_cli("gc", "--max-checkouts", "2", "--grace", "1m", "--mirror-gc-interval", "0",
+                                root=root, env=failing)
+    assert code == 0, out
+    (entry,) = report["mirrors"]
+    assert entry["repacked"] is False and sorted(entry["stale_leftovers"]) == [
+        "objects/pack/.tmp-1-pack-x.pack", "objects/pack/tmp_pack_XYZ"], entry
+    pack_dir = os.path.join(only_repo(root).mirror, "objects", "pack")
+    assert not [n for n in os.listdir(pack_dir) if n.startswith(("tmp_", ".tmp-"))]
+
+
+def test_a_keep_file_a_killed_fetch_left_is_removed_and_its_pack_repacked(root, upstream):
+    """Regression: a worker killed with its git right after index-pack leaves pack-*.keep,
+    and that pack then survived every gc."""
+    paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
+    mirror = only_repo(root).mirror
+    git("repack", "-q", cwd=mirror)  # small fetches stay loose: the pack a big fetch would have kept
+    pack_dir = os.path.join(mirror, "objects", "pack")
+    packs = [n for n in os.listdir(pack_dir) if n.endswith(".pack")]
+    keep = os.path.join(pack_dir, packs[0][: -len(".pack")] + ".keep")
+    with open(keep, "w") as handle:
+        handle.write("fetch-pack 12345 on a-dead-host\n")
+    os.utime(keep, (1, 1))  # left long ago
+    make_idle(paths[0], 3600)
+    code, report, out = run_cli("gc", "--max-checkouts", "2", "--grace", "1m", "--mirror-gc-interval", "0",
+                                root=root)
+    assert code == 0, out
+    (entry,) = report["mirrors"]
+    assert os.path.relpath(keep, mirror) in entry["stale_leftovers"] and entry["repacked"] is True, entry
+    assert not os.path.exists(keep)
+    assert [n for n in os.listdir(pack_dir) if n.endswith(".keep")] == []
+
+
+def test_an_ensure_on_a_full_disk_answers_disk_full_and_writes_nothing(tmp_path):
+    """Regression: `ensure` on a full disk answered INTERNAL_ERROR (a record write it did not
+    guard); a checkout that ran out of disk answered CLONE_FAILED "an object is unreadable"."""
+    upstream = big_history(str(tmp_path / "up"), 3, 2 << 20)
+    with small_filesystem(str(tmp_path / "small"), "24m") as mount:
+        root = os.path.join(mount, "cache")
+        first = wait_ready(root, upstream.path, upstream.shas[0])["path"]
+        store = only_repo(root)
+        # The mirror has every commit (the checkout is what no longer fits).
+        git("fetch", "-q", upstream.path, "+refs/heads/*:refs/heads/*", cwd=store.mirror)
+        fill(mount, leave=512 << 10)
+        code, answer, out = run_cli("ensure", upstream.path, upstream.shas[1], "--wait", "60", root=root)
+        assert code == 1 and answer["error"] == "DISK_FULL", out
+        assert "gc" in answer["next"]
+        assert os.listdir(store.scratch_dir) == [] and os.listdir(store.checkouts_dir) == [upstream.shas[0]]
+        # Nothing left at all: the balloon takes every byte, and an ask still answers (a record it cannot write).
+        fill(mount, leave=0)
+        subprocess.run(["sh", "-c", f"cat /dev/zero > {mount}/last 2>/dev/null"])  # the last blocks too
+        code, answer, out = run_cli("ensure", upstream.path, upstream.shas[2], "--wait", "10", root=root)
+        assert code == 1 and answer["error"] == "DISK_FULL", out
+        code, report, out = run_cli("gc", root=root)
+        assert code == 0, out
+        assert_checkout_matches(first, upstream.path, upstream.shas[0])
