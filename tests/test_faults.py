@@ -134,6 +134,60 @@ def test_a_worker_that_keeps_dying_backs_off_instead_of_looping(root, upstream, 
     assert len(set(assert_died_at(kill_log, "before-checkout", at_least=3))) == 3
 
 
+def test_a_git_child_killed_by_the_oom_killer_is_a_worker_death(root, upstream, fake_git, tmp_path):
+    """Regression: a git child SIGKILLed (what the OOM killer does) failed the clone with
+    CLONE_FAILED "(git printed nothing)" and a doubling back-off, as if the commit were bad.
+    It is a worker's death: three in a row are WORKER_DIED."""
+    sha = upstream.shas[1]
+    killed = tmp_path / "killed"
+    oom = fake_git(f'case "$*" in *" checkout "*) echo $$ >> {killed}; kill -9 $$;; esac')
+    code, answer, _ = run_cli("ensure", upstream.path, sha, "--wait", "30", root=root,
+                              env={**oom, "CHECKOUTCACHE_BACKOFF": "60"})
+    assert code == 1 and answer["error"] == "WORKER_DIED" and "3 times" in answer["message"], answer
+    pids = killed.read_text().split()
+    assert len(pids) == 3 and not any(pid_alive(int(pid)) for pid in pids)  # the kills happened
+    log = open(only_repo(root).clone_log(sha)).read()
+    assert log.count("was killed by SIGKILL") == 3 and "CLONE_FAILED" not in log
+    assert os.listdir(only_repo(root).scratch_dir) == []
+    # A crash (another signal) is the clone's own failure, said as such.
+    crash = fake_git('case "$*" in *" checkout "*) kill -SEGV $$;; esac')
+    code, answer, _ = run_cli("ensure", upstream.path, upstream.shas[2], "--wait", "30", root=root, env=crash)
+    assert code == 1 and answer["error"] == "CLONE_FAILED" and "SIGSEGV" in answer["message"], answer
+
+
+def test_a_server_flooding_warnings_before_gits_error_still_has_its_error_said(root, upstream, fake_git):
+    """Regression: a server's warnings used up the log's cap and the lines kept of git's output,
+    and the clone failed with "(git printed nothing)": git's own error lines are kept apart."""
+    noisy = fake_git('case "$*" in *" fetch "*) i=0; while [ $i -lt 400 ]; do '
+                     'printf "remote: warning: %08000d\\n" $i >&2; i=$((i+1)); done; '
+                     'echo "fatal: the server said no (the real cause)" >&2; '
+                     'i=0; while [ $i -lt 300 ]; do printf "remote: warning: %08000d\\n" $i >&2; i=$((i+1)); done; '
+                     'exit 128;; esac')
+    sha = upstream.shas[1]
+    code, answer, out = run_cli("ensure", upstream.path, sha, "--wait", "60", root=root, env=noisy)
+    assert code == 1 and "the server said no (the real cause)" in answer["message"], answer
+    log = open(only_repo(root).clone_log(sha)).read()
+    assert os.path.getsize(only_repo(root).clone_log(sha)) > 1 << 20  # the warnings did fill the cap
+    assert "fatal: the server said no (the real cause)" in log
+
+
+def test_a_git_that_crashes_on_a_10000_deep_tree_says_so(root, daemon):
+    """Regression: a 10,000-deep tree failed with "(git printed nothing)": git crashes on it
+    (SIGSEGV) after the server's warnings about it; the answer says which git and how."""
+    path = os.path.join(daemon.base, f"deep-{os.urandom(3).hex()}")
+    git("init", "-q", "-b", "main", path)
+    deep = "/".join(["d"] * 10000) + "/f.txt"
+    fast_import = (f"commit refs/heads/main\ncommitter t <t@x> 0 +0000\ndata 2\nx\nM 100644 inline {deep}\n"
+                   f"data 3\nhi\n\n")
+    subprocess.run(["git", "-C", path, "fast-import", "--quiet"], input=fast_import.encode(), check=True)
+    sha = git("rev-parse", "main", cwd=path)
+    code, answer, out = run_cli("ensure", daemon.url(os.path.basename(path)), sha, "--wait", "120", root=root)
+    assert code == 1 and answer["error"] == "CLONE_FAILED", out
+    assert "git printed nothing" not in answer["message"], answer
+    assert "was killed by SIG" in answer["message"] or "fatal:" in answer["message"] or "error:" in answer[
+        "message"], answer
+
+
 def test_gc_killed_between_rename_and_delete(root, store_with_bystander, kill_log):
     upstream, bystander, before = store_with_bystander
     victim = wait_ready(root, upstream.path, upstream.shas[1])["path"]

@@ -39,8 +39,8 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe, is_disk_full
 from checkoutcache.git import mirror
-from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, keep_ref, lfs_checkout_config,
-                                       lfs_endpoint, not_a_commit, review_refspec)
+from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, GitKilled, keep_ref,
+                                       lfs_checkout_config, lfs_endpoint, not_a_commit, review_refspec)
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
 from checkoutcache.repospec import LFS_OFF, LFS_ON, SUBMODULES_NONE, SUBMODULES_RECURSIVE
@@ -66,7 +66,7 @@ PROGRESS_INTERVAL = 0.25
 # Observability hook: when set, every clone appends one JSON line per event
 # (started, published, discarded, failed) to this file, outside the root.
 JOURNAL = "CHECKOUTCACHE_CLONE_JOURNAL"
-EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
+EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_DIED = 0, 1, 3, 137
 
 
 def open_attempt_log(paths: RepoPaths, sha: str):
@@ -119,8 +119,9 @@ class Worker:
 
     # ------------------------------------------------------------ bookkeeping
     def log(self, line: str, always: bool = False) -> None:
-        """One line of this attempt's log; past CLONE_LOG_CAP bytes only the
-        lines that say how the attempt ended (always=True) are kept."""
+        """One line of this attempt's log; past CLONE_LOG_CAP bytes only the lines that
+        say how the attempt ended (always=True) and git's own error lines are kept."""
+        always = always or line.lower().startswith(("fatal:", "error:"))
         if self._logged > CLONE_LOG_CAP and not always:
             return
         now = time.time()
@@ -194,16 +195,37 @@ class Worker:
         try:
             with making(self.paths.key, self.sha):
                 self.clone()
-        except BaseException as exc:  # every failure is recorded; SIGKILL is the only exception
+        except GitKilled as exc:
+            if not exc.is_death:
+                return self.fail(exc)
             with self._finishing:
-                explained = self.explain(exc)
-                self.cleanup()  # first: on a full disk, removing our scratch makes room for the record
-                self.record_failure(*explained)
-            return EXIT_FAILED
+                self.die(exc)
+            if not timer:
+                raise  # a submodule's clone inline: its superproject's attempt died as well
+            return EXIT_DIED
+        except BaseException as exc:  # every failure is recorded; SIGKILL is the only exception
+            return self.fail(exc)
         finally:
             self._disarm_timer()
             self._log.close()
         return EXIT_OK
+
+    def fail(self, exc: BaseException) -> int:
+        with self._finishing:
+            explained = self.explain(exc)
+            self.cleanup()  # first: on a full disk, removing our scratch makes room for the record
+            self.record_failure(*explained)
+        return EXIT_FAILED
+
+    def die(self, exc: GitKilled) -> None:
+        """git was SIGKILLed (the OOM killer): this attempt is a worker's death, as if we had
+        been killed with it. Our scratch goes; our clone record stays, so the next asker
+        counts the death (WORKER_DIED after three in a row) instead of failing the commit."""
+        self.log(f"{exc}: out of memory? This attempt counts as a dead worker "
+                 f"({self.deaths + 1} in a row)", always=True)
+        self.journal("died", seconds=round(time.time() - self.started_at, 3))
+        if self.scratch is not None:
+            self.scratch.discard()
 
     # ------------------------------------------------------------ the clone timeout
     def remaining(self) -> float:
@@ -562,6 +584,8 @@ class Worker:
         """(code, message, next step) for whatever stopped the clone."""
         if isinstance(exc, CheckoutCacheError):
             return exc.code, redact(exc.message, self.secrets), exc.next
+        if isinstance(exc, GitKilled):  # a crash (SIGSEGV, SIGABRT): the clone's own failure
+            return ("CLONE_FAILED", *describe("CLONE_FAILED", detail=redact(str(exc), self.secrets)))
         if is_disk_full(exc):
             code, detail = "DISK_FULL", str(exc)
         elif isinstance(exc, locks.LockTimeout):

@@ -106,6 +106,29 @@ def lfs_failure(text: str, detail: str, secrets: list[str]) -> CheckoutCacheErro
     return CheckoutCacheError(code, detail=redact(detail, secrets), output=redact(text, secrets))
 
 
+class GitKilled(Exception):
+    """A git child killed by a signal. SIGKILL is what the OOM killer sends: the
+    attempt counts as the worker's death (WORKER_DIED after three in a row), not as
+    a failure of the clone; another signal (a crash) is the clone's failure."""
+
+    def __init__(self, signum: int, command: str, output: str = ""):
+        import signal
+
+        try:
+            self.name = signal.Signals(signum).name
+        except ValueError:
+            self.name = f"signal {signum}"
+        self.signum = signum
+        self.output = output
+        super().__init__(f"git {command} was killed by {self.name}")
+
+    @property
+    def is_death(self) -> bool:
+        import signal
+
+        return self.signum == signal.SIGKILL
+
+
 class GitBackend(Protocol):
     name: str
     fetches_into_refs: bool  # fetch(refspecs=["<sha>:refs/keep/<sha>"]) works

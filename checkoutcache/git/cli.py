@@ -25,6 +25,7 @@ from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
     CHECKOUT_CONFIG,
+    GitKilled,
     disk_full_text,
     KEEP_PREFIX,
     LFS_PROGRAM,
@@ -48,6 +49,7 @@ _SENT = re.compile(r"^remote: Total ([0-9]{1,12}) \(delta [0-9]+\)")
 _UPDATING = re.compile(r"^Updating files:\s+([0-9]{1,3})% \(([0-9]{1,12})/([0-9]{1,12})\)")
 # What a git run's output may cost in memory: its last lines, each cut at a length.
 KEPT_LINES = 200
+KEPT_ERRORS = 20
 MAX_LINE = 8192
 
 
@@ -62,6 +64,19 @@ def last_meaningful_line(text: str) -> str:
     errors = [ln for ln in lines if ln.lower().startswith(("fatal:", "error:"))]
     telling = [ln for ln in errors if not _WRAPPERS.search(ln)]
     return (telling or errors or lines or ["(git printed nothing)"])[-1][:300]
+
+
+def subcommand(args: list[str]) -> str:
+    """The git command of an argument list (`fetch` of `-C DIR -c K=V fetch ...`)."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("-C", "-c"):
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return "git"
 
 
 def parse_progress(line: str) -> dict | None:
@@ -419,32 +434,39 @@ class GitCliBackend:
 
     def _stream(self, args: list[str], env: dict, on_progress: Progress, log: Log, secrets: list[str],
                 keep_fds: tuple[int, ...]) -> tuple[int, str]:
-        """Run git, turning its progress lines into progress updates; (exit code, other output)."""
+        """Run git, turning its progress lines into progress updates; (exit code, other output).
+        A git killed by a signal raises GitKilled (SIGKILL: the OOM killer, a worker death)."""
         proc = subprocess.Popen([self.git, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env=env, pass_fds=keep_fds, preexec_fn=die_with_parent,
                                 cwd="/")
         RUNNING.add(proc)
         try:
-            # Bounded memory whatever the server sends: the last lines only, and
-            # a line longer than MAX_LINE is cut there.
+            # Bounded memory whatever the server sends: the last lines only, and a line
+            # longer than MAX_LINE is cut there. git's own error lines are kept apart, so
+            # however long a server's warnings go on after them, they are what a failure says.
             seen: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
+            errors: collections.deque[str] = collections.deque(maxlen=KEPT_ERRORS)
             pending = b""
             while chunk := proc.stderr.read1(65536):
                 pending += chunk
                 *lines, pending = re.split(rb"[\r\n]", pending)
                 for raw in lines:
-                    self._line(raw[:MAX_LINE], on_progress, log, secrets, seen)
+                    self._line(raw[:MAX_LINE], on_progress, log, secrets, seen, errors)
                 if len(pending) > MAX_LINE:
-                    self._line(pending[:MAX_LINE], on_progress, log, secrets, seen)
+                    self._line(pending[:MAX_LINE], on_progress, log, secrets, seen, errors)
                     pending = b""
-            self._line(pending, on_progress, log, secrets, seen)
-            return proc.wait(), "\n".join(seen)
+            self._line(pending, on_progress, log, secrets, seen, errors)
+            code = proc.wait()
+            output = "\n".join([*seen, *errors])
+            if code < 0:
+                raise GitKilled(-code, subcommand(args), output)
+            return code, output
         finally:
             RUNNING.discard(proc)
 
     @staticmethod
     def _line(raw: bytes, on_progress: Progress, log: Log, secrets: list[str],
-              seen: collections.deque[str]) -> None:
+              seen: collections.deque[str], errors: collections.deque[str]) -> None:
         line = raw.decode("utf-8", "replace").strip()
         if not line:
             return
@@ -455,4 +477,6 @@ class GitCliBackend:
                 return
         line = redact(line, secrets)
         seen.append(line)
+        if line.lower().startswith(("fatal:", "error:")):
+            errors.append(line)
         log(line)
