@@ -263,7 +263,16 @@ class Worker:
             return
         self.scratch = create_scratch(self.paths, self.sha)
         checkpoint("after-scratch")
-        self.fetch_into_mirror()
+        try:
+            self.fetch_into_mirror()
+        except CheckoutCacheError as exc:
+            # A fetch refused for what git found missing on our side (fsck: "did not receive
+            # expected object", the server took the mirror to have it): a mirror whose refs
+            # reach objects it lacks is rebuilt once, as for a checkout that cannot read one.
+            if exc.code != "CLONE_FAILED" or self.backend.is_sound(self.paths.mirror):
+                raise
+            self.log(f"the mirror lacks objects its refs reach ({exc.detail}); rebuilding it")
+            self.fetch_into_mirror(rebuild=True)
         checkpoint("before-checkout")
         self.on_progress({"phase": "checking out"})
         try:

@@ -281,6 +281,13 @@ class GitCliBackend:
                           f"--exclude={keep_ref(sha)}", "--all"], stdout=subprocess.DEVNULL)
         return done.returncode == 0
 
+    def is_sound(self, mirror: str) -> bool:
+        if not self.is_usable(mirror):
+            return False
+        done = self._run(["-C", mirror, "fsck", "--connectivity-only", "--no-dangling", "--no-progress"],
+                         stdout=subprocess.DEVNULL)
+        return done.returncode == 0
+
     def objects_readable(self, mirror: str, sha: str) -> bool:
         # archive reads (inflates) every blob and tree of the commit: its exit
         # status says whether the mirror can serve the whole tree.

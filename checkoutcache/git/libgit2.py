@@ -220,6 +220,9 @@ class Pygit2Backend:
             return False  # a parent that is not there
         return True
 
+    def is_sound(self, mirror: str) -> bool:
+        return self.is_usable(mirror)  # libgit2 fetches do not check objects: nothing to blame on the mirror
+
     def objects_readable(self, mirror: str, sha: str) -> bool:
         import pygit2
 
