@@ -96,6 +96,9 @@ class Config:
     fsck: str = setting("on", "CHECKOUTCACHE_FSCK",
                         "git checks every fetched object (fetch.fsckObjects): malformed trees, `..` or `.git` "
                         "paths are refused before they reach a checkout (off: not checked).", _on_off("CHECKOUTCACHE_FSCK"))
+    max_review_refs: int = setting(2000, "CHECKOUTCACHE_MAX_REVIEW_REFS",
+                                   "The most review refs one attempt fetches (newest first, in batches) looking for "
+                                   "a commit the server refuses by id.", _count)
     transport: str = setting("auto", "CHECKOUTCACHE_TRANSPORT",
                              "Fetch and check out with the git CLI (cli), libgit2 (pygit2), or the CLI when installed (auto).",
                              _transport)

@@ -60,3 +60,38 @@ def test_without_review_refs_the_commit_is_unknown(root, pull_request):
     code, answer, _ = run_cli("ensure", url, first, "--wait", "60", root=root,
                               env={**env, "CHECKOUTCACHE_REVIEW_REFS": "none"})
     assert code == 1 and answer["error"] == "UNKNOWN_COMMIT"
+
+
+def test_review_refs_are_fetched_newest_first_in_batches_up_to_a_cap(root, daemon, tmp_path):
+    """Regression: the fallback fetched every refs/pull/* for one commit (100k refs: 224 s and
+    300k objects). Now newest first, a batch at a time, stopping at the batch that has it, and
+    at most CHECKOUTCACHE_MAX_REVIEW_REFS refs per attempt."""
+    upstream = Upstream(os.path.join(daemon.base, f"prs-{os.urandom(4).hex()}"))
+    base = upstream.commit({"README.md": "main\n"})
+    # 600 pull requests, one commit each on top of main, no branch reaching any.
+    stream = "".join(f"commit refs/pull/{n}/head\ncommitter t <t@x> {n} +0000\ndata 3\npr\nfrom {base}\n"
+                     f"M 100644 inline pr.txt\ndata {len(str(n)) + 1}\n{n}\n\n" for n in range(1, 601))
+    subprocess.run(["git", "-C", upstream.path, "fast-import", "--quiet"], input=stream.encode(), check=True)
+    old_pr = git("rev-parse", "refs/pull/5/head^{commit}", cwd=upstream.path)
+    new_pr = git("rev-parse", "refs/pull/598/head^{commit}", cwd=upstream.path)
+    operator = tmp_path / "operator-gitconfig"
+    operator.write_text("[protocol]\n\tversion = 0\n")
+    # Each commit sits one below its PR's tip, so it is no advertised tip: reach it through a child.
+    for n, sha in ((5, old_pr), (598, new_pr)):
+        child = git("commit-tree", f"{sha}^{{tree}}", "-p", sha, "-m", "child", cwd=upstream.path)
+        git("update-ref", f"refs/pull/{n}/head", child, cwd=upstream.path)
+    env = {"CHECKOUTCACHE_GIT_CONFIG": str(operator)}
+    url = daemon.url(os.path.basename(upstream.path))
+    code, answer, err = run_cli("ensure", url, new_pr, "--wait", "60", root=root, env=env)
+    assert code == 0, (answer, err)
+    log = open(only_repo(root).clone_log(new_pr)).read()
+    assert "found in review ref batch 1 (200 ref(s) fetched)" in log, log
+    code, answer, _ = run_cli("ensure", url, old_pr, "--wait", "60", root=root,
+                              env={**env, "CHECKOUTCACHE_MAX_REVIEW_REFS": "250"})
+    assert code == 1 and answer["error"] == "UNKNOWN_COMMIT", answer
+    assert "newest 250 of the server's 600 review refs" in answer["message"], answer
+    assert "CHECKOUTCACHE_MAX_REVIEW_REFS" in answer["message"]
+    code, answer, err = run_cli("ensure", url, old_pr, "--wait", "60", root=root + "-2", env=env)
+    assert code == 0, (answer, err)
+    assert_checkout_matches(answer["path"], upstream.path, old_pr)
+    assert "found in review ref batch 3 (600 ref(s) fetched)" in open(only_repo(root + "-2").clone_log(old_pr)).read()

@@ -40,7 +40,7 @@ from checkoutcache.credentials import (
 from checkoutcache.errors import CheckoutCacheError, describe, is_disk_full
 from checkoutcache.git import mirror
 from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, GitKilled, keep_ref,
-                                       lfs_checkout_config, lfs_endpoint, not_a_commit, review_refspec)
+                                       lfs_checkout_config, lfs_endpoint, not_a_commit)
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
 from checkoutcache.repospec import LFS_OFF, LFS_ON, SUBMODULES_NONE, SUBMODULES_RECURSIVE
@@ -67,6 +67,18 @@ PROGRESS_INTERVAL = 0.25
 # (started, published, discarded, failed) to this file, outside the root.
 JOURNAL = "CHECKOUTCACHE_CLONE_JOURNAL"
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_DIED = 0, 1, 3, 137
+# Review refs fetched per round while looking for a commit (fetch_from_review_refs).
+REVIEW_BATCH = 200
+
+
+def newest_first(refs: dict[str, str]) -> list[str]:
+    """Review refs by their numbers, highest (newest) first: refs/pull/1234/head before
+    refs/pull/99/head; refs without a number last, by name."""
+    def key(ref: str) -> tuple:
+        numbers = [int(part) for part in ref.split("/") if part.isdigit()]
+        return (0, [-n for n in numbers], ref) if numbers else (1, [], ref)
+
+    return sorted(refs, key=key)
 
 
 def open_attempt_log(paths: RepoPaths, sha: str):
@@ -550,22 +562,35 @@ class Worker:
     def fetch_from_review_refs(self, keep_fds: tuple[int, ...]) -> bool:
         """The commit is on no branch or tag, and the server refuses it by id (a
         review ref's tip is advertised, so fetching it by id already worked): fetch
-        the review refs (refs/pull/*, ...), only when the server has some, into a
-        namespace of their own, keep the commit, and drop them again. True when the
-        commit is now kept."""
+        the review refs (refs/pull/*, ...) the server has, newest first, in batches of
+        REVIEW_BATCH, into a namespace of their own, stopping at the batch that brings
+        the commit; keep it, and drop them again. At most config.max_review_refs refs
+        per attempt: past them the commit is UNKNOWN_COMMIT, saying how many were
+        searched. True when the commit is now kept."""
         patterns = self.config.review_refs
         if not patterns:
             return False
         tips = self.backend.remote_refs(self.url, patterns, self.credential, self.config.probe_timeout)
-        if tips:
-            self.log(f"fetching {len(tips)} review ref(s) under {', '.join(patterns)}")
-            try:
-                self.fetch([review_refspec(p) for p in patterns], keep_fds)
-                if self.backend.object_kind(self.paths.mirror, self.sha) is not None:
+        if not tips:
+            return False
+        order = newest_first(tips)
+        searched = order[: self.config.max_review_refs]
+        self.log(f"searching {len(searched)} of {len(order)} review ref(s) under {', '.join(patterns)}, newest first")
+        try:
+            for start in range(0, len(searched), REVIEW_BATCH):
+                batch = searched[start:start + REVIEW_BATCH]
+                self.fetch([f"+{ref}:{REVIEW_PREFIX}{ref[len('refs/'):]}" for ref in batch], keep_fds)
+                if self.commit_present(self.paths.mirror):
+                    self.log(f"found in review ref batch {start // REVIEW_BATCH + 1} ({start + len(batch)} "
+                             f"ref(s) fetched)")
                     self.keep(self.sha, keep_fds)
-            finally:
-                self.backend.drop_refs_under(self.paths.mirror, REVIEW_PREFIX)  # kept by keep-ref, or not needed
-            return self.backend.object_kind(self.paths.mirror, self.sha) is not None
+                    return True
+        finally:
+            self.backend.drop_refs_under(self.paths.mirror, REVIEW_PREFIX)  # kept by keep-ref, or not needed
+        if len(order) > len(searched):
+            raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha, detail=(
+                f"not in the newest {len(searched)} of the server's {len(order)} review refs (raise "
+                f"CHECKOUTCACHE_MAX_REVIEW_REFS to search further)"))
         return False
 
     def commit_present(self, mirror_dir: str) -> bool:

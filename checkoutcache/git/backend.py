@@ -62,11 +62,6 @@ REVIEW_PREFIX = "refs/review/"
 BUNDLE_REFS = "refs/bundles/"
 
 
-def review_refspec(pattern: str) -> str:
-    """+refs/pull/*:refs/review/pull/* : review refs never mix with branches and tags."""
-    return f"+{pattern}:{REVIEW_PREFIX}{pattern[len('refs/'):]}"
-
-
 def keep_ref(sha: str) -> str:
     return KEEP_PREFIX + sha
 
