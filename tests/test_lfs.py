@@ -15,7 +15,7 @@ import pytest
 
 from checkoutcache.store.layout import RootPaths
 
-from .helpers import Upstream, grep_tree, make_idle, run_cli, wait_ready
+from .helpers import Upstream, git, grep_tree, make_idle, run_cli, wait_ready
 from .helpers.lfs import LfsUpstream, lfs_oid, pointer
 from .https_git import GitHttpsServer
 
@@ -234,3 +234,55 @@ def test_a_submodules_lfs_files_hold_their_content_too(root, lfs_upstream, tmp_p
     assert answer["submodules"] == "included" and answer["lfs"] == "content"
     assert read(os.path.join(answer["path"], "s", "a.bin")) == A
     assert git_status(os.path.join(answer["path"], "s")) == ""
+
+
+def test_which_files_are_lfs_is_what_the_attributes_say(root, lfs_upstream):
+    """Regression: a text file shaped like an LFS pointer that no `filter=lfs` attribute routes
+    failed the whole checkout with LFS_FAILED (plain git checks it out as it is); and LFS files
+    routed only by a nested .gitattributes were left as pointers."""
+    stray = f"version https://git-lfs.github.com/spec/v1\noid sha256:{'cd' * 32}\nsize 42\n"
+    lfs_upstream.put_object(B)
+    sha = lfs_upstream.commit_lfs({"a.bin": A}, {"docs/example-pointer.txt": stray,
+                                                 "sub/.gitattributes": "*.dat filter=lfs diff=lfs merge=lfs -text\n",
+                                                 "sub/x.dat": pointer(B)})
+    code, answer, out = run_cli("ensure", lfs_upstream.path, sha, "--wait", "60", root=root)
+    assert code == 0 and answer["lfs"] == "content", out
+    assert read(os.path.join(answer["path"], "a.bin")) == A
+    assert read(os.path.join(answer["path"], "sub", "x.dat")) == B
+    assert read(os.path.join(answer["path"], "docs", "example-pointer.txt")).decode() == stray
+    assert git_status(answer["path"]) == ""
+    # Only a nested .gitattributes names the filter: still LFS.
+    nested = lfs_upstream.commit({".gitattributes": "# nothing here\n", "a.bin": "not lfs any more\n"})
+    code, answer, out = run_cli("ensure", lfs_upstream.path, nested, "--wait", "60", root=root)
+    assert code == 0 and answer["lfs"] == "content", out
+    assert read(os.path.join(answer["path"], "sub", "x.dat")) == B
+
+
+def test_a_default_branchs_lfsconfig_cannot_exclude_what_a_checkout_needs(root, lfs_server, tmp_path):
+    """Regression: on a protocol v0 server (no fetch by unadvertised id, so all refs are
+    fetched and the mirror's HEAD resolves) `git lfs fetch` obeyed the default branch's
+    .lfsconfig `fetchexclude`, exited 0 without the objects, and the checkout's smudge
+    filter then downloaded by itself (outside the mirror lock, without the operator's CA):
+    LFS_FAILED where a v2 server gave ready."""
+    up = lfs_server.upstream
+    git("checkout", "-q", "-b", "master", cwd=up.path)  # the branch a fresh mirror's HEAD names
+    wanted = up.commit_lfs({"a.bin": A}, {"README": "one\n"})
+    up.commit({".lfsconfig": "[lfs]\n\tfetchexclude = *\n"}, message="exclude everything")
+    with open(lfs_server.env["CHECKOUTCACHE_GIT_CONFIG"], "a") as handle:
+        handle.write("[protocol]\n\tversion = 0\n")
+    code, answer, out = run_cli("ensure", lfs_server.url("127.0.0.1", "repo"), wanted, "--wait", "60", root=root,
+                                env=lfs_server.env)
+    assert code == 0 and answer["lfs"] == "content", out
+    assert read(os.path.join(answer["path"], "a.bin")) == A
+    assert "fetching all refs" in open(only_store(root).clone_log(wanted)).read()  # the v0 path was taken
+
+
+def test_the_smudge_filter_never_downloads(root, lfs_upstream, fake_git):
+    """The checkout's smudge filter finds every object in the store (checked after the fetch)
+    or fails: it never goes to the network itself. Here the objects vanish between the fetch
+    and the checkout; the local upstream would hand them to any smudge that asked."""
+    sha = lfs_upstream.commit_lfs({"a.bin": A}, {"README": "x\n"})
+    vanish = fake_git(f'case "$*" in *" checkout "*) rm -rf {root}/repos/*/lfs/objects;; esac')
+    code, answer, out = run_cli("ensure", lfs_upstream.path, sha, "--wait", "60", root=root, env=vanish)
+    assert code == 1 and answer["error"] == "LFS_FAILED", out
+    assert only_store(root).checkout_shas() == []

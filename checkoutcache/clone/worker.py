@@ -544,20 +544,41 @@ class Worker:
         if reason is not None:
             self.lfs_answer, self.lfs_why = "pointers", reason
             return
-        oids = self.backend.lfs_objects(self.paths.mirror, self.sha)
-        if not oids:
+        pointers = self.backend.lfs_pointers(self.paths.mirror, self.sha)
+        if not pointers:
             self.lfs_answer = self.lfs_why = None
             return
-        missing = [oid for oid in oids if not os.path.isfile(self.paths.lfs_object(oid))]
-        self.log(f"{len(oids)} LFS object(s), {len(missing)} not in the store yet")
+        missing = [p for p in pointers if not self.lfs_in_store(p)]
+        self.log(f"{len({p.oid for p in pointers})} LFS object(s), {len({p.oid for p in missing})} not in the "
+                 f"store yet")
         if missing:
             self.on_progress({"phase": "fetching lfs objects"})
             checkpoint("before-lfs-fetch")
-            self.write_mirror(lambda: self.backend.lfs_fetch(
-                self.paths.mirror, self.url, self.is_local, self.sha, self.paths.lfs_store, self.credential,
-                self.on_progress, self.log, keep_fds))
+            failure = None
+            try:
+                self.write_mirror(lambda: self.backend.lfs_fetch(
+                    self.paths.mirror, self.url, self.is_local, self.sha, self.paths.lfs_store, self.credential,
+                    self.on_progress, self.log, keep_fds))
+            except CheckoutCacheError as exc:
+                if exc.code == "DISK_FULL":
+                    raise
+                # git-lfs also fails for pointer-shaped files no attribute routes through it:
+                # only the objects the checkout needs decide.
+                failure = exc
+            absent = [p for p in missing if not self.lfs_in_store(p)]
+            if absent:
+                why = f"{failure.detail}" if failure is not None else "git-lfs did not download it"
+                raise CheckoutCacheError("LFS_FAILED", detail=(
+                    f"{len(absent)} LFS object(s) the checkout needs are not in the store, e.g. "
+                    f"{absent[0].path.decode('utf-8', 'backslashreplace')[:200]!r} ({absent[0].oid[:12]}): {why}"))
         self.lfs_answer, self.lfs_why = "content", None
         self.lfs_config = lfs_checkout_config(self.paths.lfs_store, lfs_endpoint(self.url, self.is_local))
+
+    def lfs_in_store(self, pointer) -> bool:
+        try:
+            return os.stat(self.paths.lfs_object(pointer.oid)).st_size == pointer.size
+        except OSError:
+            return False
 
     def fetch_from_review_refs(self, keep_fds: tuple[int, ...]) -> bool:
         """The commit is on no branch or tag, and the server refuses it by id (a

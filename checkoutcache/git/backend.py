@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 from checkoutcache.credentials import Credential, redact
 from checkoutcache.errors import CheckoutCacheError
@@ -83,6 +83,27 @@ def lfs_endpoint(url: str, is_local: bool) -> str | None:
     if scp:  # user@host:path, as ssh://user@host/path
         return f"ssh://{scp.group(1)}/{scp.group(2).lstrip('/')}"
     return None
+
+
+class LfsPointer(NamedTuple):
+    path: bytes  # in the commit's tree
+    oid: str  # sha256 of the content, as the LFS store names it
+    size: int
+
+
+# A pointer file, as git-lfs writes it (its spec v1): version first, keys sorted, at most 1 KiB.
+LFS_POINTER_MAX = 1024
+_POINTER = re.compile(rb"version https://git-lfs\.github\.com/spec/v1\n(?:[a-z0-9.-]+ [^\n]*\n)*?"
+                      rb"oid sha256:(?P<oid>[0-9a-f]{64})\n(?:[a-z0-9.-]+ [^\n]*\n)*?size (?P<size>[0-9]{1,19})\n")
+
+
+def parse_lfs_pointer(data: bytes) -> tuple[str, int] | None:
+    """(oid, size) of a pointer file's content, or None when it is not one (it is then
+    checked out as it is, as git-lfs's smudge passes it through)."""
+    if len(data) > LFS_POINTER_MAX:
+        return None
+    match = _POINTER.match(data)
+    return (match["oid"].decode(), int(match["size"])) if match else None
 
 
 def lfs_checkout_config(store: str, endpoint: str | None) -> dict[str, str]:
@@ -159,6 +180,9 @@ class GitBackend(Protocol):
     # checked-out tree has LFS files (for the answer when their content is absent).
     def lfs_unsupported(self) -> str | None: ...
     def lfs_objects(self, mirror: str, sha: str) -> list[str]: ...
+    # The files of the commit git's attributes route through filter=lfs whose content is a
+    # pointer: what a checkout's smudge needs from the store (every .gitattributes counts).
+    def lfs_pointers(self, mirror: str, sha: str) -> list[LfsPointer]: ...
     def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
                   keep_fds: tuple[int, ...] = ()) -> None: ...

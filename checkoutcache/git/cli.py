@@ -25,7 +25,9 @@ from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
     CHECKOUT_CONFIG,
+    LFS_POINTER_MAX,
     GitKilled,
+    LfsPointer,
     disk_full_text,
     KEEP_PREFIX,
     LFS_PROGRAM,
@@ -36,10 +38,11 @@ from checkoutcache.git.backend import (
     keep_ref,
     lfs_endpoint,
     lfs_failure,
+    parse_lfs_pointer,
     probe_failure,
     write_alternates,
 )
-from checkoutcache.git.env import git_env
+from checkoutcache.git.env import OPERATOR_CONFIG_VAR, git_env
 
 _PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>[0-9]{1,3})% "
                        r"\((?P<done>[0-9]{1,12})/(?P<total>[0-9]{1,12})\)"
@@ -64,6 +67,23 @@ def last_meaningful_line(text: str) -> str:
     errors = [ln for ln in lines if ln.lower().startswith(("fatal:", "error:"))]
     telling = [ln for ln in errors if not _WRAPPERS.search(ln)]
     return (telling or errors or lines or ["(git printed nothing)"])[-1][:300]
+
+
+# What the checkout's smudge filter is pointed at: a local path that is never there.
+NO_LFS_ENDPOINT = "file:///nonexistent/checkoutcache-the-smudge-never-downloads"
+
+
+def operator_lfs_filters() -> dict[str, str]:
+    """lfs.fetchinclude and lfs.fetchexclude as the operator's git config says (empty when
+    unset): passed on the command line, they override a repository's .lfsconfig."""
+    found = {"fetchinclude": "", "fetchexclude": ""}
+    path = os.environ.get(OPERATOR_CONFIG_VAR)
+    if path:
+        for name in found:
+            done = subprocess.run(["git", "config", "--file", path, "--get", f"lfs.{name}"], capture_output=True,
+                                  text=True, env=git_env(), cwd="/")
+            found[name] = done.stdout.strip() if done.returncode == 0 else ""
+    return found
 
 
 def subcommand(args: list[str]) -> str:
@@ -334,16 +354,64 @@ class GitCliBackend:
         return None
 
     def lfs_objects(self, mirror: str, sha: str) -> list[str]:
-        # git-lfs is a program of its own (tens of ms to start): asked only when the
-        # commit's top-level .gitattributes names the LFS filter (read by git, ~3 ms).
-        attributes = self._run(["-C", mirror, "cat-file", "-p", f"{sha}:.gitattributes"])
-        if attributes.returncode != 0 or "filter=lfs" not in attributes.stdout:
+        return sorted({pointer.oid for pointer in self.lfs_pointers(mirror, sha)})
+
+    def lfs_pointers(self, mirror: str, sha: str) -> list[LfsPointer]:
+        # Which files are LFS is what git's attributes say (filter=lfs), every .gitattributes
+        # of the tree counting, exactly as the checkout's filter will see them: never a
+        # pointer-shaped text file no attribute routes, as `git lfs ls-files` would list.
+        # A commit whose .gitattributes name no LFS filter costs one ls-tree.
+        listed = self._bytes(["-C", mirror, "ls-tree", "-r", "-z", "--full-tree", sha])
+        entries = []  # (blob, path) of regular files
+        attributes = []
+        for entry in filter(None, listed.split(b"\0")):
+            meta, _, path = entry.partition(b"\t")
+            mode, kind, oid = meta.split()
+            if kind == b"blob" and mode in (b"100644", b"100755"):
+                entries.append((oid, path))
+                if path == b".gitattributes" or path.endswith(b"/.gitattributes"):
+                    attributes.append(oid)
+        if not attributes or b"filter=lfs" not in self._bytes(["-C", mirror, "cat-file", "--batch"],
+                                                              b"".join(oid + b"\n" for oid in attributes)):
             return []
-        done = self._run(["-C", mirror, "lfs", "ls-files", "--long", sha])
-        if done.returncode != 0:  # a local read of the mirror: classified like git's own failures
-            raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
-        oids = {line.split()[0] for line in done.stdout.splitlines() if line.strip()}
-        return sorted(oid for oid in oids if re.fullmatch(r"[0-9a-f]{64}", oid))
+        index = os.path.join(mirror, f"checkoutcache-attributes.{os.getpid()}.{os.urandom(4).hex()}.index")
+        try:
+            self._bytes(["-C", mirror, "read-tree", sha], env={"GIT_INDEX_FILE": index})
+            routed = self._bytes(["-C", mirror, "check-attr", "--cached", "-z", "--stdin", "filter"],
+                                 b"".join(path + b"\0" for _oid, path in entries), env={"GIT_INDEX_FILE": index})
+        finally:
+            try:
+                os.unlink(index)
+            except FileNotFoundError:
+                pass
+        fields = routed.split(b"\0")
+        lfs_paths = {fields[i] for i in range(0, len(fields) - 2, 3) if fields[i + 2] == b"lfs"}
+        candidates = [(oid, path) for oid, path in entries if path in lfs_paths]
+        sizes = self._bytes(["-C", mirror, "cat-file", "--batch-check=%(objectsize)"],
+                            b"".join(oid + b"\n" for oid, _path in candidates)).split()
+        small = [(oid, path) for (oid, path), size in zip(candidates, sizes) if size.isdigit()
+                 and int(size) <= LFS_POINTER_MAX]
+        pointers = []
+        contents = self._bytes(["-C", mirror, "cat-file", "--batch"], b"".join(oid + b"\n" for oid, _ in small))
+        for oid, path in small:
+            header, _, contents = contents.partition(b"\n")
+            if header.endswith(b" missing"):
+                continue  # not in the mirror (a partial one): not a pointer we can read
+            size = int(header.split()[2])
+            data, contents = contents[:size], contents[size + 1:]
+            parsed = parse_lfs_pointer(data)
+            if parsed is not None:
+                pointers.append(LfsPointer(path, *parsed))
+        return pointers
+
+    def _bytes(self, args: list[str], stdin: bytes = b"", env: dict[str, str] | None = None) -> bytes:
+        """A local git reading the mirror, as bytes (paths need not be UTF-8); a failure raises."""
+        done = subprocess.run([self.git, *args], input=stdin, capture_output=True, env={**git_env(), **(env or {})},
+                              cwd="/")
+        if done.returncode != 0:
+            stderr = done.stderr.decode("utf-8", "replace")
+            raise git_failure(stderr, last_meaningful_line(stderr), [])
+        return done.stdout
 
     def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
@@ -354,10 +422,14 @@ class GitCliBackend:
         self._check(self._run(["-C", mirror, "config", "lfs.storage", store], keep_fds))
         endpoint = lfs_endpoint(url, is_local)
         secrets = secrets_of(credential)
-        # The endpoint from the repository URL, on our command line: it overrides an
-        # lfs.url the repository's .lfsconfig may name. Credentials: git-lfs asks git's
-        # credential helpers, so the one scoped to the URL's host (git_env) applies.
-        cmd = ["-C", mirror, *(["-c", f"lfs.url={endpoint}"] if endpoint else []),
+        # On our command line, over anything a repository's .lfsconfig says: the endpoint
+        # from the repository URL (no .lfsconfig sends the download elsewhere), and which
+        # paths to fetch, the operator's choice alone (CHECKOUTCACHE_GIT_CONFIG), never the
+        # default branch's. Credentials: git-lfs asks git's credential helpers, so the one
+        # scoped to the URL's host (git_env) applies.
+        pinned = [f"lfs.url={endpoint}"] if endpoint else []
+        pinned += [f"lfs.{name}={value}" for name, value in operator_lfs_filters().items()]
+        cmd = ["-C", mirror, *[arg for pair in pinned for arg in ("-c", pair)],
                "lfs", "fetch", endpoint if is_local and endpoint else url, sha]
         log("$ git " + redact(" ".join(cmd[2:]), secrets))
         code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets, keep_fds)
@@ -375,8 +447,11 @@ class GitCliBackend:
         write_alternates(tree_dir, mirror_objects)
         write_git_config(os.path.join(tree_dir, ".git"), {**CHECKOUT_CONFIG, **(lfs or {})})
         # Parallel checkout (one writer per core): measured 30% faster than the
-        # default single writer on a 3000-file tree (benchmarks/RESULTS.md).
-        cmd = ["-C", tree_dir, "-c", "advice.detachedHead=false", "-c", "checkout.workers=0",
+        # default single writer on a 3000-file tree (benchmarks/RESULTS.md). The smudge
+        # filter never downloads: every object it needs is in the store already (the
+        # worker checked), and an endpoint that is no server makes sure of it.
+        never_download = ["-c", f"lfs.url={NO_LFS_ENDPOINT}"] if lfs else []
+        cmd = ["-C", tree_dir, "-c", "advice.detachedHead=false", "-c", "checkout.workers=0", *never_download,
                "checkout", "--progress", "--detach", sha]
         code, output = self._stream(cmd, git_env(), on_progress, log, [], keep_fds)
         if code != 0:

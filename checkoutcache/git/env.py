@@ -30,6 +30,8 @@ SAFE_CONFIG = {
     "core.fsmonitor": "false",
     "core.autocrlf": "false",
     "core.hooksPath": os.devnull,
+    # Which files are LFS is the repository's .gitattributes alone: no user's or operator's.
+    "core.attributesFile": os.devnull,
     "gc.auto": "0",
     "maintenance.auto": "false",
     "fetch.writeCommitGraph": "false",

@@ -287,6 +287,9 @@ class Pygit2Backend:
     def lfs_objects(self, mirror: str, sha: str) -> list[str]:
         return []
 
+    def lfs_pointers(self, mirror: str, sha: str) -> list:
+        return []
+
     def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
                   keep_fds: tuple[int, ...] = ()) -> None:
