@@ -131,6 +131,24 @@ def test_a_cold_node_seeded_from_bundles_fetches_only_the_difference_from_upstre
     assert git("for-each-ref", "--format=%(refname)", "refs/bundles/", cwd=only_repo(seeded).mirror)
 
 
+def test_bundle_refs_go_once_the_mirror_has_fetched_from_upstream(tmp_path, published):
+    """Regression: refs/bundles/* survived every gc, holding the whole bundled history in
+    every seeded mirror for ever. Once the mirror has fetched from upstream they go, and the
+    next repack drops what only they held; a bundled commit asked later is fetched anew."""
+    repo, url, store, in_bundles, newest = published
+    node = str(tmp_path / "node")
+    answer = wait_ready(node, url, newest, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    mirror = only_repo(node).mirror
+    code, report, out = run_cli("gc", "--mirror-gc-interval", "0", root=node)
+    assert code == 0, out
+    (entry,) = report["mirrors"]
+    assert entry.get("bundle_refs_dropped") is True and entry["repacked"] is True, entry
+    assert git("for-each-ref", "--format=%(refname)", "refs/bundles/", cwd=mirror) == ""
+    assert_checkout_matches(answer["path"], repo.path, newest)
+    older = wait_ready(node, url, in_bundles)
+    assert_checkout_matches(older["path"], repo.path, in_bundles)
+
+
 def test_a_commit_the_bundles_hold_needs_no_objects_from_upstream(tmp_path, published):
     repo, url, store, in_bundles, _ = published
     node = str(tmp_path / "node")
@@ -170,6 +188,31 @@ def test_four_cold_nodes_seed_from_s3_at_once_and_no_credential_reaches_the_root
         assert not grep_tree(node, AWS_TEST_SECRET.encode()), "an AWS secret reached the root"
         assert AWS_TEST_SECRET not in out + _err
     assert not grep_tree(publisher, AWS_TEST_SECRET.encode())
+
+
+def test_an_s3_upload_that_fails_is_aborted_and_a_killed_publishers_by_the_next(tmp_path, served_upstream, s3,
+                                                                             bucket, kill_log):
+    """Regression: a publisher killed during an S3 multipart upload left the upload open for
+    ever (its parts billed, invisible to pruning). A failed upload is aborted at once; one a
+    killed publisher left is aborted by the next publish, --prune-after after it began."""
+    repo, url = served_upstream
+    repo.commit({"big.bin": os.urandom(12 << 20)}, message="a bundle of two parts")  # > one 8 MiB part
+    store = f"s3://{bucket}/fleet"
+    publisher = str(tmp_path / "publisher")
+
+    def uploads() -> list[str]:
+        return [u["Key"] for u in s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+    code, answer, out = run_cli("bundle", "publish", url, "--to", store, root=publisher,
+                                env={**s3.env, "CHECKOUTCACHE_TEST_ENOSPC_AT": "during-upload"})
+    assert code == 1 and answer["published"][0]["action"] == "failed", out
+    assert uploads() == []  # aborted on the failure
+    code, _, out = run_cli("bundle", "publish", url, "--to", store, root=publisher,
+                           env={**s3.env, "CHECKOUTCACHE_TEST_KILL_AT": "during-upload"})
+    assert code == -9 and open(kill_log).read().startswith("during-upload "), out
+    assert len(uploads()) == 1  # the killed publisher's
+    report = publish(publisher, url, store, "--prune-after", "0", env=s3.env)
+    assert report["action"] == "full" and uploads() == [], report
 
 
 def test_the_s3_store_down_costs_speed_only(tmp_path, served_upstream):

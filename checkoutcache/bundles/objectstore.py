@@ -30,11 +30,14 @@ from typing import Protocol
 
 from checkoutcache.bundleuri import TMP_PREFIX, BundleLocation
 from checkoutcache.credentials import strip_userinfo
+from checkoutcache.testhooks import checkpoint
 
 # An S3 endpoint (AWS_ENDPOINT_URL_S3) on plain http is refused unless this is "1".
 ALLOW_HTTP_S3_VAR = "CHECKOUTCACHE_S3_ALLOW_HTTP"
 
 CHUNK = 1 << 20
+# S3 parts (5 MiB at least but for the last): a bundle larger than one part goes in parts.
+MULTIPART_PART = 8 << 20
 
 
 class StoreError(Exception):
@@ -57,6 +60,8 @@ class RepositoryFolder(Protocol):
     def list(self) -> list[tuple[str, float]]: ...
 
     def delete(self, name: str) -> None: ...
+
+    def abort_stale_uploads(self, now: float, older_than: float) -> list[str]: ...
 
 
 def _too_large(name: str, limit: int) -> StoreError:
@@ -159,6 +164,9 @@ class FileFolder:
         except OSError as exc:
             raise StoreError(f"{self.where}: {exc.strerror}") from None
 
+    def abort_stale_uploads(self, now: float, older_than: float) -> list[str]:
+        return []  # a file store's objects in the making are temp files, pruned with the rest
+
     def delete(self, name: str) -> None:
         try:
             os.unlink(self._path(name))
@@ -228,14 +236,54 @@ class S3Folder:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            if isinstance(source, bytes):
-                self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=source)
-            else:  # multipart for large bundles: the object appears when the upload completes
-                self.client.upload_file(source, self.bucket, self._key(name))
+            if isinstance(source, bytes) or os.path.getsize(source) <= MULTIPART_PART:
+                body = source if isinstance(source, bytes) else open(source, "rb").read()
+                self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=body)
+            else:  # a large bundle: the object appears when the upload completes
+                self._multipart(name, source)
         except (BotoCoreError, ClientError) as exc:
             raise self._error(name, exc) from None
-        except Exception as exc:  # boto3's transfer manager wraps failures in its own types
-            raise StoreError(f"{self.where}/{name}: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+    def _multipart(self, name: str, source: str) -> None:
+        """An upload of parts, aborted on any failure; one its publisher could not abort
+        (killed) is aborted by a later publish (abort_stale_uploads)."""
+        key = self._key(name)
+        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            with open(source, "rb") as handle:
+                while chunk := handle.read(MULTIPART_PART):
+                    answer = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload,
+                                                     PartNumber=len(parts) + 1, Body=chunk)
+                    parts.append({"PartNumber": len(parts) + 1, "ETag": answer["ETag"]})
+                    checkpoint("during-upload")
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload,
+                                                  MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+            except Exception:  # the store went away: a later publish aborts it
+                pass
+            raise
+
+    def abort_stale_uploads(self, now: float, older_than: float) -> list[str]:
+        """Abort the folder's multipart uploads begun more than older_than before now (the
+        store's clock): a killed publisher's. Returns their object names."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        prefix = self._key("")
+        aborted = []
+        try:
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
+                                                                                      Prefix=prefix):
+                for upload in page.get("Uploads", []):
+                    if now - upload["Initiated"].timestamp() >= older_than:
+                        self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                           UploadId=upload["UploadId"])
+                        aborted.append(upload["Key"][len(prefix):])
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error("", exc) from None
+        return aborted
 
     def list(self) -> list[tuple[str, float]]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -308,7 +356,7 @@ class HttpsFolder:
     def _read_only(self, *_args) -> None:
         raise StoreError(f"{self.where} is read-only: publish to the s3:// or file:// location behind it")
 
-    write = delete = _read_only
+    write = delete = abort_stale_uploads = _read_only
 
     def list(self) -> list[tuple[str, float]]:
         self._read_only()

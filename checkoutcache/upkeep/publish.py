@@ -229,6 +229,8 @@ class Publisher:
             # nothing prunes late, never early).
             now = max([modified for _name, modified in stored], default=time.time())
             plan = plan_prune(stored, listed, now, self.options.prune_after)
+            for aborted in folder.abort_stale_uploads(now, self.options.prune_after):
+                self.log(f"aborted an upload of {aborted} a publisher left unfinished")
             for bundle in plan.retire:
                 folder.write(retired_name(bundle), b"")
             for name in plan.delete + plan.relisted:
