@@ -292,7 +292,7 @@ def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
         assert os.listdir(store.scratch_dir) == []
         assert_checkout_matches(first, upstream.path, upstream.shas[0])
         assert_checkout_matches(second, upstream.path, upstream.shas[1])
-        assert git("cat-file", "-e", upstream.shas[2], cwd=store.mirror) == ""
+        git("fsck", "--connectivity-only", "--no-dangling", cwd=store.mirror)  # whatever the disk let in, sound
         for path in (first, second):
             make_idle(path, 3600)
         code, report, _ = run_cli("gc", "--max-checkouts", "0", "--grace", "1m", root=root)
