@@ -278,10 +278,10 @@ def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
     try:
         first = wait_ready(root, upstream.path, upstream.shas[0], env=env)["path"]
         second = wait_ready(root, upstream.path, upstream.shas[1], env=env)["path"]
-        if real:  # fill the filesystem until less than the next checkout fits
+        if real:  # fill the filesystem until the next commit's objects fit, but not its checkout too
             free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
             with open(os.path.join(mount, "balloon"), "wb") as balloon:
-                balloon.write(b"\0" * max(0, free - (512 << 10)))
+                balloon.write(b"\0" * max(0, free - (1536 << 10)))
             fault = {}
         else:
             fault = {"CHECKOUTCACHE_TEST_ENOSPC_AT": "before-checkout"}

@@ -418,8 +418,14 @@ class Worker:
             received.update({k: update[k] for k in ("total_objects", "bytes") if isinstance(update.get(k), int)})
             self.on_progress(update)
 
-        self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential,
-                                                     track, self.log, keep_fds))
+        try:
+            self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential,
+                                                         track, self.log, keep_fds))
+        except CheckoutCacheError:
+            # What the failed fetch wrote (a part of a pack, loose objects) goes now: under our
+            # mirror lock no other git writes, and on a full disk it is what the retry needs.
+            mirror.remove_stale_leftovers(self.paths.mirror, min_age=0.0)
+            raise
         seed = records.read_json(self.paths.seed_record, records.SEED)
         if seed and seed.get("seeded"):  # what upstream sent since seeding, for status and metrics
             upstream = seed.setdefault("upstream", {})

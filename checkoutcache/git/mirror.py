@@ -1,6 +1,7 @@
 """What killed or failed git processes leave in a mirror, found and removed from
 what is on disk: lock files (`*.lock`), temporary packs (`tmp_pack_*`,
-`tmp_idx_*`, `.tmp-*` of a repack) and `pack-*.keep` files (git writes one
+`tmp_idx_*`, `.tmp-*` of a repack), temporary loose objects (`tmp_obj_*`) and
+`pack-*.keep` files (git writes one
 while a fetch's pack is not yet referenced, and removes it after; a fetch
 killed in between leaves it, and that pack then survives every gc).
 
@@ -38,9 +39,14 @@ def git_lock_files(mirror: str) -> list[str]:
 
 
 def pack_leftovers(mirror: str) -> list[str]:
-    """Temporary packs and stale .keep files in objects/pack (relative paths)."""
-    return [os.path.join("objects", "pack", name) for name in _files(os.path.join(mirror, "objects", "pack"))
-            if _PACK_LEFTOVER.match(name)]
+    """Temporary packs and stale .keep files in objects/pack, and temporary loose
+    objects (objects/tmp_obj_*, objects/xx/tmp_obj_*), as relative paths."""
+    found = [os.path.join("objects", "pack", name) for name in _files(os.path.join(mirror, "objects", "pack"))
+             if _PACK_LEFTOVER.match(name)]
+    for directory in ["", *(f"{n:02x}" for n in range(256))]:
+        found += [os.path.join("objects", directory, name)
+                  for name in _files(os.path.join(mirror, "objects", directory)) if name.startswith("tmp_obj_")]
+    return found
 
 
 def remove_stale_leftovers(mirror: str, now: float | None = None, min_age: float = STALE_GIT_LOCK_AGE) -> list[str]:
