@@ -159,6 +159,10 @@ def longpoll_wait(st: AppState, seconds: float) -> tuple[int, bytes, list]:
     return ready_answer(st)
 
 
+CHUNKED_REFUSED = (400, b'{"error": "BAD_ARGUMENT", "what": "send Content-Length, not a chunked body"}\n',
+                   [(b"connection", b"close")])
+
+
 def parse_body(body: bytes) -> dict | tuple[int, bytes, list]:
     if not body:
         return {}
@@ -237,6 +241,8 @@ async def asgi_ensure(st: AppState, scope, receive) -> tuple[int, bytes, list]:
     headers = dict(scope["headers"])
     if not authorized(st, headers.get(b"authorization")):
         return _json(401, {"error": "UNAUTHORIZED"}, [(b"www-authenticate", b'Bearer realm="checkoutcache"')])
+    if b"transfer-encoding" in headers:
+        return CHUNKED_REFUSED  # as serve today: a body's length is known before it is read
     length = headers.get(b"content-length", b"0")
     if not length.isdigit() or int(length) > MAX_BODY:
         # not read: the server must not take what follows as a next request
@@ -256,6 +262,8 @@ async def asgi_ensure(st: AppState, scope, receive) -> tuple[int, bytes, list]:
             return _json(413, {"error": "PAYLOAD_TOO_LARGE"}, [(b"connection", b"close")])
         chunks.append(chunk)
         more = message.get("more_body", False)
+    if size != int(length):
+        return _json(400, {"error": "BAD_ARGUMENT", "what": "the body ended early"}, [(b"connection", b"close")])
     params = parse_body(b"".join(chunks))
     if isinstance(params, tuple):
         return params
@@ -297,26 +305,21 @@ async def rsgi_ensure(st: AppState, scope, proto) -> tuple[int, bytes, list]:
     h = scope.headers
     if not authorized(st, (h.get("authorization") or "").encode("latin-1")):
         return _json(401, {"error": "UNAUTHORIZED"}, [(b"www-authenticate", b'Bearer realm="checkoutcache"')])
+    if "transfer-encoding" in h:
+        return CHUNKED_REFUSED
     length = h.get("content-length") or "0"
     if not length.isdigit() or int(length) > MAX_BODY:
         return _json(413, {"error": "PAYLOAD_TOO_LARGE"}, [(b"connection", b"close")])
-
-    async def read() -> bytes | None:
-        chunks, size = [], 0
-        async for chunk in proto:
-            size += len(chunk)
-            if size > MAX_BODY:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
-
+    # `await proto()`, not `async for chunk in proto`: the iterator ends quietly on a
+    # truncated or malformed body (the app would see a short body); the call raises.
     try:
-        body = await asyncio.wait_for(read(), st.body_deadline) if (int(length) or h.get("transfer-encoding")) \
-            else b""
+        body = await asyncio.wait_for(proto(), st.body_deadline) if int(length) else b""
     except asyncio.TimeoutError:
         return _json(408, {"error": "BODY_TIMEOUT"}, [(b"connection", b"close")])
-    if body is None:
-        return _json(413, {"error": "PAYLOAD_TOO_LARGE"}, [(b"connection", b"close")])
+    except RuntimeError:  # RSGIProtocolClosed: the body ended early or was malformed
+        return _json(400, {"error": "BAD_ARGUMENT", "what": "the body ended early"}, [(b"connection", b"close")])
+    if len(body) != int(length):
+        return _json(400, {"error": "BAD_ARGUMENT", "what": "the body ended early"}, [(b"connection", b"close")])
     params = parse_body(body)
     if isinstance(params, tuple):
         return params
@@ -360,6 +363,8 @@ STATUS_TEXT = {200: "OK", 202: "Accepted", 400: "Bad Request", 408: "Request Tim
 def wsgi_ensure(st: AppState, environ) -> tuple[int, bytes, list]:
     if not authorized(st, (environ.get("HTTP_AUTHORIZATION") or "").encode("latin-1")):
         return _json(401, {"error": "UNAUTHORIZED"}, [(b"www-authenticate", b'Bearer realm="checkoutcache"')])
+    if environ.get("HTTP_TRANSFER_ENCODING"):
+        return CHUNKED_REFUSED
     length = environ.get("CONTENT_LENGTH") or "0"
     if not length.isdigit() or int(length) > MAX_BODY:
         return _json(413, {"error": "PAYLOAD_TOO_LARGE"}, [(b"connection", b"close")])
