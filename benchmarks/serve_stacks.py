@@ -356,7 +356,8 @@ def wsgi_app(environ, start_response):
     return [data]
 
 
-STATUS_TEXT = {200: "OK", 202: "Accepted", 400: "Bad Request", 408: "Request Timeout", 401: "Unauthorized", 404: "Not Found",
+STATUS_TEXT = {200: "OK", 202: "Accepted", 400: "Bad Request", 408: "Request Timeout", 401: "Unauthorized",
+               404: "Not Found",
                405: "Method Not Allowed", 413: "Payload Too Large", 503: "Service Unavailable"}
 
 
@@ -493,7 +494,8 @@ def embed_main(spec: dict) -> int:
     h1 = HTTP1Settings(header_read_timeout=int(spec["header_timeout"] * 1000), keep_alive=True,
                        max_buffer_size=spec.get("max_buffer", 64 * 1024))
     rsgi = spec.get("interface") == "rsgi"
-    common = dict(interface=Interfaces.RSGI if rsgi else Interfaces.ASGINL, http=HTTPModes.http1, websockets=False, http1_settings=h1,
+    common = dict(interface=Interfaces.RSGI if rsgi else Interfaces.ASGINL, http=HTTPModes.http1, websockets=False,
+                  http1_settings=h1,
                   backlog=2048, backpressure=spec.get("backpressure", 4096), log_level="warning")
     api = rsgi_with_access_log(make_rsgi_app(False)) if rsgi else with_access_log(asgi_app, False)
     health = rsgi_with_access_log(make_rsgi_app(True)) if rsgi else with_access_log(asgi_app, True)
@@ -518,6 +520,10 @@ def embed_main(spec: dict) -> int:
         stopper = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         started = time.monotonic()
+        # The bound holds even if something blocks the loop: a watchdog thread exits.
+        watchdog = threading.Timer(spec["drain"] + 1.0, os._exit, (1,))
+        watchdog.daemon = True
+        watchdog.start()
         st.shutdown.set()  # waiting long-polls answer 503 + Retry-After now
         for s in servers:
             s.stop()  # stop accepting, close idle keep-alive connections, let in-flight answers finish
@@ -528,6 +534,7 @@ def embed_main(spec: dict) -> int:
         reaper_tick.cancel()
         if pending:
             os._exit(1)  # the bound passed: what is still in flight is cut off
+        watchdog.cancel()
         return 0
 
     import uvloop
@@ -535,7 +542,10 @@ def embed_main(spec: dict) -> int:
         code = runner.run(main())
     st.ready_pool.shutdown(wait=False)
     st.longpoll_pool.shutdown(wait=False)
-    return code
+    sys.stdout.flush()
+    # os._exit, not return: interpreter exit joins executor threads, and a thread
+    # stuck in flock() would hold the exit past any bound.
+    os._exit(code)
 
 
 async def _periodic(fn, every: float) -> None:
@@ -612,7 +622,8 @@ def variants(args) -> list[Variant]:
         Variant("uvicorn-httptools", lambda p: uvicorn + ["--port", str(p.api), "--http", "httptools",
                                                           "serve_stacks:asgi_app"]),
         Variant("uvicorn-h11", lambda p: uvicorn + ["--port", str(p.api), "--http", "h11", "serve_stacks:asgi_app"]),
-        Variant("hypercorn", lambda p: [PY, "-m", "hypercorn", "--bind", f"127.0.0.1:{p.api}", "--keep-alive", str(int(args.header_timeout)),
+        Variant("hypercorn", lambda p: [PY, "-m", "hypercorn", "--bind", f"127.0.0.1:{p.api}",
+                                        "--keep-alive", str(int(args.header_timeout)),
                                         "--read-timeout", str(int(args.header_timeout)), "--graceful-timeout", grace,
                                         "--backlog", "2048", "--log-level", "warning", "--worker-class", "uvloop",
                                         "serve_stacks:asgi_app"],
@@ -881,7 +892,8 @@ def measure_load(run: Running, args) -> dict:
     wall, server = time.monotonic() - t0, cpu_seconds(run.proc.pid) - cpu0
     out["ready"]["server_cores"] = round(server / wall, 2)
     # machine CPU less the server's and wrk's: other sessions on this machine
-    out["ready"]["other_cores"] = round(max(0.0, machine_busy_s() - busy0 - server - out["ready"]["wrk_cpu_s"]) / wall, 2)
+    others = machine_busy_s() - busy0 - server - out["ready"]["wrk_cpu_s"]
+    out["ready"]["other_cores"] = round(max(0.0, others) / wall, 2)
     return out
 
 
@@ -893,7 +905,6 @@ async def _attack(spec: dict) -> dict:
     answers: dict[str, collections.Counter] = {"flood": collections.Counter(), "longpoll": collections.Counter(),
                                                 "idle": collections.Counter()}
     stop = asyncio.Event()
-    ready = {"idle": 0}
 
     async def until_stop(coro):
         task = asyncio.ensure_future(coro)
@@ -1218,8 +1229,8 @@ def check_listeners(run: Running) -> dict:
         out["uds_ready_status"] = unix_request(run.ports.uds, run.ready_request())
     if run.variant.health_port:
         h = run.ports.health
-        out["health_port_healthz"] = raw_request(h, f"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".encode(), 5)["status"]
-        out["health_port_metrics"] = raw_request(h, f"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".encode(), 5)["status"]
+        out["health_port_healthz"] = raw_request(h, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 5)["status"]
+        out["health_port_metrics"] = raw_request(h, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 5)["status"]
         out["health_port_api"] = raw_request(h, run.ready_request(), 5)["status"]
     return out
 
@@ -1363,7 +1374,8 @@ def summarize(name: str, rows: list[dict]) -> dict:
 
 def print_tables(results: dict) -> None:
     print("\n## Load: 64 keep-alive connections (wrk -t1), median over rounds\n")
-    print("| stack | /hello rps | ready rps | ready/hello | ready p50 ms | ready p99 ms | server us/req | others' cores | "
+    print("| stack | /hello rps | ready rps | ready/hello | ready p50 ms | ready p99 ms | server us/req | "
+          "others' cores | "
           "errors | p99 bar | serve needs rps |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     for s in results["summary"]:
