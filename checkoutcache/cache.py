@@ -19,7 +19,8 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import (DEFAULT_SCOPE, LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE,
                                     SUBMODULES_SETTING_VAR, RepoSpec, parse_commit, parse_repo)
 from checkoutcache.store.layout import RepoPaths, RootPaths, default_root, existing_key
-from checkoutcache.store.ready import lfs_of, open_marker_shared, ready_record, record_use, submodules_of
+from checkoutcache.store.ready import (SHARED_LOCK_WAIT, lfs_of, open_marker_shared, ready_record, record_use,
+                                      submodules_of)
 
 MAX_WAIT = 24 * 3600.0
 
@@ -101,22 +102,15 @@ class Cache:
         Bad input answers `failed` with an input error code (exit_code 2) and writes nothing.
         """
         try:
-            sha = parse_commit(commit)
-            spec = parse_repo(repo, scope, lfs=self.lfs_setting(), submodules=self.submodules_setting())
+            spec, sha = self.request(repo, commit, scope)
             if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT \
                     or math.isnan(wait):
                 raise CheckoutCacheError("BAD_ARGUMENT", what=f"wait must be 0 to {MAX_WAIT:g} seconds")
         except CheckoutCacheError as exc:
             return Answer.from_error(exc)
-        spec = store_key(self.paths, spec)
-        paths = self.paths.repo(spec.key)
-        try:
-            record = ready_record(paths.ready_marker(sha))
-        except OSError:
-            record = None  # a marker we may not open: the coordinator answers what and where
-        if record is not None:
-            return Answer(state=State.READY, commit=sha, repo=spec.url, path=paths.checkout(sha), lfs=lfs_of(record),
-                          submodules=submodules_of(record))
+        ready = self.ready_answer(spec, sha)
+        if ready is not None:
+            return ready
         from checkoutcache.clone.coordinator import Coordinator
         from checkoutcache.clone.spawn import worker_starter
 
@@ -126,6 +120,27 @@ class Cache:
             return Answer.from_error(exc)
         return Coordinator(self.paths, config, spec, sha, worker_starter(self.fork_workers)).run(float(wait),
                                                                                                 on_progress)
+
+    def request(self, repo: str, commit: str, scope: str = DEFAULT_SCOPE) -> tuple[RepoSpec, str]:
+        """The validated (spec, commit) of a request, with the key of the store to use;
+        CheckoutCacheError (an input error) when it is malformed."""
+        sha = parse_commit(commit)
+        spec = parse_repo(repo, scope, lfs=self.lfs_setting(), submodules=self.submodules_setting())
+        return store_key(self.paths, spec), sha
+
+    def ready_answer(self, spec: RepoSpec, sha: str, lock_wait: float = SHARED_LOCK_WAIT) -> Answer | None:
+        """The ready answer when the checkout is published (its use recorded), else None.
+        lock_wait 0: never block (a sidecar's event loop asks so, and on None hands the
+        request to a thread that may wait)."""
+        paths = self.paths.repo(spec.key)
+        try:
+            record = ready_record(paths.ready_marker(sha), lock_wait)
+        except OSError:
+            record = None  # a marker we may not open: the coordinator answers what and where
+        if record is None:
+            return None
+        return Answer(state=State.READY, commit=sha, repo=spec.url, path=paths.checkout(sha), lfs=lfs_of(record),
+                      submodules=submodules_of(record))
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
              on_progress: Callable[[Answer], None] | None = None) -> Hold:

@@ -4,16 +4,21 @@ the same Answer objects as the library.
     from checkoutcache.client import Client
     client = Client("http://127.0.0.1:8787", token=open("/run/secrets/cc-token").read().strip())
     client = Client(unix="/cache/checkoutcache.sock")           # the socket; a token only if serve wants one
-    answer = client.ensure(repo, commit, wait=60)                 # Answer: ready, cloning or failed
+    answer = client.ensure(repo, commit, wait="15m")              # Answer: ready, cloning or failed
     with client.hold(repo, commit, wait=60) as held:              # held against gc until the block ends
-        run_tool(held.answer.path)
+        run_tool(held.answer.path)                                # (HoldFailed if it could not be held)
+    report = client.status()                                      # Status: .repos, .totals, ...
 
 Every API failure (bad input, unauthorized, forbidden repository, too many
 holds, a busy server) comes back as an Answer with state `failed` and its
-error code, as the library answers; ClientError is raised only when the
-server cannot be reached or does not answer as the API says. One Client keeps
-one keep-alive connection and may be shared by threads (requests take turns);
-use a Client per thread for parallel requests.
+error code, as the library answers, except from `hold()`, which raises
+HoldFailed (carrying that Answer) so that a `with` block never runs unheld.
+ClientError is raised when the server cannot be reached or does not answer
+as the API says. Durations are what the API takes: seconds, or a form such as
+"15m". One Client keeps one keep-alive connection and may be shared by
+threads (requests take turns); use a Client per thread for parallel
+requests. A connection the server closed (after a refused request, or idle)
+is opened anew for the next request.
 """
 
 from __future__ import annotations
@@ -23,16 +28,26 @@ import json
 import socket
 import threading
 import urllib.parse
+from typing import Any
 
 import attrs
 
 from checkoutcache.answers import Answer, State
 
 _ANSWER_FIELDS = {field.name for field in attrs.fields(Answer)}
+Duration = float | int | str
 
 
 class ClientError(Exception):
     """The server could not be reached, or answered outside the API."""
+
+
+class HoldFailed(Exception):
+    """A hold the server did not make: `answer` says why (cloning, failed, TOO_MANY_HOLDS...)."""
+
+    def __init__(self, answer: Answer):
+        super().__init__(f"not held: {answer.state}" + (f" {answer.error}: {answer.message}" if answer.error else ""))
+        self.answer = answer
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -53,6 +68,94 @@ def answer_from_json(body: dict) -> Answer:
     values.setdefault("repo", None)
     values["state"] = State(values.get("state", "failed"))
     return Answer(**values)
+
+
+def _typed(cls, data: dict):
+    """An attrs value from a JSON object: its known fields (a newer server may add others)."""
+    names = {field.name for field in attrs.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@attrs.frozen
+class Totals:
+    checkouts: int
+    bytes: int
+    max_checkouts: int | None = None
+    max_bytes: int | None = None
+    grace_seconds: float | None = None
+    min_free: str | None = None
+    disk: dict | None = None
+
+
+@attrs.frozen
+class Checkout:
+    commit: str
+    path: str
+    ready: bool
+    intact: bool
+    size: int
+    held: bool
+    last_used: str | None = None
+    idle_seconds: int | None = None
+    protected: str | None = None
+    lfs: str | None = None
+    lfs_why: str | None = None
+    unreadable: str | None = None
+
+
+@attrs.frozen
+class RepoStatus:
+    key: str
+    repo: str | None
+    scope: str | None
+    checkouts: list[Checkout]
+    clones: list[dict] = attrs.Factory(list)
+    failures: list[dict] = attrs.Factory(list)
+    scratch: list[dict] = attrs.Factory(list)
+    stuck_in_trash: list[dict] = attrs.Factory(list)
+    lfs: dict | None = None
+    seed: dict | None = None
+    problems: list[dict] = attrs.Factory(list)
+
+
+@attrs.frozen
+class Status:
+    """GET /v1/status: what the root holds (a scoped token sees its scopes only)."""
+
+    root: str
+    repos: list[RepoStatus]
+    totals: Totals
+    unreachable: list[dict] = attrs.Factory(list)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Status":
+        repos = [_typed(RepoStatus, {**r, "checkouts": [_typed(Checkout, c) for c in r.get("checkouts", [])]})
+                 for r in data.get("repos", [])]
+        return cls(root=data["root"], repos=repos, totals=_typed(Totals, data["totals"]),
+                   unreachable=data.get("unreachable", []))
+
+
+@attrs.frozen
+class GcResult:
+    """POST /v1/gc: what one gc run removed, kept and could not do."""
+
+    dry_run: bool
+    skipped: str | None
+    removed: list[dict]
+    kept_over_limit: list[dict]
+    unmet: list[dict]
+    bytes_freed: int
+    mirrors: list[dict] = attrs.Factory(list)
+    unremovable: list[dict] = attrs.Factory(list)
+    clock_repaired: list[dict] = attrs.Factory(list)
+    problems: list[dict] = attrs.Factory(list)
+    disk_before: dict | None = None
+    disk_after: dict | None = None
+    totals_after: dict | None = None
+
+    @classmethod
+    def from_json(cls, data: dict) -> "GcResult":
+        return _typed(cls, data)
 
 
 @attrs.define
@@ -80,6 +183,16 @@ class ClientHold:
         self.release()
 
 
+def _seconds(wait: Duration) -> float:
+    """How long a request may take beyond the client's timeout: the wait it asks for."""
+    from checkoutcache.units import parse_duration
+
+    try:
+        return parse_duration(wait, "wait")
+    except Exception:
+        return 0.0  # the server answers the input error
+
+
 class Client:
     def __init__(self, url: str | None = None, unix: str | None = None, token: str | None = None,
                  timeout: float = 60.0):
@@ -99,32 +212,39 @@ class Client:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ endpoints
-    def ensure(self, repo: str, commit: str, wait: float = 0.0, scope: str = "default") -> Answer:
+    def ensure(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default") -> Answer:
         _status, body = self._request("POST", "/v1/ensure", {"repo": repo, "commit": commit, "wait": wait,
-                                                             "scope": scope}, wait)
+                                                             "scope": scope}, _seconds(wait))
         return answer_from_json(body)
 
-    def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = "default",
-             ttl: float | None = None) -> ClientHold:
-        request = {"repo": repo, "commit": commit, "wait": wait, "scope": scope}
+    def hold(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default",
+             ttl: Duration | None = None) -> ClientHold:
+        """Hold the checkout (ready first, within wait); HoldFailed when it is not held."""
+        request: dict[str, Any] = {"repo": repo, "commit": commit, "wait": wait, "scope": scope}
         if ttl is not None:
             request["ttl"] = ttl
-        _status, body = self._request("POST", "/v1/hold", request, wait)
-        return ClientHold(self, answer_from_json(body), body.get("hold"), body.get("expires_in"))
+        _status, body = self._request("POST", "/v1/hold", request, _seconds(wait))
+        answer = answer_from_json(body)
+        if not body.get("hold"):
+            raise HoldFailed(answer)
+        return ClientHold(self, answer, body["hold"], body.get("expires_in"))
 
     def release(self, hold_id: str) -> Answer | None:
         """None when released; the failed Answer (UNKNOWN_HOLD) otherwise."""
         status, body = self._request("POST", "/v1/release", {"hold": hold_id})
         return None if status == 200 else answer_from_json(body)
 
-    def status(self) -> dict:
-        return self._json_or_error("GET", "/v1/status")
+    def status(self) -> Status:
+        return Status.from_json(self._json_or_error("GET", "/v1/status"))
 
-    def gc(self, dry_run: bool = False, **limits) -> dict:
-        return self._json_or_error("POST", "/v1/gc", {"dry_run": dry_run, **limits})
+    def gc(self, dry_run: bool = False, **limits: Any) -> GcResult:
+        return GcResult.from_json(self._json_or_error("POST", "/v1/gc", {"dry_run": dry_run, **limits}))
 
     def health(self) -> dict:
         return self._request("GET", "/healthz")[1]
+
+    def ready(self) -> dict:
+        return self._request("GET", "/readyz")[1]
 
     def openapi(self) -> dict:
         return self._json_or_error("GET", "/openapi.json")
@@ -183,11 +303,12 @@ class Client:
                     self._conn.request(method, path, body=data, headers=headers)
                     response = self._conn.getresponse()
                     payload = response.read()
-                    if response.getheader("Connection", "").lower() == "close":
-                        self._conn.close()
+                    if response.will_close or response.getheader("Connection", "").lower() == "close":
+                        self._conn.close()  # the next request opens a fresh connection
                         self._conn = None
                     return response.status, response.getheader("Content-Type", ""), payload
-                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                        http.client.BadStatusLine) as exc:
                     self._conn.close()
                     self._conn = None
                     if attempt == 2:

@@ -1,7 +1,18 @@
-"""Every knob in one place: each setting declared once with its environment
-variable, default and one sentence of help. The CLI options, the worker's
-environment and the README's option table all follow from this class, so the
-same settings serve `ensure`, `gc` from cron and a sidecar.
+"""Every knob in one place: each setting declared once, with its environment
+variable, default, one sentence of help and how it is parsed. The commands'
+options (cli/commands.py: `--name` for every field), the environment a clone
+worker is given, the README's settings tables and the errors about a setting
+(which name the option or variable) all follow from these declarations, so the
+same settings serve `ensure`, cron's `gc` and a sidecar.
+
+- Config: how the cache behaves (limits, clones, submodules, LFS, bundles);
+  read by every command that touches the store, and by its clone workers.
+- ServeSettings: the sidecar's own (listeners, tokens, bounds, logs).
+- PublishSettings: `bundle publish`'s own (chains and pruning).
+
+An option given on the command line wins over the environment, which wins
+over the default; a malformed value is BAD_ARGUMENT naming where it came from
+(`--max-checkouts` or `CHECKOUTCACHE_MAX_CHECKOUTS`).
 """
 
 from __future__ import annotations
@@ -39,35 +50,110 @@ def _ref_patterns(value: str | tuple) -> tuple[str, ...]:
     return patterns
 
 
-def _on_off(variable: str) -> Callable[[Any], str]:
+def _on_off(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text not in ("on", "off"):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not on or off")
+    return text
+
+
+def _flag(value: Any) -> bool:
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not on or off")
+
+
+def _one_of(*allowed: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = str(value).strip().lower()
-        if text not in ("on", "off"):
-            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{variable}: {str(value)[:40]!r} is not on or off")
+        if text not in allowed:
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not {', '.join(allowed)}")
         return text
 
     return parse
 
 
+def _patterns(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (tuple, list)):
+        return tuple(str(v) for v in value if str(v).strip())
+    return tuple(p.strip() for p in str(value).split(",") if p.strip())
+
+
 def _transport(value: str) -> str:
     if value not in ("auto", "cli", "pygit2"):
-        raise CheckoutCacheError("BAD_ARGUMENT", what=f"transport {str(value)[:40]!r} is not auto, cli or pygit2")
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not auto, cli or pygit2")
     return value
 
 
-def setting(default: Any, env: str, help: str, parse: Callable[[Any], Any], show: str | None = None):
-    return attrs.field(default=default, metadata={"env": env, "help": help, "parse": parse,
-                                                  "show": show if show is not None else str(default)})
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def _size_text(value: int | None) -> str:
+    return f"{value}B"
+
+
+def setting(default: Any, env: str, help: str, parse: Callable[[Any], Any], show: str | None = None,
+            render: Callable[[Any], str] = str, flag: bool = False, many: bool = False):
+    """One setting: its environment variable, default, help, parser; render gives the value
+    back as the environment carries it; flag: a command-line switch; many: a repeatable option."""
+    return attrs.field(default=default, metadata={"env": env, "help": help, "parse": parse, "render": render,
+                                                  "show": show if show is not None else str(default),
+                                                  "flag": flag, "many": many})
+
+
+class Settings:
+    """What Config and ServeSettings share: reading, overriding and handing on."""
+
+    @classmethod
+    def from_env(cls, environ: os._Environ | dict[str, str] | None = None, **overrides: Any):
+        """Explicit overrides (command-line options) win over the environment, which wins over defaults."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for field in attrs.fields(cls):
+            raw, source = overrides.get(field.name), f"--{field.name.replace('_', '-')}"
+            if raw is None or raw == ():
+                raw, source = environ.get(field.metadata["env"]) or None, field.metadata["env"]
+            if raw is not None:
+                values[field.name] = _parsed(field, raw, source)
+        return cls(**values)
+
+    def with_overrides(self, **raw: Any):
+        """These settings with some replaced, each parsed from its human form."""
+        fields = attrs.fields_dict(type(self))
+        parsed = {name: _parsed(fields[name], value, name) for name, value in raw.items() if value is not None}
+        return attrs.evolve(self, **parsed)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process (the clone worker) see these settings."""
+        env = {}
+        for field in attrs.fields(type(self)):
+            value = getattr(self, field.name)
+            if value is not None:
+                listed = isinstance(value, tuple) and not hasattr(value, "_fields")  # a NamedTuple shows itself
+                env[field.metadata["env"]] = (",".join(value) or "none") if listed else field.metadata["render"](value)
+        return env
+
+
+def _parsed(field, raw: Any, source: str) -> Any:
+    try:
+        return field.metadata["parse"](raw)
+    except CheckoutCacheError as exc:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{source}: {exc.message}") from None
 
 
 @attrs.frozen
-class Config:
+class Config(Settings):
     grace: float = setting(900.0, "CHECKOUTCACHE_GRACE",
                            "A checkout used within this window is never evicted.", parse_duration, "15m")
     max_checkouts: int | None = setting(None, "CHECKOUTCACHE_MAX_CHECKOUTS",
                                         "gc keeps at most this many checkouts per root.", _count, "unlimited")
     max_bytes: int | None = setting(None, "CHECKOUTCACHE_MAX_BYTES",
-                                    "gc keeps checkouts within this many bytes in all.", parse_size, "unlimited")
+                                    "gc keeps checkouts within this many bytes in all.", parse_size, "unlimited",
+                                    _size_text)
     min_free: FreeTarget | None = setting(None, "CHECKOUTCACHE_MIN_FREE",
                                           "gc starts evicting when the disk has less free space than this.",
                                           parse_free, "off")
@@ -95,7 +181,7 @@ class Config:
         lambda v: _ref_patterns(v), "refs/pull/*,refs/merge-requests/*,refs/changes/*")
     fsck: str = setting("on", "CHECKOUTCACHE_FSCK",
                         "git checks every fetched object (fetch.fsckObjects): malformed trees, `..` or `.git` "
-                        "paths are refused before they reach a checkout (off: not checked).", _on_off("CHECKOUTCACHE_FSCK"))
+                        "paths are refused before they reach a checkout (off: not checked).", _on_off)
     max_review_refs: int = setting(2000, "CHECKOUTCACHE_MAX_REVIEW_REFS",
                                    "The most review refs one attempt fetches (newest first, in batches) looking for "
                                    "a commit the server refuses by id.", _count)
@@ -110,7 +196,7 @@ class Config:
                                   "SUBMODULE_FAILED.", _count)
     max_submodule_bytes: int = setting(4 << 30, "CHECKOUTCACHE_MAX_SUBMODULE_BYTES",
                                        "A commit whose submodules (all levels) hold more bytes fails with "
-                                       "SUBMODULE_FAILED.", parse_size, "4G")
+                                       "SUBMODULE_FAILED.", parse_size, "4G", _size_text)
     lfs: str = setting("on", "CHECKOUTCACHE_LFS",
                        "Check out Git LFS files with their content (on; needs git-lfs) or as pointer files (off). "
                        "Checkouts made under each setting are kept apart.", parse_lfs)
@@ -119,45 +205,88 @@ class Config:
         "Seed a new mirror from the bundles at this s3://, https:// or file:// location before fetching "
         "from upstream (README \"Fleets: seeding from bundles\"); also where `bundle publish` writes.",
         parse_bundle_uri, "off")
-
     seed_timeout: float = setting(120.0, "CHECKOUTCACHE_SEED_TIMEOUT",
                                   "The longest a new mirror spends taking in bundles; not counted in the clone "
                                   "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")
 
-    @classmethod
-    def from_env(cls, environ: os._Environ | dict[str, str] | None = None, **overrides: Any) -> "Config":
-        """Explicit overrides (CLI options) win over the environment, which wins over defaults."""
-        environ = os.environ if environ is None else environ
-        values = {}
+
+
+def _listen(value: Any) -> str:
+    text = str(value).strip()
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536 or (host and not host.strip("[]")):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{text[:60]!r} is not HOST:PORT or :PORT")
+    return text
+
+
+@attrs.frozen
+class ServeSettings(Settings):
+    """The sidecar's own settings (`checkoutcache serve`)."""
+
+    listen: str = setting("127.0.0.1:8787", "CHECKOUTCACHE_LISTEN",
+                          "The API's TCP address (`:PORT` is loopback); loopback only unless allow-remote.", _listen)
+    unix: str | None = setting(None, "CHECKOUTCACHE_UNIX_SOCKET",
+                               "Serve the API on this Unix socket (mode 0660) instead of TCP.", _text, "off")
+    health_listen: str | None = setting(None, "CHECKOUTCACHE_HEALTH_LISTEN",
+                                        "A second TCP address serving only /healthz, /readyz and /metrics, without "
+                                        "a token (for a kubelet and Prometheus; e.g. 0.0.0.0:8788).", _listen, "off")
+    allow_remote: bool = setting(False, "CHECKOUTCACHE_ALLOW_REMOTE",
+                                 "Allow the API's TCP address to be a non-loopback one.", _flag, "off", flag=True)
+    gc_interval: float = setting(300.0, "CHECKOUTCACHE_GC_INTERVAL", "Run gc this often (0: never).",
+                                 parse_duration, "5m")
+    token_file: str | None = setting(None, "CHECKOUTCACHE_API_TOKEN_FILE",
+                                     "Bearer tokens, one `TOKEN [SCOPE,...]` per line (a token is needed over TCP; "
+                                     "or give one in CHECKOUTCACHE_API_TOKEN).", _text, "none")
+    allow_repo: tuple[str, ...] = setting((), "CHECKOUTCACHE_API_REPOS",
+                                          "Repositories the API may name: shell patterns over the normalized URL, "
+                                          "e.g. 'https://github.com/acme/*' (repeatable, or comma-separated).",
+                                          _patterns, "any remote", many=True)
+    allow_local: bool = setting(False, "CHECKOUTCACHE_API_ALLOW_LOCAL",
+                                "Let the API name absolute local paths and file:// URLs.", _flag, "off", flag=True)
+    max_connections: int = setting(4096, "CHECKOUTCACHE_MAX_CONNECTIONS",
+                                   "Connections open at once, idle ones included (each idle one is closed after "
+                                   "the 5 s header deadline).", _count)
+    max_waiting: int = setting(64, "CHECKOUTCACHE_MAX_WAITING",
+                               "Requests waiting on a clone at once (`wait` > 0); the next one is SERVER_BUSY with "
+                               "Retry-After. Ready answers never wait behind them.", _count)
+    max_wait: float = setting(600.0, "CHECKOUTCACHE_MAX_WAIT",
+                              "The longest `wait` a request may ask for (longer ones are cut to it).",
+                              parse_duration, "10m")
+    max_holds: int = setting(128, "CHECKOUTCACHE_MAX_HOLDS", "Holds at most, in all (each keeps a descriptor open).",
+                             _count)
+    max_holds_per_token: int = setting(32, "CHECKOUTCACHE_MAX_HOLDS_PER_TOKEN", "Holds at most per token.", _count)
+    stop_timeout: float = setting(20.0, "CHECKOUTCACHE_STOP_TIMEOUT",
+                                  "On SIGTERM, in-flight answers get this long to finish (waiting requests are "
+                                  "answered SHUTTING_DOWN at once); then the process exits.", parse_duration, "20s")
+    log_format: str = setting("text", "CHECKOUTCACHE_LOG_FORMAT", "Log lines as text or as JSON objects (json).",
+                              _one_of("text", "json"))
+    log_level: str = setting("info", "CHECKOUTCACHE_LOG_LEVEL",
+                             "The least severe log lines written: debug, info (one access line per request), "
+                             "warning or error.", _one_of("debug", "info", "warning", "error"))
+    ready_file: str | None = setting(None, "CHECKOUTCACHE_READY_FILE",
+                                     "Write the listening addresses here once serving (for scripts and tests).",
+                                     _text, "none")
+
+
+@attrs.frozen
+class PublishSettings(Settings):
+    """`bundle publish`'s own settings (README "Fleets")."""
+
+    max_increments: int = setting(6, "CHECKOUTCACHE_BUNDLE_MAX_INCREMENTS",
+                                  "Increments on one full bundle before the next full one.", _count)
+    full_every: float = setting(7 * 86400.0, "CHECKOUTCACHE_BUNDLE_FULL_EVERY", "A new full bundle at least this often.",
+                                parse_duration, "7d")
+    prune_after: float = setting(3600.0, "CHECKOUTCACHE_BUNDLE_PRUNE_AFTER",
+                                 "Delete bundles no list names (and abort uploads a killed publisher left) once older "
+                                 "than this: readers of the old list finish first.", parse_duration, "1h")
+
+
+def options_table(*classes: type) -> str:
+    """A README settings table (of Config unless told), from the same declarations."""
+    rows = ["| option | environment | default | meaning |", "| --- | --- | --- | --- |"]
+    for cls in classes or (Config,):
         for field in attrs.fields(cls):
-            raw = overrides.get(field.name)
-            if raw is None:
-                raw = environ.get(field.metadata["env"]) or None
-            if raw is not None:
-                values[field.name] = field.metadata["parse"](raw)
-        return cls(**values)
-
-    def with_overrides(self, **raw: Any) -> "Config":
-        """This config with some settings replaced, each parsed from its human form."""
-        fields = attrs.fields_dict(type(self))
-        parsed = {name: fields[name].metadata["parse"](value) for name, value in raw.items() if value is not None}
-        return attrs.evolve(self, **parsed)
-
-    def to_env(self) -> dict[str, str]:
-        """The environment that makes a child process (the clone worker) see this config."""
-        env = {}
-        for field in attrs.fields(type(self)):
-            value = getattr(self, field.name)
-            if value is not None:
-                listed = isinstance(value, tuple) and not hasattr(value, "_fields")  # a NamedTuple shows itself
-                env[field.metadata["env"]] = (",".join(value) or "none") if listed else str(value)
-        return env
-
-
-def options_table() -> str:
-    """The README's option table, from the same declarations."""
-    rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
-    for field in attrs.fields(Config):
-        name = field.name.replace("_", "-")
-        rows.append(f"| `--{name}` | `{field.metadata['env']}` | {field.metadata['show']} | {field.metadata['help']} |")
+            name = field.name.replace("_", "-")
+            rows.append(f"| `--{name}` | `{field.metadata['env']}` | {field.metadata['show']} | "
+                        f"{field.metadata['help']} |")
     return "\n".join(rows)

@@ -121,8 +121,9 @@ def git_auth(credential: Credential | None, url: str | None) -> tuple[dict[str, 
 
 
 # scheme://user[:password]@host -> scheme://host. Userinfo is either a credential
-# or an ssh login; for text we show, dropping both is the safe choice.
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+# or an ssh login; for text we show, dropping both is the safe choice. It runs to
+# the last '@' before the path: a password may hold a raw '@' (as urllib reads it).
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
 
 
 def strip_userinfo(text: str) -> str:

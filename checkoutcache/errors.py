@@ -121,8 +121,11 @@ _TABLE = [
               "the request body is larger than {limit} bytes",
               "send a JSON object of a few fields", http=413),
     ErrorCode("SERVER_BUSY", FAILURE,
-              "the server has {limit} connections open already",
+              "the server is at its limit: {why}",
               "retry after Retry-After", http=503),
+    ErrorCode("SHUTTING_DOWN", FAILURE,
+              "the server is stopping (SIGTERM)",
+              "retry after Retry-After, at the restarted sidecar", http=503),
 ]
 
 CODES: dict[str, ErrorCode] = {e.code: e for e in _TABLE}

@@ -1,8 +1,9 @@
 """Parsing the human forms of durations, sizes and free-space targets.
 
-Durations: `900` (seconds), `15m`, `1h`, `2d`, `1h30m`, `500ms`. Sizes: `1024`,
-`500M`, `20G`, `1.5T` (binary units: K = 1024). Free space: a size, or `10%`
-of the filesystem. Bad forms raise CheckoutCacheError("BAD_ARGUMENT"), and so
+Durations: `900` (seconds), `15m`, `1h`, `2d`, `1h30m`, `500ms`. Sizes, always
+with their unit: `1024B`, `500M`, `20G`, `1.5T` (binary units: K = 1024; a bare
+number is refused: `10` meant as 10 GiB would be 10 bytes). Free space: a size,
+or `10%` of the filesystem. Bad forms raise CheckoutCacheError("BAD_ARGUMENT"), and so
 does anything not finite (NaN, infinities, numbers too large for a float):
 a NaN grace window compares false with everything and would evict at once.
 """
@@ -66,7 +67,10 @@ def parse_size(value: str | int, what: str = "the size") -> int:
     text = str(value).strip()
     match = _SIZE.fullmatch(text) if len(text) <= 32 else None
     if match is None or (match.group(3) and match.group(3).lower() not in ("b", "ib")):
-        raise _bad(what, value, "bytes or a form such as 500M, 20G, 1.5T")
+        raise _bad(what, value, "a size with its unit, such as 1024B, 500M, 20G, 1.5T")
+    if not match.group(2) and not match.group(3):
+        # A bare number is ambiguous (10 meant as 10 GiB is 10 bytes): a unit, always.
+        raise _bad(what, value, "a size with its unit, such as 1024B, 500M, 20G, 1.5T (a bare number is ambiguous)")
     size = float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
     if not _finite(size) or size >= 1 << 63:
         raise _bad(what, value, "a size below 8 EiB")
@@ -86,7 +90,7 @@ class FreeTarget:
         return int(self.bytes or 0)
 
     def __str__(self) -> str:
-        return f"{self.percent:g}%" if self.percent is not None else str(self.bytes)
+        return f"{self.percent:g}%" if self.percent is not None else f"{self.bytes}B"
 
 
 def parse_free(value: str | int, what: str = "the free-space target") -> FreeTarget:

@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from checkoutcache.config import options_table  # noqa: E402
+from checkoutcache.config import Config, PublishSettings, ServeSettings, options_table  # noqa: E402
 from checkoutcache.errors import CODES  # noqa: E402
 from checkoutcache.store import layout  # noqa: E402
 
@@ -33,7 +33,9 @@ def layout_contract() -> str:
     return "```\n" + "\n\n".join(layout.__doc__.split("\n\n")[2:]).rstrip() + "\n```"
 
 
-TABLES = {"settings": options_table, "errors": errors_table, "layout": layout_contract}
+TABLES = {"settings": lambda: options_table(Config), "serve-settings": lambda: options_table(ServeSettings),
+          "publish-settings": lambda: options_table(PublishSettings), "errors": errors_table,
+          "layout": layout_contract}
 
 
 def render(text: str) -> str:

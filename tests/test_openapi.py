@@ -76,7 +76,7 @@ def test_the_fuzzer_finds_no_undocumented_answer(case, fuzzed_serve):
 
 
 def test_the_document_lists_exactly_the_routes_serve_has():
-    from checkoutcache.serve.http import ROUTES
+    from checkoutcache.serve.app import ROUTES
 
     assert {path: sorted(m.upper() for m in ops) for path, ops in SPEC["paths"].items()} == \
         {path: sorted(methods) for path, methods in ROUTES.items()}

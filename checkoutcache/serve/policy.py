@@ -19,6 +19,7 @@ The CLI is not subject to any of this: it runs with its caller's own rights.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import hmac
 import os
 
@@ -36,7 +37,9 @@ ALL_SCOPES = "*"
 class Grant:
     """What one authenticated caller may use."""
 
-    name: str  # for hold accounting and logs: never the token itself
+    # Who it is, for holds, quotas and logs: a digest of the token (never the token), so
+    # the same token is the same caller whichever source gave it, and two tokens never are.
+    name: str
     scopes: frozenset[str] | None  # None: every scope
 
     def may_use(self, scope: str) -> bool:
@@ -108,9 +111,14 @@ def parse_tokens(text: str, source: str) -> tuple[tuple[str, Grant], ...]:
             raise CheckoutCacheError("BAD_ARGUMENT", what=f"{source} line {number}: a token must be at least "
                                                           f"16 characters")
         names = frozenset(s.strip() for s in scopes.split(",") if s.strip())
-        grant = Grant(f"token-{len(tokens) + 1}", None if not names or ALL_SCOPES in names else names)
+        grant = Grant(token_name(token), None if not names or ALL_SCOPES in names else names)
         tokens.append((token, grant))
     return tuple(tokens)
+
+
+def token_name(token: str) -> str:
+    """A token's name in logs and hold accounting: its digest's first 12 hex digits."""
+    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 def load_tokens(token_file: str | None, environ: dict | os._Environ) -> tuple[tuple[str, Grant], ...]:

@@ -4,37 +4,46 @@ It owns no state the CLI cannot read: every answer comes from the same Cache,
 coordinator and gc as the CLI, on the same root, side by side. Holds (for
 callers that run commands themselves) are the marker's shared lock, held by
 this process, with a lease: a hold not released within its TTL is dropped, so
-a client that died cannot pin a checkout forever.
+a client that died cannot pin a checkout forever. Holds and their quotas
+belong to a token's identity (policy.Grant.name, a digest of the token).
+
+Methods here block (locks, git, waits): the HTTP layer calls them from its
+thread pools, except `ready_now`, the ready answer that never blocks, which it
+calls on its event loop.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 import logging
+import math
 import os
 import shutil
 import threading
 import time
 import uuid
+from typing import Callable
 
 import attrs
 
 from checkoutcache.answers import Answer, State
 from checkoutcache.cache import Cache, Hold
-from checkoutcache.config import Config
+from checkoutcache.config import Config, ServeSettings
+from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CODES, CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE, parse_repo
 from checkoutcache.serve.metrics import SEED_OUTCOMES, SEED_REASONS, Metrics
 from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, tightened
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_root
+from checkoutcache.store.inventory import inventory
 from checkoutcache.units import parse_duration
-from checkoutcache.upkeep.gc import run_gc
+from checkoutcache.upkeep.gc import disk_of, run_gc
 from checkoutcache.upkeep.status import build_status
 
 log = logging.getLogger("checkoutcache.serve")
+events = logging.getLogger("checkoutcache.events")
 
 MAX_HOLD_TTL = 24 * 3600.0
 DEFAULT_HOLD_TTL = 3600.0
@@ -43,6 +52,12 @@ JOURNAL_ROTATE_BYTES = 1 << 20
 _PROBES = itertools.count()
 HTTP_STATUS = {State.READY: 200, State.CLONING: 202}
 MAX_RECENT_USES = 100_000
+# Scheduled gc runs failed in a row before /readyz says the sidecar is not ready.
+GC_FAILURES_NOT_READY = 3
+
+
+class Stopping(Exception):
+    """serve is stopping: a request waiting on a clone is answered SHUTTING_DOWN."""
 
 
 @attrs.define
@@ -52,27 +67,17 @@ class HeldCheckout:
     owner: str  # the grant's name: a caller sees and releases only its own holds
 
 
-@attrs.frozen
-class Bounds:
-    """What one serve process allows callers, whatever they ask."""
-
-    max_wait: float = 600.0
-    max_holds: int = 128
-    max_holds_per_token: int = 32
-
-
 class Service:
     """Everything the HTTP layer calls; one per serve process."""
 
-    def __init__(self, cache: Cache, config: Config, gc_interval: float, journal: str,
-                 policy: ApiPolicy | None = None, bounds: Bounds | None = None):
+    def __init__(self, cache: Cache, config: Config, settings: ServeSettings, journal: str,
+                 policy: ApiPolicy | None = None, version: str = "unknown"):
         self.cache = cache
         self.config = config
+        self.settings = settings
         self.policy = policy or ApiPolicy()
-        self.bounds = bounds or Bounds()
-        self.gc_interval = gc_interval
         self.journal = journal
-        self.metrics = Metrics(cache.paths)
+        self.metrics = Metrics(cache.paths, version)
         self.holds: dict[str, HeldCheckout] = {}
         # (repository key, commit) -> time.monotonic() of this process's last ready
         # answer for it: a forward jump of the wall clock cannot make our own gc evict
@@ -81,6 +86,8 @@ class Service:
         self.recent_lock = threading.Lock()
         self.holds_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.gc_failures = 0  # scheduled runs failed in a row
+        self.gc_last_error: str | None = None
         for name in ("max_checkouts", "max_bytes"):
             value = getattr(config, name)
             if value is not None:
@@ -93,18 +100,37 @@ class Service:
         scope = params.get("scope", DEFAULT_SCOPE)
         if not all(isinstance(v, str) for v in (repo, commit, scope)):
             raise CheckoutCacheError("BAD_ARGUMENT", what="repo, commit and scope must be strings")
-        wait = min(parse_duration(params.get("wait", 0), "wait"), self.bounds.max_wait)
+        wait = min(parse_duration(params.get("wait", 0), "wait"), self.settings.max_wait)
         self.policy.check_scope(grant, scope)
         self.policy.check_repo_argument(repo)
         self.policy.check_repo(parse_repo(repo, scope, cwd="/"))
         return repo, commit, wait, scope
 
+    def ready_now(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[Answer | None, float]:
+        """(the ready answer, the wait asked) when the checkout is published, without ever
+        blocking (the evictor's exclusive lock held: not now); (None, wait) when the
+        request must go to a thread. Input errors raise."""
+        repo, commit, wait, scope = self.request(params, grant)
+        spec, sha = self.cache.request(repo, commit, scope)
+        answer = self.cache.ready_answer(spec, sha, lock_wait=0.0)
+        if answer is not None:
+            self.answered(answer)
+        return answer, wait
+
     def ensure(self, params: dict, grant: Grant = ANONYMOUS) -> Answer:
         repo, commit, wait, scope = self.request(params, grant)
-        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope)
+        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.unless_stopping)
+        self.answered(answer)
+        return answer
+
+    def unless_stopping(self, _answer: Answer) -> None:
+        """The progress callback of a waiting request: serve stopping ends the wait."""
+        if self.stopping.is_set():
+            raise Stopping()
+
+    def answered(self, answer: Answer) -> None:
         self.metrics.answers.labels(answer.state, answer.error or "").inc()
         self.note_use(answer)
-        return answer
 
     def note_use(self, answer: Answer) -> None:
         if answer.state != State.READY or not answer.path:
@@ -135,9 +161,10 @@ class Service:
         if not 0 < ttl <= MAX_HOLD_TTL:
             raise CheckoutCacheError("BAD_ARGUMENT", what=f"ttl must be 0 to {MAX_HOLD_TTL:g} seconds")
         repo, commit, wait, scope = self.request(params, grant)
-        self.check_hold_room(grant)
-        held = self.cache.hold(repo, commit, wait=wait, scope=scope)
-        self.note_use(held.answer)
+        with self.holds_lock:
+            self.check_hold_room(grant)
+        held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.unless_stopping)
+        self.answered(held.answer)
         if not held.held:
             return http_status(held.answer), held.answer.to_json()
         hold_id = uuid.uuid4().hex
@@ -152,13 +179,13 @@ class Service:
         return 200, {"hold": hold_id, "expires_in": ttl, **held.answer.to_json()}
 
     def check_hold_room(self, grant: Grant) -> None:
-        """Each hold keeps a descriptor open: bounded in total and per caller."""
+        """Each hold keeps a descriptor open: bounded in total and per caller. Caller holds holds_lock."""
         held = len(self.holds)
         mine = sum(1 for h in self.holds.values() if h.owner == grant.name)
-        if held >= self.bounds.max_holds:
-            raise CheckoutCacheError("TOO_MANY_HOLDS", held=held, limit=self.bounds.max_holds, whose="in all")
-        if mine >= self.bounds.max_holds_per_token:
-            raise CheckoutCacheError("TOO_MANY_HOLDS", held=mine, limit=self.bounds.max_holds_per_token,
+        if held >= self.settings.max_holds:
+            raise CheckoutCacheError("TOO_MANY_HOLDS", held=held, limit=self.settings.max_holds, whose="in all")
+        if mine >= self.settings.max_holds_per_token:
+            raise CheckoutCacheError("TOO_MANY_HOLDS", held=mine, limit=self.settings.max_holds_per_token,
                                      whose="per token")
 
     def release(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[int, dict]:
@@ -193,24 +220,31 @@ class Service:
         config = self.config
         if from_api:  # a caller may only tighten the operator's limits
             config = tightened(self.config, self.config.with_overrides(**{k: params.get(k) for k in GC_SETTINGS}))
+        dry_run = params.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise CheckoutCacheError("BAD_ARGUMENT", what="dry_run must be true or false")
         started = time.monotonic()
         try:
-            dry_run = params.get("dry_run", False)
-            if not isinstance(dry_run, bool):
-                raise CheckoutCacheError("BAD_ARGUMENT", what="dry_run must be true or false")
             report = run_gc(self.cache.paths, config, dry_run=dry_run, used_within_grace=self.used_within_grace())
         except Exception:
             self.metrics.gc_runs.labels("error").inc()
             raise
-        self.metrics.gc_seconds.observe(time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self.metrics.gc_seconds.observe(seconds)
         self.metrics.gc_runs.labels("skipped" if report.skipped else "ok").inc()
         for removed in report.removed:
             self.metrics.evictions.labels(removed.reason).inc()
         if report.disk_after:
             self.metrics.disk_free.set(report.disk_after["free"])
+            self.metrics.disk_total.set(report.disk_after["total"])
         if report.checkouts_after is not None:
             self.metrics.checkouts.set(report.checkouts_after)
             self.metrics.bytes.set(report.bytes_after)
+        events.info("gc %s", "skipped: " + report.skipped if report.skipped else "ran", extra={
+            "event": "gc", "trigger": "api" if from_api else "schedule", "dry_run": dry_run,
+            "seconds": round(seconds, 3), "removed": len(report.removed), "bytes_freed": report.bytes_freed,
+            "checkouts_after": report.checkouts_after, "problems": len(report.problems),
+            "unmet": [u["limit"] for u in report.unmet]})
         return report.to_json()
 
     def status(self, grant: Grant = ANONYMOUS) -> dict:
@@ -222,10 +256,17 @@ class Service:
             report["totals"].update(checkouts=len(visible), bytes=sum(c["size"] for c in visible))
         return report
 
+    # ---------------------------------------------------------------- health
     def health(self) -> tuple[bool, dict]:
-        checks = {"root_writable": False, "locks_work": False}
-        # One probe file per call, locked, written and removed: concurrent probes
-        # never share a name or a lock, so one never fails another.
+        """/healthz: alive (the process answers). Nothing of the disk: a kubelet restarting
+        serve for a full disk would only lose its holds."""
+        return True, {"ok": True, "stopping": self.stopping.is_set()}
+
+    def readiness(self) -> tuple[bool, dict]:
+        """/readyz: the root is usable (created, written, locked), git is there, scheduled gc
+        is not failing, and serve is not stopping."""
+        checks: dict[str, object] = {"root_writable": False, "locks_work": False}
+        # One probe file per call, locked and removed: concurrent probes never share a name or a lock.
         probe = self.cache.paths.health_probe(f"{os.getpid()}-{next(_PROBES)}")
         try:
             init_root(self.cache.paths)
@@ -237,20 +278,36 @@ class Service:
         except (OSError, CheckoutCacheError) as exc:
             checks["root_error"] = getattr(exc, "message", str(exc))
         finally:
-            records.remove_quietly(probe)
+            try:
+                records.remove_quietly(probe)
+            except OSError:
+                pass
         checks["git"] = shutil.which("git") is not None
-        try:
-            import pygit2  # noqa: F401  (importable is the check)
-
-            checks["pygit2"] = True
-        except ImportError:
-            checks["pygit2"] = False
-        ok = checks["root_writable"] and checks["locks_work"] and (checks["git"] or checks["pygit2"])
+        checks["scheduled_gc_failures"] = self.gc_failures
+        if self.gc_last_error:
+            checks["scheduled_gc_error"] = self.gc_last_error
+        checks["stopping"] = self.stopping.is_set()
+        ok = bool(checks["root_writable"] and checks["locks_work"] and checks["git"]
+                  and self.gc_failures < GC_FAILURES_NOT_READY and not checks["stopping"])
         return ok, {"ok": ok, "checks": checks}
 
     # ---------------------------------------------------------------- background
+    def refresh_gauges(self) -> None:
+        """The store's gauges from the inventory (recorded sizes: no tree walk): at start,
+        so a free-disk alert never sees a restart as an empty disk."""
+        try:
+            disk = disk_of(self.cache.paths.root)
+            self.metrics.disk_free.set(disk.free)
+            self.metrics.disk_total.set(disk.total)
+            ready = [c for info in inventory(self.cache.paths) for c in info.checkouts if c.ready and c.intact]
+            self.metrics.checkouts.set(len(ready))
+            self.metrics.bytes.set(sum(c.size for c in ready))
+        except (OSError, CheckoutCacheError) as exc:
+            log.warning("could not read the store's figures: %s", exc)
+
     def follow_journal(self) -> None:
-        """Count the clones this sidecar's workers report in their journal."""
+        """Count and log the clones this sidecar's workers report in their journal. A line
+        that is not what a worker writes is skipped: it never stops the follower."""
         offset = 0
         while not self.stopping.wait(0.5):
             try:
@@ -259,46 +316,85 @@ class Service:
                 fd = os.open(self.journal, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError:
                 continue
-            with os.fdopen(fd, "rb") as handle:
-                if offset > JOURNAL_ROTATE_BYTES:
-                    os.ftruncate(fd, 0)
-                    offset = 0
-                handle.seek(offset)
-                for line in handle:
-                    offset += len(line)
-                    self.count_journal_event(line)
+            try:
+                with os.fdopen(fd, "rb") as handle:
+                    if offset > JOURNAL_ROTATE_BYTES:
+                        os.ftruncate(fd, 0)
+                        offset = 0
+                    handle.seek(offset)
+                    for line in handle:
+                        offset += len(line)
+                        self.journal_event(line)
+            except OSError as exc:
+                log.warning("the clone journal could not be read: %s", exc)
 
-    def count_journal_event(self, line: bytes) -> None:
+    def journal_event(self, line: bytes) -> None:
         try:
             event = json.loads(line)
-            kind = event["event"]
-        except (ValueError, KeyError, TypeError):
-            return
+            if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+                return
+            self.count_journal_event(event)
+        except Exception as exc:  # one odd line (a peer's, a bug's) is skipped, never the end of the follower
+            log.debug("journal line skipped (%s): %r", type(exc).__name__, line[:200])
+
+    def count_journal_event(self, event: dict) -> None:
+        kind = event["event"]
+        seconds = event.get("seconds")
+        seconds = seconds if isinstance(seconds, (int, float)) and math.isfinite(seconds) else None
+        error = event.get("error") if isinstance(event.get("error"), str) and event.get("error") in CODES else None
         if kind == "published":
             self.metrics.clones.labels("published", "").inc()
-            seconds = event.get("seconds")
-            if isinstance(seconds, (int, float)) and math.isfinite(seconds):
+            if seconds is not None:
                 self.metrics.clone_seconds.observe(seconds)
         elif kind == "failed":
-            error = event.get("error")
-            self.metrics.clones.labels("failed", error if error in CODES else "other").inc()
+            self.metrics.clones.labels("failed", error or "other").inc()
         elif kind == "started":
             self.metrics.clones.labels("started", "").inc()
+        elif kind == "died":
+            self.metrics.clones.labels("died", "").inc()
         elif kind == "seeded":
             outcome, reason = event.get("outcome"), event.get("reason") or ""
             self.metrics.seeds.labels(outcome if outcome in SEED_OUTCOMES else "other",
                                       reason if reason in SEED_REASONS else "other").inc()
+        else:
+            return
+        fields = {"event": f"clone_{kind}" if kind != "seeded" else "seeded",
+                  "commit": event.get("commit") if isinstance(event.get("commit"), str) else None,
+                  "repo": self.repo_url(event.get("repo")), "seconds": seconds, "error": error}
+        if kind == "seeded":
+            fields.update(outcome=event.get("outcome"), reason=event.get("reason"), bundles=event.get("bundles"))
+        events.info("%s %s", fields["event"], fields["commit"], extra={k: v for k, v in fields.items()
+                                                                       if v is not None})
 
-    def maintain(self) -> None:
-        next_gc = time.monotonic() + self.gc_interval
+    def repo_url(self, key: object) -> str | None:
+        """A repository's URL (credentials never stored: repo.json has none) from its key."""
+        if not isinstance(key, str) or not key.isalnum():
+            return None
+        try:
+            meta = records.read_json(self.cache.paths.repo(key).repo_json, records.REPO) or {}
+        except OSError:
+            return None
+        url = meta.get("url")
+        return strip_userinfo(url) if isinstance(url, str) else None
+
+    def maintain(self, on_tick: Callable[[], None] | None = None) -> None:
+        """Expire holds every second; run gc every gc_interval (counting failures in a row,
+        which /readyz and a metric show)."""
+        next_gc = time.monotonic() + self.settings.gc_interval
         while not self.stopping.wait(1.0):
             self.expire_holds()
-            if self.gc_interval > 0 and time.monotonic() >= next_gc:
-                next_gc = time.monotonic() + self.gc_interval
+            if on_tick is not None:
+                on_tick()
+            if self.settings.gc_interval > 0 and time.monotonic() >= next_gc:
+                next_gc = time.monotonic() + self.settings.gc_interval
                 try:
                     self.gc({}, from_api=False)
-                except Exception:  # a failed scheduled gc is counted and retried next interval
-                    log.exception("scheduled gc failed")
+                    self.gc_failures, self.gc_last_error = 0, None
+                except Exception as exc:  # counted, said, and tried again next interval
+                    self.gc_failures += 1
+                    self.gc_last_error = f"{type(exc).__name__}: {exc}"[:300]
+                    log.error("scheduled gc failed (%d in a row): %s", self.gc_failures, self.gc_last_error)
+                self.metrics.gc_failing.set(self.gc_failures)
 
 
 def http_status(answer: Answer) -> int:

@@ -103,9 +103,10 @@ def record_use(marker_fd: int) -> None:
         pass
 
 
-def ready_record(marker: str) -> dict | None:
-    """The marker's record if the checkout is published (its last use is then now), else None."""
-    fd = open_marker_shared(marker)
+def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT) -> dict | None:
+    """The marker's record if the checkout is published (its last use is then now), else None.
+    wait: how long to wait for the evictor's exclusive lock (0: not at all)."""
+    fd = open_marker_shared(marker, wait)
     if fd is None:
         return None
     try:

@@ -509,6 +509,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     within the grace window by a clock that cannot jump (serve's monotonic record
     of its own ready answers); they count as used now, whatever the markers say."""
     report = GcReport(dry_run=dry_run)
+    checkpoint("gc-start")
     forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
     forget_stale_journals(root_paths, report, time.time())
     if not os.path.isdir(root_paths.repos_dir):

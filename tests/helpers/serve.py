@@ -24,21 +24,28 @@ SHORT_BACKOFF = {"CHECKOUTCACHE_BACKOFF": "0.1", "CHECKOUTCACHE_BACKOFF_MAX": "0
 
 class Serve:
     def __init__(self, root: str, tmp_path, *extra: str, env: dict | None = None, unix: str | None = None,
-                 tokens: str | None = None):
+                 tokens: str | None = None, listen: str | None = "loopback"):
+        """listen: "loopback" (127.0.0.1 on a free port), an address (HOST:PORT), or None (from
+        the environment given: CHECKOUTCACHE_LISTEN)."""
         self.root = root
-        self.port = free_port()
         self.unix = unix
+        if listen == "loopback":
+            listen = f"127.0.0.1:{free_port()}"
+        address = listen or (env or {}).get("CHECKOUTCACHE_LISTEN", "")
+        self.port = int(address.rpartition(":")[2]) if address else free_port()
         token_file = tmp_path / f"tokens-{self.port}"
         token_file.write_text(tokens if tokens is not None else f"{TOKEN}\n{SCOPED} team-a\n")
         ready = tmp_path / f"ready-{self.port}"
-        where = ["--unix", unix] if unix else ["--listen", f"127.0.0.1:{self.port}"]
+        where = ["--unix", unix] if unix else (["--listen", listen] if listen else [])
+        # Its log goes to a file the test reads (a pipe nobody reads would fill).
+        self.log_path = tmp_path / f"serve-{self.port}.log"
         self.proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "serve", *where,
                                       "--ready-file", str(ready), "--token-file", str(token_file), *extra],
-                                     env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     env=dict(os.environ, **(env or {})), stdout=subprocess.DEVNULL,
+                                     stderr=open(self.log_path, "w"), text=True)
 
         def started() -> bool:
-            assert self.proc.poll() is None, self.proc.communicate()
+            assert self.proc.poll() is None, self.log()
             return ready.exists()
 
         wait_until(started, 30, "serve to write its ready file")
@@ -89,6 +96,9 @@ class Serve:
             except socket.timeout:
                 pass
             return b"".join(chunks)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
 
     def vm_hwm_kib(self) -> int:
         for line in open(f"/proc/{self.proc.pid}/status"):

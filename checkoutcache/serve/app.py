@@ -1,0 +1,327 @@
+"""serve's HTTP API as an RSGI application (granian's own interface): routing,
+admission, bodies, JSON answers, threads, the access log.
+
+granian (Rust's hyper) owns the protocol: it parses requests, holds the
+header deadline and the header size limits, frames bodies, closes idle
+connections, and answers what it refuses before this code runs (400, 414,
+431 with an empty body and `Connection: close`). Everything this code answers
+is JSON: the `{error, message, next}` object for every error.
+
+Every request is hostile until shown otherwise (the code under review can
+reach this port or socket), so before any work:
+- a request with an Origin header (a browser page) or, over a loopback TCP
+  listener, a Host that is not the listen address (DNS rebinding) is refused
+  (403); a wildcard listener (`0.0.0.0`, `--allow-remote`) takes any Host;
+- every endpoint but /healthz, /readyz and /openapi.json needs the bearer
+  token (401) over TCP; what a token may then do is the policy's (policy.py);
+- a body is at most MAX_BODY bytes (413, refused before it is read), chunked
+  or otherwise encoded bodies are refused (400), a body must arrive within
+  BODY_DEADLINE, and JSON must be an object of valid Unicode strings.
+
+Threads: the event loop answers a ready checkout inline (it never blocks:
+`Service.ready_now`), and hands everything that may block to a pool: `quick`
+(a not-ready ensure without `wait`, status, metrics), `waiting` (requests
+that wait on a clone: at most --max-waiting, the next one SERVER_BUSY), `upkeep`
+(gc over the API, one at a time) and `probe` (/readyz). A request waiting on a
+clone thus never takes a thread a ready answer needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, NamedTuple
+
+from checkoutcache.answers import Answer
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.serve.metrics import CONTENT_TYPE_LATEST, generate_latest
+from checkoutcache.serve.policy import Grant
+from checkoutcache.serve.service import Service, Stopping, http_status
+
+access = logging.getLogger("checkoutcache.access")
+log = logging.getLogger("checkoutcache.serve")
+
+MAX_BODY = 64 * 1024
+BODY_DEADLINE = 10.0
+READY_PROBE_DEADLINE = 2.0
+RETRY_AFTER = "1"
+# Each endpoint and its methods (the OpenAPI document says the same; a test compares).
+ROUTES = {"/healthz": ("GET",), "/readyz": ("GET",), "/metrics": ("GET",), "/openapi.json": ("GET",),
+          "/v1/ensure": ("GET", "POST"), "/v1/status": ("GET",), "/v1/gc": ("POST",), "/v1/hold": ("POST",),
+          "/v1/release": ("POST",)}
+ENDPOINTS = tuple(ROUTES)
+PUBLIC = ("/healthz", "/readyz", "/openapi.json")
+HEALTH_ONLY = ("/healthz", "/readyz", "/metrics")
+PUBLIC_GRANT = Grant("public", frozenset())
+JSON = [("content-type", "application/json")]
+Reply = tuple[int, bytes, list[tuple[str, str]]]
+
+
+class Listener(NamedTuple):
+    """Where a request came in: the API over TCP (allowed_hosts: the Host headers a
+    request may carry; None: any) or the Unix socket (tcp False), or the health port."""
+
+    tcp: bool
+    allowed_hosts: frozenset[str] | None
+    health_only: bool = False
+
+
+def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
+    """The Host headers a TCP request may carry: the listen address, and its loopback
+    names when it is loopback; None (any) for a wildcard address (the operator chose
+    remote clients, who name the host as they reach it)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is not None and address.is_unspecified:
+        return None
+    names = {f"[{host}]:{port}" if ":" in host else f"{host}:{port}"}
+    if host == "localhost" or (address is not None and address.is_loopback):
+        names |= {f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"}
+    return frozenset(name.lower() for name in names)
+
+
+class Pools:
+    """The threads blocking work runs on (see the module docstring)."""
+
+    def __init__(self, max_waiting: int):
+        self.quick = ThreadPoolExecutor(16, thread_name_prefix="cc-quick")
+        self.waiting = ThreadPoolExecutor(max(1, max_waiting), thread_name_prefix="cc-wait")
+        self.upkeep = ThreadPoolExecutor(1, thread_name_prefix="cc-upkeep")
+        self.probe = ThreadPoolExecutor(1, thread_name_prefix="cc-probe")
+        self.max_waiting = max_waiting
+        self.in_waiting = 0  # touched on the event loop only
+
+    def shutdown(self) -> None:
+        for pool in (self.quick, self.waiting, self.upkeep, self.probe):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def error_reply(exc: CheckoutCacheError, headers: list[tuple[str, str]] | None = None) -> Reply:
+    answer = Answer.from_error(exc)
+    return http_status(answer), json_bytes(answer.to_json()), JSON + (headers or [])
+
+
+def json_bytes(value: dict) -> bytes:
+    return (json.dumps(value, sort_keys=True) + "\n").encode()
+
+
+class Request:
+    """What the access log says of one request."""
+
+    __slots__ = ("grant", "error", "why")
+
+    def __init__(self):
+        self.grant: Grant | None = None
+        self.error: str | None = None
+        self.why: str | None = None
+
+
+class Api:
+    """One listener's application (RSGI: `await app(scope, proto)`)."""
+
+    def __init__(self, service: Service, listener: Listener, pools: Pools, openapi: bytes):
+        self.service = service
+        self.listener = listener
+        self.pools = pools
+        self.openapi = openapi
+
+    async def __call__(self, scope, proto) -> None:
+        if scope.proto != "http":
+            return
+        started = time.monotonic()
+        request = Request()
+        try:
+            status, body, headers = await self.answer(scope, proto, request)
+        except Exception:  # a bug: answered as one, logged with its traceback, the server goes on
+            log.exception("request failed: %s %s", scope.method, scope.path[:200])
+            status, body, headers = error_reply(CheckoutCacheError("INTERNAL_ERROR", detail="see serve's log"))
+            request.error = "INTERNAL_ERROR"
+        proto.response_bytes(status, headers, body)
+        seconds = time.monotonic() - started
+        endpoint = scope.path if scope.path in ROUTES else "other"  # only known endpoints become labels
+        self.service.metrics.requests.labels(endpoint).observe(seconds)
+        if access.isEnabledFor(logging.INFO):
+            grant = request.grant
+            fields = {"method": scope.method[:16], "endpoint": endpoint, "status": status,
+                      "ms": round(seconds * 1000, 2), "listener": "health" if self.listener.health_only else
+                      ("tcp" if self.listener.tcp else "unix")}
+            if grant is not None and grant is not PUBLIC_GRANT:
+                fields.update(token=grant.name, scopes=sorted(grant.scopes) if grant.scopes is not None else "*")
+            if request.error:
+                fields["error"] = request.error
+            if request.why:
+                fields["refused"] = request.why
+            access.info("%s %s %d", fields["method"], endpoint, status, extra=fields)
+
+    # ------------------------------------------------------------ admission
+    async def answer(self, scope, proto, request: Request) -> Reply:
+        method, path = scope.method, scope.path
+        try:
+            if self.listener.health_only and path not in HEALTH_ONLY:
+                raise CheckoutCacheError("NOT_FOUND", what=f"{method[:16]} {path[:100]} (this port serves "
+                                                           f"{', '.join(HEALTH_ONLY)})")
+            request.grant = self.admit(scope, request)
+            if path in ROUTES and method not in ROUTES[path]:
+                return error_reply(CheckoutCacheError("METHOD_NOT_ALLOWED", method=method[:16], path=path),
+                                   [("allow", ", ".join(ROUTES[path]))])
+            return await self.route(scope, proto, request.grant)
+        except CheckoutCacheError as exc:
+            request.error = exc.code
+            headers = []
+            if exc.code == "UNAUTHORIZED":
+                headers.append(("www-authenticate", 'Bearer realm="checkoutcache"'))
+            elif exc.code in ("TOO_MANY_HOLDS", "SERVER_BUSY"):
+                headers.append(("retry-after", "5" if exc.code == "TOO_MANY_HOLDS" else RETRY_AFTER))
+            elif exc.code in ("PAYLOAD_TOO_LARGE",) or (exc.code == "BAD_ARGUMENT" and getattr(exc, "close", False)):
+                headers.append(("connection", "close"))  # what follows on this connection cannot be framed
+            return error_reply(exc, headers)
+        except Stopping:
+            request.error = "SHUTTING_DOWN"
+            return error_reply(CheckoutCacheError("SHUTTING_DOWN"), [("retry-after", RETRY_AFTER)])
+
+    def admit(self, scope, request: Request) -> Grant:
+        """Origin, Host and token checks: who is asking, before any work."""
+        headers = scope.headers
+        if headers.get("origin") is not None:
+            request.why = "origin"
+            self.service.metrics.refused.labels("origin").inc()
+            raise CheckoutCacheError("FORBIDDEN_ORIGIN", why="an Origin header")
+        allowed = self.listener.allowed_hosts
+        if self.listener.tcp and allowed is not None:
+            host = (headers.get("host") or scope.authority or "").lower()
+            if host not in allowed:
+                request.why = "host"
+                self.service.metrics.refused.labels("host").inc()
+                raise CheckoutCacheError("FORBIDDEN_ORIGIN", why=f"Host {host[:80]!r}")
+        if scope.path in PUBLIC or self.listener.health_only:
+            return PUBLIC_GRANT
+        try:
+            return self.service.policy.authenticate(headers.get("authorization"), self.listener.tcp)
+        except CheckoutCacheError:
+            request.why = "token"
+            self.service.metrics.refused.labels("token").inc()
+            raise
+
+    # ------------------------------------------------------------ routes
+    async def route(self, scope, proto, grant: Grant) -> Reply:
+        path, service = scope.path, self.service
+        if path == "/healthz":
+            ok, body = service.health()
+            return 200 if ok else 503, json_bytes(body), JSON
+        if path == "/readyz":
+            try:
+                ok, body = await asyncio.wait_for(self.run(self.pools.probe, service.readiness),
+                                                  READY_PROBE_DEADLINE)
+            except asyncio.TimeoutError:
+                ok, body = False, {"ok": False, "checks": {"root_answers_within_seconds": READY_PROBE_DEADLINE}}
+            return 200 if ok else 503, json_bytes(body), JSON
+        if path == "/openapi.json":
+            return 200, self.openapi, JSON
+        if path == "/metrics":
+            data = await self.run(self.pools.quick, generate_latest, service.metrics.registry)
+            return 200, data, [("content-type", CONTENT_TYPE_LATEST)]
+        if service.stopping.is_set():
+            raise Stopping()
+        if path == "/v1/ensure":
+            params = await self.params(scope, proto)
+            answer, wait = service.ready_now(params, grant)
+            if answer is None:
+                answer = await self.blocking(wait, service.ensure, params, grant)
+            headers = JSON + ([("retry-after", str(answer.retry_after))] if answer.retry_after else [])
+            return http_status(answer), json_bytes(answer.to_json()), headers
+        if path == "/v1/hold":
+            params = await self.params(scope, proto)
+            status, body = await self.blocking(self.asked_wait(params), service.hold, params, grant)
+            return status, json_bytes(body), JSON
+        if path == "/v1/release":
+            status, body = service.release(await self.params(scope, proto), grant)
+            return status, json_bytes(body), JSON
+        if path == "/v1/status":
+            return 200, json_bytes(await self.run(self.pools.quick, service.status, grant)), JSON
+        if path == "/v1/gc":
+            params = await self.params(scope, proto)
+            return 200, json_bytes(await self.run(self.pools.upkeep, service.gc, params, True, grant)), JSON
+        raise CheckoutCacheError("NOT_FOUND", what=f"{scope.method[:16]} {path[:100]}")
+
+    @staticmethod
+    def asked_wait(params: dict) -> float:
+        try:
+            from checkoutcache.units import parse_duration
+
+            return parse_duration(params.get("wait", 0), "wait")
+        except CheckoutCacheError:
+            return 0.0  # the service answers the input error itself
+
+    async def blocking(self, wait: float, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn on the pool its wait calls for: `waiting` (bounded) for a wait on a clone."""
+        if wait <= 0:
+            return await self.run(self.pools.quick, fn, *args)
+        pools = self.pools
+        if pools.in_waiting >= pools.max_waiting:
+            raise CheckoutCacheError("SERVER_BUSY", why=f"{pools.max_waiting} requests wait on clones already")
+        pools.in_waiting += 1
+        self.service.metrics.waiting.set(pools.in_waiting)
+        try:
+            return await self.run(pools.waiting, fn, *args)
+        finally:
+            pools.in_waiting -= 1
+            self.service.metrics.waiting.set(pools.in_waiting)
+
+    @staticmethod
+    async def run(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    # ------------------------------------------------------------ bodies
+    async def params(self, scope, proto) -> dict:
+        """The query string's fields, then the JSON body's (POST)."""
+        query = dict(urllib.parse.parse_qsl(scope.query_string, errors="replace"))
+        if scope.method != "POST":
+            return query
+        headers = scope.headers
+        if headers.get("transfer-encoding") is not None:
+            raise closing(CheckoutCacheError("BAD_ARGUMENT", what="chunked or encoded request bodies are not "
+                                                                  "accepted; send Content-Length"))
+        length = headers.get("content-length") or "0"
+        if not length.isascii() or not length.isdigit():
+            raise closing(CheckoutCacheError("BAD_ARGUMENT", what="Content-Length must be one non-negative "
+                                                                  "whole number"))
+        if len(length) > 12 or int(length) > MAX_BODY:
+            raise CheckoutCacheError("PAYLOAD_TOO_LARGE", limit=MAX_BODY)
+        if int(length) == 0:
+            return query
+        try:
+            # proto() raises on a body that ends early (iterating it would not).
+            data = await asyncio.wait_for(proto(), BODY_DEADLINE)
+        except asyncio.TimeoutError:
+            raise closing(CheckoutCacheError("BAD_ARGUMENT", what=f"the body did not arrive within "
+                                                                  f"{BODY_DEADLINE:g}s")) from None
+        except RuntimeError:  # RSGIProtocolClosed: the body ended early or was malformed
+            raise closing(CheckoutCacheError("BAD_ARGUMENT", what="the body ended early")) from None
+        if len(data) != int(length):
+            raise closing(CheckoutCacheError("BAD_ARGUMENT", what="the body ended early"))
+        try:
+            body = json.loads(data)
+        except (ValueError, RecursionError):
+            raise CheckoutCacheError("BAD_ARGUMENT", what="the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise CheckoutCacheError("BAD_ARGUMENT", what="the request body must be a JSON object")
+        try:  # JSON's \\ud800 escapes make strings no UTF-8 can hold: refused here, never deeper
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise CheckoutCacheError("BAD_ARGUMENT", what="the request body holds a lone surrogate "
+                                                          "(not valid Unicode)") from None
+        query.update(body)
+        return query
+
+
+def closing(exc: CheckoutCacheError) -> CheckoutCacheError:
+    """An error after which the connection's bytes cannot be framed: answered with Connection: close."""
+    exc.close = True  # type: ignore[attr-defined]
+    return exc

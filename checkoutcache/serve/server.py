@@ -1,0 +1,266 @@
+"""serve's process: listeners, threads, signals, the bounded stop, PID 1 duty.
+
+One process holds everything that must be shared (holds are open descriptors,
+the metrics registry, the worker server, the gc schedule), so granian's HTTP
+servers are embedded in it (granian.server.embed, pinned: its embedded mode is
+marked experimental upstream; our tests drive it), one per listener, all on one
+asyncio event loop (uvloop): the API on TCP (loopback unless --allow-remote)
+or on a Unix socket (0660), and optionally the health port (/healthz, /readyz,
+/metrics without a token, for a kubelet and Prometheus).
+
+Order at start (each step for a reason):
+1. become a child subreaper (reaper.py): workers are reaped by us;
+2. raise the open-file limit: idle connections are descriptors;
+3. fork the worker server while still single-threaded (workserver.py);
+4. build the servers, then our logging (granian configures logging when built);
+5. threads: gc schedule and hold expiry, the journal follower, the store's gauges.
+
+SIGTERM (or SIGINT): stop accepting; requests waiting on a clone are answered
+SHUTTING_DOWN (503, Retry-After) at once; in-flight answers get --stop-timeout
+(20 s by default, under Kubernetes' 30 s); holds are released; the process
+exits, 0 when everything finished within the bound. A watchdog thread holds
+the bound whatever blocks. Clone workers are processes of their own: a worker
+that finishes before the container's PID namespace goes publishes; one still
+running when it goes dies with it, and the next start finds its commit absent
+(its scratch reaped, its record a dead owner's) and clones it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+import resource
+import signal
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+
+from checkoutcache.cache import Cache
+from checkoutcache.clone.spawn import use_worker_server
+from checkoutcache.clone.submodules import POLICY_LOCAL_VAR, POLICY_REPOS_VAR
+from checkoutcache.clone.workserver import WorkerServer
+from checkoutcache.config import Config, ServeSettings
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.serve import logs
+from checkoutcache.serve.app import Api, Listener, Pools, allowed_hosts
+from checkoutcache.serve.policy import ApiPolicy
+from checkoutcache.serve.reaper import Reaper, become_subreaper
+from checkoutcache.serve.service import Service
+from checkoutcache.store.create import init_root, make_dirs
+
+log = logging.getLogger("checkoutcache.serve")
+
+OPENAPI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openapi.json")
+# granian's header read deadline, also its idle keep-alive limit: a client that sends
+# nothing for this long is closed (a slowloris cannot hold a connection).
+HEADER_DEADLINE_MS = 5000
+HEADER_BUFFER = 64 * 1024
+LISTEN_BACKLOG = 2048
+
+
+def parse_listen(value: str, allow_remote: bool) -> tuple[str, int]:
+    """(host, port) of HOST:PORT, [V6]:PORT or :PORT (loopback); a non-loopback host only with allow_remote."""
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        number = int(port)
+        if not 0 < number < 65536:
+            raise ValueError
+    except ValueError:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"--listen {value[:60]!r} is not HOST:PORT") from None
+    if not allow_remote:
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"--listen {host!r} is not a loopback address; "
+                                                          f"pass --allow-remote to listen there on purpose")
+    return host, number
+
+
+def prepare_unix_socket(path: str) -> None:
+    """Only a dead server's socket is ever replaced: never a file of another kind, never a live server's."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{path} exists and is not a socket; not touching it")
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(path)
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"another server is listening on {path}")
+    except ConnectionRefusedError:
+        os.unlink(path)  # a dead server's socket
+    finally:
+        probe.close()
+
+
+def raise_open_file_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def make_server(app, settings: ServeSettings, address: tuple[str, int] | None = None, uds: str | None = None):
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
+    from granian.server.embed import Server
+
+    common = dict(interface=Interfaces.RSGI, http=HTTPModes.http1, websockets=False, backlog=LISTEN_BACKLOG,
+                  backpressure=settings.max_connections, log_enabled=False,
+                  http1_settings=HTTP1Settings(header_read_timeout=HEADER_DEADLINE_MS, keep_alive=True,
+                                               max_buffer_size=HEADER_BUFFER))
+    if uds is not None:
+        server = Server(app, uds=Path(uds), **common)
+        server.uds_permissions = 0o660  # not an argument of the embedded Server: read when it binds
+        return server
+    return Server(app, address=address[0], port=address[1], **common)
+
+
+def wait_listening(addresses: list[tuple[str, int]], sockets: list[str], deadline: float) -> bool:
+    """Whether every listener accepts a connection before the deadline."""
+    pending = [("tcp", a) for a in addresses] + [("unix", p) for p in sockets]
+    while pending and time.monotonic() < deadline:
+        kind, where = pending[0]
+        try:
+            if kind == "tcp":
+                socket.create_connection(where, timeout=0.5).close()
+            else:
+                with socket.socket(socket.AF_UNIX) as probe:
+                    probe.settimeout(0.5)
+                    probe.connect(where)
+            pending.pop(0)
+        except OSError:
+            time.sleep(0.02)
+    return not pending
+
+
+def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPolicy, version: str) -> int:
+    unix = settings.unix
+    address = None if unix else parse_listen(settings.listen, settings.allow_remote)
+    health = parse_listen(settings.health_listen, allow_remote=True) if settings.health_listen else None
+    if unix is None and not policy.tokens:
+        raise CheckoutCacheError("BAD_ARGUMENT", what="serving over TCP needs a bearer token: set "
+                                                      "CHECKOUTCACHE_API_TOKEN or --token-file (or serve on --unix)")
+    if unix:
+        prepare_unix_socket(unix)
+    reaper = Reaper()
+    subreaper = become_subreaper()
+    raise_open_file_limit()
+    init_root(cache.paths)
+    make_dirs(cache.paths.serve_dir)
+    journal = cache.paths.serve_journal(os.getpid())
+    os.environ["CHECKOUTCACHE_CLONE_JOURNAL"] = journal  # workers we start report to us
+    # The policy goes to our workers too: a .gitmodules names nothing the API could not.
+    os.environ[POLICY_REPOS_VAR] = ",".join(policy.repo_patterns)
+    os.environ[POLICY_LOCAL_VAR] = "1" if policy.allow_local else "0"
+    # Forked while we are still single-threaded: it forks our clone workers later.
+    worker_server = WorkerServer()
+    use_worker_server(worker_server)
+    reaper.own.add(worker_server.pid)
+    service = Service(cache, config, settings, journal, policy, version)
+    pools = Pools(settings.max_waiting)
+    with open(OPENAPI, "rb") as handle:
+        openapi = handle.read()
+    servers = []
+    if unix:
+        servers.append(make_server(Api(service, Listener(False, None), pools, openapi), settings, uds=unix))
+    else:
+        listener = Listener(True, allowed_hosts(*address))
+        servers.append(make_server(Api(service, listener, pools, openapi), settings, address=address))
+    if health:
+        servers.append(make_server(Api(service, Listener(True, None, health_only=True), pools, openapi), settings,
+                                   address=health))
+    logs.configure(settings.log_format, settings.log_level)
+    if not subreaper:
+        log.warning("could not become a child subreaper: orphaned clone workers go to PID 1")
+
+    threads = [threading.Thread(target=service.maintain, name="cc-maintain", daemon=True,
+                                kwargs={"on_tick": reaper.sweep}),
+               threading.Thread(target=service.follow_journal, name="cc-journal", daemon=True),
+               threading.Thread(target=service.refresh_gauges, name="cc-gauges", daemon=True)]
+    for thread in threads:
+        thread.start()
+    code = _run(servers, service, settings, address, health, unix, reaper)
+    service.release_all()
+    pools.shutdown()
+    use_worker_server(None)
+    worker_server.close()
+    for path in (journal, unix):
+        if path:
+            try:
+                if path == journal or stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+    log.info("stopped", extra={"event": "stopped", "code": code})
+    logs.flush()
+    # os._exit: interpreter exit joins pool threads, and one stuck in flock() or a wait
+    # would hold the exit past any bound.
+    os._exit(code)
+
+
+def _run(servers: list, service: Service, settings: ServeSettings, address, health, unix, reaper: Reaper) -> int:
+    import uvloop
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        tasks = [asyncio.ensure_future(s.serve()) for s in servers]
+        listening = [a for a in (address, health) if a]
+        up = await loop.run_in_executor(None, wait_listening, listening, [unix] if unix else [], time.monotonic() + 15)
+        if not up:
+            log.error("the listeners did not come up", extra={"event": "start_failed"})
+            stop.set()
+        else:
+            where = unix or f"http://{address[0]}:{address[1]}"
+            log.info("serving %s on %s", service.cache.root, where, extra={
+                "event": "serving", "root": service.cache.root, "api": where,
+                "health": f"http://{health[0]}:{health[1]}" if health else None, "pid": os.getpid()})
+            if settings.ready_file:
+                with open(settings.ready_file, "w") as handle:
+                    handle.write(json.dumps({"listening": where, "pid": os.getpid(),
+                                             "health": f"http://{health[0]}:{health[1]}" if health else None}))
+        stopper = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        failed = [t for t in tasks if t in done and t.exception() is not None]
+        for task in failed:
+            log.error("a listener stopped: %s", task.exception(), extra={"event": "listener_failed"})
+        started = time.monotonic()
+        # The bound holds whatever blocks the loop: a watchdog thread exits past it.
+        watchdog = threading.Timer(settings.stop_timeout + 1.0, os._exit, (1,))
+        watchdog.daemon = True
+        watchdog.start()
+        service.stopping.set()  # waiting requests answer SHUTTING_DOWN now; new ones too
+        log.info("stopping: in-flight answers get %gs", settings.stop_timeout, extra={"event": "stopping"})
+        for server in servers:
+            server.stop()  # stop accepting, close idle keep-alive connections, let in-flight answers finish
+        _, pending = await asyncio.wait(tasks, timeout=settings.stop_timeout)
+        log.info("drained in %.2fs, %d listener(s) cut off", time.monotonic() - started, len(pending),
+                 extra={"event": "drained", "seconds": round(time.monotonic() - started, 3), "cut_off": len(pending)})
+        watchdog.cancel()
+        return 1 if pending or failed or not up else 0
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
+
+
+def served_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("checkoutcache")
+    except Exception:
+        return "unknown"
