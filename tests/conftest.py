@@ -1,6 +1,7 @@
 """Fixtures only: real git repositories made by the tests, a git daemon on
-loopback, a store root, a fake git, and an environment that keeps every test
-inside its own temporary directories. Helpers live in tests/helpers/."""
+loopback, a store root, a fake git, the image and its containers (podman), and
+an environment that keeps every test inside its own temporary directories.
+Helpers live in tests/helpers/."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import warnings
 import pytest
 
 from .helpers import GitDaemon, Upstream
+from .helpers.containers import Containers, build_image, podman_unusable
 
 
 @pytest.fixture
@@ -135,3 +137,22 @@ def kill_log(tmp_path, monkeypatch):
     path = tmp_path / "kills.log"
     monkeypatch.setenv("CHECKOUTCACHE_TEST_KILL_LOG", str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def container_image() -> str:
+    """The project's image built from this tree (once per session); skips where podman cannot run it."""
+    reason = podman_unusable()
+    if reason is not None:
+        pytest.skip(reason)
+    return build_image()
+
+
+@pytest.fixture
+def containers(container_image):
+    """Containers and volumes of the image for one test, removed afterwards even when it fails."""
+    made = Containers(container_image)
+    try:
+        yield made
+    finally:
+        made.cleanup()

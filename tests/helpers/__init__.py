@@ -11,6 +11,8 @@ only fixtures; test files import what they need from here.
 - waiting.py  wait_until(): a bounded wait for an event instead of a fixed sleep.
 - serve.py    Serve: a real `serve` process with tokens; raw requests and the typed client.
 - s3.py       MotoS3: a real S3 API (moto in server mode) in a process of its own.
+- containers.py  the image built and run by podman: Containers, Container (conftest's
+              container_image and containers fixtures; import it from there).
 """
 
 from .cli import run_cli, wait_ready
