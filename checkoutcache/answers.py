@@ -61,10 +61,16 @@ class Answer:
         return EXIT_BAD_INPUT if is_input_error(self.error) else EXIT_FAILED
 
     def to_json(self) -> dict:
-        return {k: (str(v) if k == "state" else v) for k, v in attrs.asdict(self).items() if v is not None}
+        # Field by field (attrs.asdict is ~10x slower: this is every answer of a sidecar).
+        found = {name: getattr(self, name) for name in _FIELDS}
+        found["state"] = str(self.state)
+        return {k: v for k, v in found.items() if v is not None}
 
     @classmethod
     def from_error(cls, exc: CheckoutCacheError, commit: str | None = None,
                    repo: str | None = None, retry_after: int | None = None) -> "Answer":
         return cls(state=State.FAILED, commit=commit, repo=repo, error=exc.code,
                    message=exc.message, next=exc.next, retry_after=retry_after)
+
+
+_FIELDS = tuple(field.name for field in attrs.fields(Answer))

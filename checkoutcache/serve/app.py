@@ -39,15 +39,15 @@ from typing import Any, Callable, NamedTuple
 
 from checkoutcache.answers import Answer
 from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.serve import logs
 from checkoutcache.serve.metrics import CONTENT_TYPE_LATEST, generate_latest
 from checkoutcache.serve.policy import Grant
 from checkoutcache.serve.service import Service, Stopping, http_status
 
-access = logging.getLogger("checkoutcache.access")
 log = logging.getLogger("checkoutcache.serve")
 
 MAX_BODY = 64 * 1024
-BODY_DEADLINE = 10.0
+BODY_DEADLINE = 5.0  # as granian's header deadline: a stalled body is closed as a stalled header is
 READY_PROBE_DEADLINE = 2.0
 RETRY_AFTER = "1"
 # Each endpoint and its methods (the OpenAPI document says the same; a test compares).
@@ -146,8 +146,8 @@ class Api:
         proto.response_bytes(status, headers, body)
         seconds = time.monotonic() - started
         endpoint = scope.path if scope.path in ROUTES else "other"  # only known endpoints become labels
-        self.service.metrics.requests.labels(endpoint).observe(seconds)
-        if access.isEnabledFor(logging.INFO):
+        self.service.metrics.request(endpoint, seconds)
+        if logs.access_enabled():
             grant = request.grant
             fields = {"method": scope.method[:16], "endpoint": endpoint, "status": status,
                       "ms": round(seconds * 1000, 2), "listener": "health" if self.listener.health_only else
@@ -158,7 +158,7 @@ class Api:
                 fields["error"] = request.error
             if request.why:
                 fields["refused"] = request.why
-            access.info("%s %s %d", fields["method"], endpoint, status, extra=fields)
+            logs.access(f"{fields['method']} {endpoint} {status}", fields)
 
     # ------------------------------------------------------------ admission
     async def answer(self, scope, proto, request: Request) -> Reply:
@@ -313,7 +313,9 @@ class Api:
         if not isinstance(body, dict):
             raise CheckoutCacheError("BAD_ARGUMENT", what="the request body must be a JSON object")
         try:  # JSON's \\ud800 escapes make strings no UTF-8 can hold: refused here, never deeper
-            json.dumps(body, ensure_ascii=False).encode("utf-8")
+            for value in body.values():
+                if isinstance(value, str):
+                    value.encode("utf-8")
         except UnicodeEncodeError:
             raise CheckoutCacheError("BAD_ARGUMENT", what="the request body holds a lone surrogate "
                                                           "(not valid Unicode)") from None

@@ -101,3 +101,16 @@ class Metrics:
                              ["outcome", "reason"], registry=r)
         self.holds = Gauge("checkoutcache_holds", "Checkouts held through /v1/hold", registry=r)
         self.waiting = Gauge("checkoutcache_requests_waiting", "Requests waiting on a clone", registry=r)
+        self._children: dict = {}  # labelled children, looked up once: these run for every request
+
+    def answer(self, state: str, error: str) -> None:
+        child = self._children.get(("answer", state, error))
+        if child is None:
+            child = self._children[("answer", state, error)] = self.answers.labels(state, error)
+        child.inc()
+
+    def request(self, endpoint: str, seconds: float) -> None:
+        child = self._children.get(("request", endpoint))
+        if child is None:
+            child = self._children[("request", endpoint)] = self.requests.labels(endpoint)
+        child.observe(seconds)

@@ -36,6 +36,7 @@ import resource
 import signal
 import socket
 import stat
+import sys
 import threading
 import time
 from pathlib import Path
@@ -182,6 +183,9 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
         servers.append(make_server(Api(service, Listener(True, None, health_only=True), pools, openapi), settings,
                                    address=health))
     logs.configure(settings.log_format, settings.log_level)
+    # The log writer and the pools take the GIL from the event loop: switch often, so a
+    # batch of log lines never holds a ready answer for the default 5 ms.
+    sys.setswitchinterval(0.001)
     if not subreaper:
         log.warning("could not become a child subreaper: orphaned clone workers go to PID 1")
 

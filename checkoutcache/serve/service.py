@@ -32,7 +32,7 @@ from checkoutcache.cache import Cache, Hold
 from checkoutcache.config import Config, ServeSettings
 from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CODES, CheckoutCacheError
-from checkoutcache.repospec import DEFAULT_SCOPE, parse_repo
+from checkoutcache.repospec import DEFAULT_SCOPE
 from checkoutcache.serve.metrics import SEED_OUTCOMES, SEED_REASONS, Metrics
 from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, tightened
 from checkoutcache.store import locks, records
@@ -52,6 +52,9 @@ JOURNAL_ROTATE_BYTES = 1 << 20
 _PROBES = itertools.count()
 HTTP_STATUS = {State.READY: 200, State.CLONING: 202}
 MAX_RECENT_USES = 100_000
+# How long a parsed, allowed request is remembered (a local path's real path may move), and how many.
+RESOLVED_FOR = 60.0
+RESOLVED_MAX = 4096
 # Scheduled gc runs failed in a row before /readyz says the sidecar is not ready.
 GC_FAILURES_NOT_READY = 3
 
@@ -86,6 +89,7 @@ class Service:
         self.recent_lock = threading.Lock()
         self.holds_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.resolved: dict[tuple[str, str, str], tuple[float, tuple]] = {}  # see resolve()
         self.gc_failures = 0  # scheduled runs failed in a row
         self.gc_last_error: str | None = None
         for name in ("max_checkouts", "max_bytes"):
@@ -96,25 +100,48 @@ class Service:
     # ---------------------------------------------------------------- API
     def request(self, params: dict, grant: Grant) -> tuple[str, str, float, str]:
         """(repo, commit, wait, scope) of an ensure or hold, checked against the policy."""
+        repo, commit, wait, scope = self.fields(params)
+        self.policy.check_scope(grant, scope)
+        self.resolve(repo, commit, scope)
+        return repo, commit, wait, scope
+
+    def fields(self, params: dict) -> tuple[str, str, float, str]:
         repo, commit = params.get("repo", ""), params.get("commit", "")
         scope = params.get("scope", DEFAULT_SCOPE)
         if not all(isinstance(v, str) for v in (repo, commit, scope)):
             raise CheckoutCacheError("BAD_ARGUMENT", what="repo, commit and scope must be strings")
-        wait = min(parse_duration(params.get("wait", 0), "wait"), self.settings.max_wait)
-        self.policy.check_scope(grant, scope)
-        self.policy.check_repo_argument(repo)
-        self.policy.check_repo(parse_repo(repo, scope, cwd="/"))
+        wait = params.get("wait", 0)
+        wait = 0.0 if wait == 0 else min(parse_duration(wait, "wait"), self.settings.max_wait)
         return repo, commit, wait, scope
+
+    def resolve(self, repo: str, commit: str, scope: str):
+        """(spec, commit) of a request the policy allows; remembered for RESOLVED_FOR seconds,
+        so a ready answer parses a repository once, not at every tool call."""
+        key = (repo, commit, scope)
+        now = time.monotonic()
+        hit = self.resolved.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        self.policy.check_repo_argument(repo)
+        spec, sha = self.cache.request(repo, commit, scope)
+        self.policy.check_repo(spec)
+        if len(self.resolved) >= RESOLVED_MAX:
+            self.resolved.clear()  # a flood of distinct requests: start over, bounded
+        self.resolved[key] = (now + RESOLVED_FOR, (spec, sha))
+        return spec, sha
 
     def ready_now(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[Answer | None, float]:
         """(the ready answer, the wait asked) when the checkout is published, without ever
         blocking (the evictor's exclusive lock held: not now); (None, wait) when the
         request must go to a thread. Input errors raise."""
-        repo, commit, wait, scope = self.request(params, grant)
-        spec, sha = self.cache.request(repo, commit, scope)
+        repo, commit, wait, scope = self.fields(params)
+        self.policy.check_scope(grant, scope)
+        spec, sha = self.resolve(repo, commit, scope)
         answer = self.cache.ready_answer(spec, sha, lock_wait=0.0)
         if answer is not None:
-            self.answered(answer)
+            self.metrics.answer(answer.state, "")
+            with self.recent_lock:
+                self.recent_uses[(spec.key, sha)] = time.monotonic()
         return answer, wait
 
     def ensure(self, params: dict, grant: Grant = ANONYMOUS) -> Answer:
@@ -129,7 +156,7 @@ class Service:
             raise Stopping()
 
     def answered(self, answer: Answer) -> None:
-        self.metrics.answers.labels(answer.state, answer.error or "").inc()
+        self.metrics.answer(answer.state, answer.error or "")
         self.note_use(answer)
 
     def note_use(self, answer: Answer) -> None:

@@ -263,7 +263,7 @@ class RootPaths:
         return os.path.join(self.root, "unreachable", f"{key}{FAILURE_RECORD_SUFFIX}")
 
     def repo(self, key: str) -> "RepoPaths":
-        return RepoPaths(os.path.join(self.root, "repos", key))
+        return RepoPaths(f"{self.root}/repos/{key}")
 
     def repo_keys(self) -> list[str]:
         return [name for name in entries(self.repos_dir) if not name.startswith(".")]
@@ -325,11 +325,12 @@ class RepoPaths:
     def checkouts_dir(self) -> str:
         return os.path.join(self.base, "checkouts")
 
+    # The two paths of every ready answer: plain concatenation (a key and a sha hold no '/').
     def checkout(self, sha: str) -> str:
-        return os.path.join(self.base, "checkouts", sha)
+        return f"{self.base}/checkouts/{sha}"
 
     def ready_marker(self, sha: str) -> str:
-        return os.path.join(self.base, "checkouts", sha, ".git", READY_MARKER)
+        return f"{self.base}/checkouts/{sha}/.git/{READY_MARKER}"
 
     @staticmethod
     def ready_marker_in(checkout_dir: str) -> str:

@@ -85,9 +85,11 @@ def looks_intact(checkout_dir: str, record: dict) -> bool:
     names = record.get("top")
     if not isinstance(names, list):
         return False
+    prefix = checkout_dir + "/"  # not os.path.join: this runs for every ready answer
     try:
-        for name in [".git", *names]:
-            os.lstat(os.path.join(checkout_dir, name))
+        os.lstat(prefix + ".git")
+        for name in names:
+            os.lstat(prefix + name)
     except (FileNotFoundError, NotADirectoryError, TypeError):
         return False
     return True
