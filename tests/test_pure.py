@@ -152,13 +152,13 @@ def test_bad_durations(text):
     assert err.value.code == "BAD_ARGUMENT"
 
 
-@pytest.mark.parametrize("text,size", [("1024", 1024), ("500M", 500 << 20), ("20G", 20 << 30), ("1.5K", 1536),
+@pytest.mark.parametrize("text,size", [("1024B", 1024), ("500M", 500 << 20), ("20G", 20 << 30), ("1.5K", 1536),
                                        ("2GiB", 2 << 30), ("3gb", 3 << 30)])
 def test_sizes(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["lots", "-1", "5X", "1e9"])
+@pytest.mark.parametrize("text", ["lots", "-1", "5X", "1e9", "1024"])  # a bare number: no unit
 def test_bad_sizes(text):
     with pytest.raises(CheckoutCacheError):
         parse_size(text)

@@ -207,8 +207,13 @@ def test_tokens_are_told_apart_by_what_they_are_not_by_their_order(root, tmp_pat
         assert held.held and mine.held
         assert limited.release(held.hold_id).error == "UNKNOWN_HOLD"
         assert everyone.release(held.hold_id) is None and limited.release(mine.hold_id) is None
-        names = {line.get("token") for line in journal_lines(running) if line.get("logger") == "checkoutcache.access"}
-        assert len(names - {None}) == 2 and not any(TOKEN in str(n) or SCOPED in str(n) for n in names)
+        def token_names() -> set:  # access lines are written in batches: wait for both
+            named = {line.get("token") for line in journal_lines(running)
+                     if line.get("logger") == "checkoutcache.access"} - {None}
+            return named if len(named) >= 2 else set()
+
+        names = wait_until(token_names, 10, "both tokens' access lines")
+        assert len(names) == 2 and not any(TOKEN in str(n) or SCOPED in str(n) for n in names)
     finally:
         running.stop()
 
@@ -341,6 +346,7 @@ def test_access_refusals_clones_and_gc_are_logged_as_json_without_secrets(serve,
     client.gc()
     wait_until(lambda: any(l.get("event") == "clone_published" for l in journal_lines(serve)), 30,
                "the clone's publication to be logged")
+    wait_until(lambda: any(l.get("endpoint") == "/v1/gc" for l in journal_lines(serve)), 10, "gc's access line")
     lines = journal_lines(serve)
     access = [l for l in lines if l.get("logger") == "checkoutcache.access"]
     assert {(l["endpoint"], l["status"]) for l in access} >= {("/v1/ensure", 200), ("/v1/status", 401),
