@@ -10,7 +10,9 @@ commit and its death (even by SIGKILL) frees the commit at once. Steps:
              -> rename scratch tree to checkouts/<sha>  -> ready marker (last)
 
 On failure it records the code and back-off, removes its scratch and exits; a
-wall-clock limit stops it with TIMEOUT. Kill points for the fault tests are
+wall-clock limit stops it with TIMEOUT. SIGTERM (serve or a container
+stopping) ends it cleanly with no verdict at all: its git killed, its scratch
+and record removed, nothing counted against the commit; the next ask clones it. Kill points for the fault tests are
 named by the test hook CHECKOUTCACHE_TEST_KILL_AT (read by the worker and gc
 only; see README "Test hooks").
 """
@@ -21,10 +23,11 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from checkoutcache.bundles.seed import REBUILD, SeedResult, seed_mirror
 from checkoutcache.bundleuri import bundle_key
@@ -66,7 +69,7 @@ PROGRESS_INTERVAL = 0.25
 # Observability hook: when set, every clone appends one JSON line per event
 # (started, published, discarded, failed) to this file, outside the root.
 JOURNAL = "CHECKOUTCACHE_CLONE_JOURNAL"
-EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_DIED = 0, 1, 3, 137
+EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_STOPPED, EXIT_DIED = 0, 1, 3, 143, 137
 # Review refs fetched per round while looking for a commit (fetch_from_review_refs).
 REVIEW_BATCH = 200
 
@@ -656,6 +659,25 @@ class Worker:
             code, detail = "CLONE_FAILED", f"{type(exc).__name__}: {exc}"
         return (code, *describe(code, detail=redact(detail, self.secrets), commit=self.sha))
 
+    def on_stop(self) -> None:
+        """SIGTERM (serve stopping, or the container): this attempt ends cleanly and leaves
+        no verdict: no failure, no death, no scratch, no record; the next ask clones the
+        commit again. A run already publishing or failing finishes that instead (it takes
+        milliseconds)."""
+        if not self._finishing.acquire(blocking=False):
+            return
+        RUNNING.kill_all()
+        self.log("stopped by SIGTERM before it could finish: nothing is recorded against the commit; "
+                 "the next ask clones it again", always=True)
+        self.journal("stopped", seconds=round(time.time() - self.started_at, 3))
+        records.remove_quietly(self.paths.clone_record(self.sha))
+        if self.deaths:  # an earlier run of deaths still counts
+            records.write_json(self.paths.deaths_record(self.sha),
+                               {"commit": self.sha, "deaths": self.deaths, "at": time.time()})
+        if self.scratch is not None:
+            remove_tree(self.scratch.path)
+        os._exit(EXIT_STOPPED)
+
     def on_timeout(self) -> None:
         if not self._finishing.acquire(blocking=False):
             return  # publishing or failing right now: let that finish
@@ -693,7 +715,27 @@ def run_worker(root: str, key: str, sha: str, config: Config, credential: Creden
     # Group members share the root (several uids): what git writes for us is group
     # writable and never world-writable, whatever the caller's umask was.
     set_shared_umask()
-    return Worker(RootPaths(root).repo(key), sha, config, credential, deaths).run()
+    worker = Worker(RootPaths(root).repo(key), sha, config, credential, deaths)
+    stop_on_sigterm(worker.on_stop)
+    return worker.run()
+
+
+def stop_on_sigterm(on_stop: Callable[[], None]) -> None:
+    """Call on_stop on a thread of its own when SIGTERM comes, even while the main thread
+    is inside a C call (libgit2's fetch): the C-level handler writes the signal to a wakeup
+    pipe at once, and that thread is blocked reading it. Only for a worker process of its
+    own (never a submodule's inline run, which shares its superproject's process)."""
+    read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    os.set_blocking(read_end, True)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the Python-level handler: the thread does the work
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+
+    def wait() -> None:
+        while os.read(read_end, 1) != bytes([signal.SIGTERM]):
+            pass
+        on_stop()
+
+    threading.Thread(target=wait, name="cc-sigterm", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -9,15 +9,23 @@ children that are not its own (processes its code started and waits for
 itself, e.g. through subprocess) and have been zombies for a while, so no
 exit status our own code waits for is ever taken from it. No SIGCHLD handler:
 the event loop (uvloop) owns that signal for its own subprocesses.
+
+At a stop, `workers()` names the clone workers still running among them (their
+process titles say so), so serve can give them the rest of its stop bound and
+then SIGTERM them (worker.on_stop: a clean end with no verdict).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
+# A clone worker's command line: forked ones retitle themselves (spawn._retitle), spawned
+# ones run the module.
+WORKER_MARKS = (b"checkoutcache-worker ", b"checkoutcache.clone.worker")
 
 
 def become_subreaper() -> bool:
@@ -77,3 +85,32 @@ class Reaper:
             self.seen.pop(pid, None)
         for gone in set(self.seen) - current:
             self.seen.pop(gone, None)
+
+    def workers(self) -> list[int]:
+        """Our children that are clone workers and still running (exited ones are reaped here)."""
+        running = []
+        for pid in self.children():
+            if pid in self.own:
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    cmdline = handle.read()
+            except OSError:
+                continue
+            if not any(mark in cmdline for mark in WORKER_MARKS):
+                continue
+            if self.is_zombie(pid):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                continue
+            running.append(pid)
+        return running
+
+    def stop_workers(self, pids: list[int]) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass

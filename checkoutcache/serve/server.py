@@ -19,10 +19,12 @@ SIGTERM (or SIGINT): stop accepting; requests waiting on a clone are answered
 SHUTTING_DOWN (503, Retry-After) at once; in-flight answers get --stop-timeout
 (20 s by default, under Kubernetes' 30 s); holds are released; the process
 exits, 0 when everything finished within the bound. A watchdog thread holds
-the bound whatever blocks. Clone workers are processes of their own: a worker
-that finishes before the container's PID namespace goes publishes; one still
-running when it goes dies with it, and the next start finds its commit absent
-(its scratch reaped, its record a dead owner's) and clones it again.
+the bound whatever blocks. Clone workers are processes of their own, reparented
+to us: they get what is left of the bound to publish; those still running near
+its end get SIGTERM, which ends each cleanly (no failure or death recorded, its
+scratch removed), and the next ask clones the commit again. (Without the stop,
+a container's PID namespace going kills them with SIGKILL: their commits are
+found absent too, with one death counted.)
 """
 
 from __future__ import annotations
@@ -254,11 +256,36 @@ def _run(servers: list, service: Service, settings: ServeSettings, address, heal
         _, pending = await asyncio.wait(tasks, timeout=settings.stop_timeout)
         log.info("drained in %.2fs, %d listener(s) cut off", time.monotonic() - started, len(pending),
                  extra={"event": "drained", "seconds": round(time.monotonic() - started, 3), "cut_off": len(pending)})
+        await finish_clones(reaper, started + settings.stop_timeout)
         watchdog.cancel()
         return 1 if pending or failed or not up else 0
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main())
+
+
+async def finish_clones(reaper: Reaper, deadline: float) -> None:
+    """Our clone workers get what is left of the stop bound to publish; those still running
+    near its end are SIGTERMed, which ends each cleanly (no failure, no death, no scratch:
+    worker.on_stop), so the next start, or any asker, clones their commits again. A worker
+    that cannot be reached in time dies with the container's PID namespace instead, and is
+    counted as a death once (store/liveness: its lock is free, its record a dead owner's)."""
+    reserve = min(1.0, max(0.0, deadline - time.monotonic()) / 4)  # for the SIGTERMed to clean up
+    running = reaper.workers()
+    if running:
+        log.info("waiting for %d clone(s) in flight", len(running), extra={"event": "waiting_for_clones",
+                                                                           "clones": len(running)})
+    while running and time.monotonic() < deadline - reserve:
+        await asyncio.sleep(0.05)
+        running = reaper.workers()
+    if not running:
+        return
+    log.warning("stopping %d clone(s) that could not finish within the stop timeout; their commits are cloned "
+                "again on the next ask", len(running), extra={"event": "stopping_clones", "clones": len(running)})
+    reaper.stop_workers(running)
+    while running and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        running = reaper.workers()
 
 
 def served_version() -> str:

@@ -377,8 +377,8 @@ class Service:
             self.metrics.clones.labels("failed", error or "other").inc()
         elif kind == "started":
             self.metrics.clones.labels("started", "").inc()
-        elif kind == "died":
-            self.metrics.clones.labels("died", "").inc()
+        elif kind in ("died", "stopped"):
+            self.metrics.clones.labels(kind, "").inc()
         elif kind == "seeded":
             outcome, reason = event.get("outcome"), event.get("reason") or ""
             self.metrics.seeds.labels(outcome if outcome in SEED_OUTCOMES else "other",

@@ -1,0 +1,82 @@
+"""A TCP proxy with a gate, in front of a real server (git daemon): while the
+gate is shut, connections are accepted and their bytes held (nothing reaches
+the server), so a clone is stuck in its fetch for as long as a test needs,
+whatever the machine's speed; opening the gate lets every held connection
+through. `held` counts connections that met the shut gate, so a test knows
+a fetch has begun without sleeping."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class GatedProxy:
+    def __init__(self, target_port: int, host: str = "127.0.0.1"):
+        self.target = (host, target_port)
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind((host, 0))
+        self.server.listen(64)
+        self.port = self.server.getsockname()[1]
+        self.held = 0
+        self._open = threading.Event()
+        self._open.set()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, name: str) -> str:
+        return f"git://{self.target[0]}:{self.port}/{name}"
+
+    def shut(self) -> None:
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._sockets.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        if not self._open.is_set():
+            with self._lock:
+                self.held += 1
+            self._open.wait()
+        try:
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._sockets.append(upstream)
+        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+        self._pump(client, upstream)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._open.set()
+        self.server.close()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
