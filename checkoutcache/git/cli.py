@@ -61,12 +61,22 @@ _WRAPPERS = re.compile(r"index-pack failed|fsck error in packed object|fetch-pac
                        r"the remote end hung up unexpectedly", re.I)
 
 
+# git's line after a transport (ssh, a remote helper) failed: the cause is the line the
+# transport printed before it ("Host key verification failed.", "Permission denied ...").
+_TRANSPORT_WRAPPER = re.compile(r"could not read from remote repository", re.I)
+
+
 def last_meaningful_line(text: str) -> str:
     lines = [ln.strip() for ln in re.split(r"[\r\n]+", text) if ln.strip()]
     lines = [ln for ln in lines if not _PROGRESS.match(ln) and not ln.startswith("From ")]
     errors = [ln for ln in lines if ln.lower().startswith(("fatal:", "error:"))]
     telling = [ln for ln in errors if not _WRAPPERS.search(ln)]
-    return (telling or errors or lines or ["(git printed nothing)"])[-1][:300]
+    chosen = (telling or errors or lines or ["(git printed nothing)"])[-1]
+    if _TRANSPORT_WRAPPER.search(chosen):
+        causes = [ln for ln in lines[:lines.index(chosen)] if not ln.lower().startswith(("fatal:", "error:"))]
+        if causes:
+            chosen = f"{causes[-1]} ({chosen})"
+    return chosen[:300]
 
 
 # What the checkout's smudge filter is pointed at: a local path that is never there.

@@ -2,8 +2,9 @@
 
 - Nothing of the caller's applies: every GIT_* variable is dropped (GIT_DIR,
   GIT_WORK_TREE, GIT_ALTERNATE_OBJECT_DIRECTORIES, ...), and neither the
-  system config nor the caller's ~/.gitconfig is read (GIT_CONFIG_NOSYSTEM,
-  GIT_CONFIG_GLOBAL): no filter, hook, insteadOf or fsmonitor of theirs runs.
+  machine's /etc/gitconfig nor the caller's ~/.gitconfig is read
+  (GIT_CONFIG_SYSTEM names our own file, GIT_CONFIG_GLOBAL the operator's or
+  none): no filter, hook, insteadOf or fsmonitor of theirs runs.
 - The operator may give one git config file (CHECKOUTCACHE_GIT_CONFIG) for
   network operations only (probe, fetch): credential helpers, `insteadOf`
   rewrites to a caching proxy, proxies, CA bundles. Local operations
@@ -13,6 +14,12 @@
   runs; the one filter a checkout runs is git-lfs's, enabled by our own config
   (git/backend.py LFS_FILTER) only for commits with LFS files.
 - Nothing can prompt: GIT_TERMINAL_PROMPT=0 and ssh in batch mode.
+- ssh: the operator may name a private key and a known_hosts file
+  (CHECKOUTCACHE_SSH_KEY_FILE, CHECKOUTCACHE_SSH_KNOWN_HOSTS_FILE): ssh then
+  uses that key alone and refuses any host that file does not vouch for.
+  With neither, an operator's core.sshCommand (in CHECKOUTCACHE_GIT_CONFIG)
+  applies: our default ssh command sits at git's system level, the lowest it
+  reads (git/system.gitconfig), never in GIT_SSH_COMMAND, which would win.
 - Only safe transports: GIT_ALLOW_PROTOCOL also binds redirects and submodules.
 - A credential reaches git as a helper scoped to its host (credentials.py):
   in the child's environment only, never on a command line (visible in ps),
@@ -22,10 +29,17 @@
 from __future__ import annotations
 
 import os
+import shlex
 
 from checkoutcache.credentials import CREDENTIAL_VARS, Credential, git_auth
+from checkoutcache.errors import CheckoutCacheError
 
 OPERATOR_CONFIG_VAR = "CHECKOUTCACHE_GIT_CONFIG"
+SSH_KEY_FILE_VAR = "CHECKOUTCACHE_SSH_KEY_FILE"
+SSH_KNOWN_HOSTS_VAR = "CHECKOUTCACHE_SSH_KNOWN_HOSTS_FILE"
+# The same command as system.gitconfig's core.sshCommand (a test keeps them equal).
+SSH_DEFAULT = "ssh -o BatchMode=yes -o ConnectTimeout=30"
+SYSTEM_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "system.gitconfig")
 SAFE_CONFIG = {
     "core.fsmonitor": "false",
     "core.autocrlf": "false",
@@ -66,13 +80,16 @@ def git_env(base: dict[str, str] | None = None, credential: Credential | None = 
     env.update({
         "GIT_TERMINAL_PROMPT": "0",
         "GCM_INTERACTIVE": "never",
-        "GIT_SSH_COMMAND": "ssh -o BatchMode=yes -o ConnectTimeout=30",
         "GIT_ALLOW_PROTOCOL": ALLOWED_PROTOCOLS,
-        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_SYSTEM": SYSTEM_CONFIG,
         "GIT_CONFIG_GLOBAL": operator_config or os.devnull,
         "LC_ALL": "C",
         "LANGUAGE": "C",
     })
+    if url is not None:
+        ssh = ssh_command(base)
+        if ssh is not None:
+            env["GIT_SSH_COMMAND"] = ssh
     config = dict(SAFE_CONFIG)
     if (url is not None or takes_objects) and base.get(FSCK_VAR, "on") != "off":
         config.update(FSCK_CONFIG)
@@ -84,3 +101,24 @@ def git_env(base: dict[str, str] | None = None, credential: Credential | None = 
         env[f"GIT_CONFIG_KEY_{index}"] = key
         env[f"GIT_CONFIG_VALUE_{index}"] = value
     return env
+
+
+def ssh_command(base: dict[str, str]) -> str | None:
+    """GIT_SSH_COMMAND for the operator's key and known_hosts files, or None when neither is
+    set. A named file that cannot be read is BAD_ARGUMENT (naming the variable) before any
+    contact: ssh would say only "Permission denied" or "Host key verification failed"."""
+    key, known = base.get(SSH_KEY_FILE_VAR) or None, base.get(SSH_KNOWN_HOSTS_VAR) or None
+    if key is None and known is None:
+        return None
+    parts = [SSH_DEFAULT]
+    for var, path in ((SSH_KEY_FILE_VAR, key), (SSH_KNOWN_HOSTS_VAR, known)):
+        if path is not None and not (os.path.isabs(path) and os.path.isfile(path) and os.access(path, os.R_OK)):
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{var}={path[:200]!r} is not a readable file "
+                                                          f"(give an absolute path this user can read)")
+    if key is not None:
+        # Only this key: not whatever an agent or ~/.ssh offers first.
+        parts += ["-i", shlex.quote(key), "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none"]
+    if known is not None:
+        parts += ["-o", shlex.quote(f"UserKnownHostsFile={known}"), "-o", "GlobalKnownHostsFile=/dev/null",
+                  "-o", "StrictHostKeyChecking=yes"]
+    return " ".join(parts)

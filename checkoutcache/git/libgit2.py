@@ -24,6 +24,7 @@ from checkoutcache.git.backend import (
     probe_failure,
     write_alternates,
 )
+from checkoutcache.git.env import SSH_KEY_FILE_VAR, SSH_KNOWN_HOSTS_VAR
 
 
 def _errors():
@@ -45,6 +46,16 @@ def _ignore_ambient_config() -> None:
             pass
 
 
+def refuse_ssh_files(url: str) -> None:
+    """libgit2 speaks ssh through libssh2, which takes neither the operator's known_hosts file
+    nor their ssh command: with those set, an ssh URL needs the git CLI (never a silent
+    fallback to ~/.ssh, or to no host key check)."""
+    if url.startswith("ssh://") and (os.environ.get(SSH_KEY_FILE_VAR) or os.environ.get(SSH_KNOWN_HOSTS_VAR)):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{SSH_KEY_FILE_VAR} and {SSH_KNOWN_HOSTS_VAR} apply to the "
+                                                      f"git CLI transport only; set CHECKOUTCACHE_TRANSPORT=cli "
+                                                      f"(or auto, with git installed) for ssh repositories")
+
+
 class Pygit2Backend:
     name = "pygit2"
     fetches_into_refs = False  # the keep-ref is written after the fetch
@@ -53,8 +64,10 @@ class Pygit2Backend:
         _ignore_ambient_config()
 
     @staticmethod
-    def _callbacks(credential: Credential | None, on_progress: Progress | None):
+    def _callbacks(credential: Credential | None, on_progress: Progress | None, url: str):
         import pygit2
+
+        refuse_ssh_files(url)
 
         class Callbacks(pygit2.RemoteCallbacks):
             def __init__(self):
@@ -85,7 +98,7 @@ class Pygit2Backend:
         scratch = tempfile.mkdtemp(prefix="checkoutcache-probe-")
         try:
             repo = pygit2.init_repository(scratch, bare=True)
-            repo.remotes.create_anonymous(url).list_heads(callbacks=self._callbacks(credential, None))
+            repo.remotes.create_anonymous(url).list_heads(callbacks=self._callbacks(credential, None, url))
         except _errors() as exc:
             raise probe_failure(url, is_local, str(exc), secrets) from None
         finally:
@@ -100,7 +113,7 @@ class Pygit2Backend:
         scratch = tempfile.mkdtemp(prefix="checkoutcache-refs-")
         try:
             repo = pygit2.init_repository(scratch, bare=True)
-            heads = repo.remotes.create_anonymous(url).list_heads(callbacks=self._callbacks(credential, None))
+            heads = repo.remotes.create_anonymous(url).list_heads(callbacks=self._callbacks(credential, None, url))
         except _errors():
             return {}
         finally:
@@ -271,7 +284,7 @@ class Pygit2Backend:
         try:
             repo = pygit2.Repository(mirror)
             stats = repo.remotes.create_anonymous(url).fetch(
-                refspecs, callbacks=self._callbacks(credential, on_progress))
+                refspecs, callbacks=self._callbacks(credential, on_progress, url))
         except (pygit2.GitError, OSError, KeyError) as exc:
             text = str(exc) or type(exc).__name__
             log(redact(text, secrets))
