@@ -219,14 +219,24 @@ def _listen(value: Any) -> str:
     return text
 
 
+DEFAULT_LISTEN = "127.0.0.1:8787"
+
+
 @attrs.frozen
 class ServeSettings(Settings):
     """The sidecar's own settings (`checkoutcache serve`)."""
 
-    listen: str = setting("127.0.0.1:8787", "CHECKOUTCACHE_LISTEN",
-                          "The API's TCP address (`:PORT` is loopback); loopback only unless allow-remote.", _listen)
+    @property
+    def api_address(self) -> str | None:
+        """The API's TCP address: --listen, else the default when there is no Unix socket."""
+        return self.listen or (None if self.unix else DEFAULT_LISTEN)
+
+    listen: str | None = setting(None, "CHECKOUTCACHE_LISTEN",
+                                 "The API's TCP address (`:PORT` is loopback); loopback only unless allow-remote. "
+                                 "Needs a token.", _listen, "127.0.0.1:8787, or off with --unix")
     unix: str | None = setting(None, "CHECKOUTCACHE_UNIX_SOCKET",
-                               "Serve the API on this Unix socket (mode 0660) instead of TCP.", _text, "off")
+                               "Serve the API on this Unix socket (mode 0660, the directory's group; no token: the "
+                               "file's permissions decide); with --listen too, on both.", _text, "off")
     health_listen: str | None = setting(None, "CHECKOUTCACHE_HEALTH_LISTEN",
                                         "A second TCP address serving only /healthz, /readyz and /metrics, without "
                                         "a token (for a kubelet and Prometheus; e.g. 0.0.0.0:8788).", _listen, "off")

@@ -1,88 +1,139 @@
-"""The container's parts that can be tested without a Docker engine: the
-entrypoint's command line and environment, the health check, the Dockerfile."""
+"""The image's parts that can be tested without a container engine: the
+entrypoint, the health check against a real serve in every listen form, the
+cron script under cron's PATH, and the Dockerfile's promises. The image itself,
+run by podman, is test_container_image.py and test_deployment.py."""
 
 from __future__ import annotations
 
+import json
 import os
-import signal
+import re
+import socket
 import subprocess
 import sys
-import time
 
-from .helpers import free_port
+import pytest
+
+from .helpers import Serve, free_port, wait_ready
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
-# A clean environment, but with the test's private TMPDIR and HOME (see conftest.private_dirs):
-# serve's journal goes to TMPDIR.
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+DOCKERFILE = open(os.path.join(REPO, "Dockerfile")).read()
+CRON_PATH = "/usr/bin:/bin"  # crontab(5): cron's default PATH
+
+
 def private_env() -> dict:
+    """A clean environment with the test's private TMPDIR and HOME (conftest.private_dirs)."""
     return {name: os.environ[name] for name in ("PATH", "TMPDIR", "HOME", "XDG_CACHE_HOME")}
 
 
-DOCKERFILE = open(os.path.join(os.path.dirname(__file__), "..", "Dockerfile")).read()
+def shim(directory, name: str = "checkoutcache", body: str | None = None) -> None:
+    """A `checkoutcache` command in directory: this checkout's package (or body)."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    with open(path, "w") as handle:
+        handle.write(body or f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m checkoutcache "$@"\n')
+    os.chmod(path, 0o755)
 
 
-def run_entrypoint(tmp_path, env: dict, *args: str) -> str:
-    fake = tmp_path / "fake-checkoutcache"
-    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\necho "MAX=$CHECKOUTCACHE_MAX_CHECKOUTS"\n')
-    fake.chmod(0o755)
+@pytest.mark.parametrize("args,expected", [
+    ((), ["serve"]),
+    (("--grace", "10m"), ["serve", "--grace", "10m"]),
+    (("status",), ["status"]),
+    (("ensure", "https://example.com/r", "a" * 40), ["ensure", "https://example.com/r", "a" * 40]),
+])
+def test_the_entrypoint_runs_serve_or_the_command_given(tmp_path, args, expected):
+    shim(tmp_path / "bin", body='#!/bin/sh\nprintf "%s\\n" "$@"\n')
     done = subprocess.run(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh"), *args],
-                          env={**private_env(), "CHECKOUTCACHE_BIN": str(fake), **env},
+                          env={**private_env(), "PATH": f"{tmp_path / 'bin'}:{CRON_PATH}"},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    return done.stdout
+    assert done.stdout.splitlines() == expected
 
 
-def test_entrypoint_builds_the_serve_command_from_the_environment(tmp_path):
-    out = run_entrypoint(tmp_path, {"CHECKOUTCACHE_ROOT": "/cache", "CHECKOUTCACHE_MAX_CHECKOUTS": "20",
-                                    "CHECKOUTCACHE_GC_INTERVAL": "2m"}, "--grace", "10m").split("\n")
-    assert out[:8] == ["--root", "/cache", "serve", "--gc-interval", "2m", "--listen", "127.0.0.1:8787", "--grace"]
-    assert "MAX=20" in out
-    out = run_entrypoint(tmp_path, {"CHECKOUTCACHE_ROOT": "/c", "CHECKOUTCACHE_UNIX_SOCKET": "/c/cc.sock"})
-    assert "--unix\n/c/cc.sock" in out
+def healthcheck(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(SCRIPTS, "docker-healthcheck")], env=env,
+                          capture_output=True, text=True, timeout=30)
 
 
-def test_entrypoint_refuses_to_start_without_a_root(tmp_path):
-    done = subprocess.run(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh")], env=private_env(),
-                          capture_output=True, text=True)
-    assert done.returncode != 0 and "CHECKOUTCACHE_ROOT" in done.stderr
-
-
-def test_entrypoint_and_healthcheck_against_a_real_server(tmp_path):
-    listen = f"127.0.0.1:{free_port()}"
-    token_file = tmp_path / "checkoutcache-token"  # as the platform mounts a secret
-    token_file.write_text("container-token-0123456789\n")
-    env = {**private_env(), "CHECKOUTCACHE_ROOT": str(tmp_path / "cache"),
-           "CHECKOUTCACHE_LISTEN": listen, "CHECKOUTCACHE_BIN": f"{sys.executable} -m checkoutcache",
-           "CHECKOUTCACHE_API_TOKEN_FILE": str(token_file),
-           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..")}
-    health = [sys.executable, os.path.join(SCRIPTS, "docker-healthcheck")]
-    assert subprocess.run(health, env=env, capture_output=True).returncode == 1  # nothing listening yet
-    server = subprocess.Popen(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh")], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def ipv6_loopback() -> bool:
     try:
-        deadline = time.monotonic() + 30
-        while subprocess.run(health, env=env, capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline and server.poll() is None
-            time.sleep(0.2)
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+FORMS = {
+    "unix": lambda port, tmp: {"CHECKOUTCACHE_UNIX_SOCKET": str(tmp / "cc.sock")},
+    ":port": lambda port, tmp: {"CHECKOUTCACHE_LISTEN": f":{port}"},
+    "host:port": lambda port, tmp: {"CHECKOUTCACHE_LISTEN": f"127.0.0.1:{port}"},
+    "[v6]:port": lambda port, tmp: {"CHECKOUTCACHE_LISTEN": f"[::1]:{port}"},
+    "unix and tcp": lambda port, tmp: {"CHECKOUTCACHE_UNIX_SOCKET": str(tmp / "cc.sock"),
+                                       "CHECKOUTCACHE_LISTEN": f"127.0.0.1:{port}"},
+    "health port, wildcard": lambda port, tmp: {"CHECKOUTCACHE_LISTEN": f"127.0.0.1:{free_port()}",
+                                                "CHECKOUTCACHE_HEALTH_LISTEN": f"0.0.0.0:{port}"},
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_healthcheck_finds_serve_in_every_listen_form(root, tmp_path, form):
+    """Regression: docker-healthcheck reported unhealthy when CHECKOUTCACHE_LISTEN was `:PORT`."""
+    if "v6" in form and not ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    settings = FORMS[form](free_port(), tmp_path)
+    env = {**os.environ, "CHECKOUTCACHE_ROOT": root, "CHECKOUTCACHE_API_TOKEN": "health-token-0123456789", **settings}
+    assert healthcheck(env).returncode == 1  # nothing serving yet
+    running = Serve(root, tmp_path, listen=None, env=env, tokens="")
+    try:
+        done = healthcheck(env)
+        assert done.returncode == 0, done.stderr
     finally:
-        server.send_signal(signal.SIGTERM)  # exec'd: the signal reaches serve itself
-        assert server.wait(30) == 0
+        assert running.stop() == 0
+    done = healthcheck(env)
+    assert done.returncode == 1 and done.stderr.startswith("unhealthy: "), done.stderr
 
 
-def test_dockerfile_runs_serve_as_non_root_with_git_a_volume_and_a_healthcheck():
-    assert "USER checkoutcache" in DOCKERFILE and "useradd" in DOCKERFILE
-    assert "git" in DOCKERFILE and 'VOLUME ["/cache"]' in DOCKERFILE
-    assert '"/src[s3]"' in DOCKERFILE  # s3:// bundle stores (boto3) work in the image
+def test_the_gc_cron_script_works_under_crons_path(root, tmp_path, upstream):
+    """Regression: the cron example failed with "checkoutcache: command not found" under cron's
+    PATH. Installed as pip installs it, the command sits next to the script, not on that PATH."""
+    wait_ready(root, upstream.path, upstream.shas[0])
+    bindir = tmp_path / "venv-bin"
+    shim(bindir)
+    script = bindir / "checkoutcache-gc-cron"
+    script.write_bytes(open(os.path.join(SCRIPTS, "checkoutcache-gc-cron"), "rb").read())
+    script.chmod(0o755)
+    log = tmp_path / "gc.log"
+    cron_env = {"PATH": CRON_PATH, "HOME": os.environ["HOME"], "SHELL": "/bin/sh", "CHECKOUTCACHE_ROOT": root,
+                "CHECKOUTCACHE_MAX_CHECKOUTS": "0", "CHECKOUTCACHE_GRACE": "0", "CHECKOUTCACHE_GC_LOG": str(log)}
+    done = subprocess.run(["/bin/sh", "-c", str(script)], env=cron_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(log.read_text().splitlines()[-1])
+    assert [r["reason"] for r in report["removed"]] == ["lru"]  # it ran gc with the environment's limits
+    example = open(os.path.join(SCRIPTS, "crontab.example")).read()
+    entries = [line.lstrip("# ") for line in example.splitlines()]
+    commands = [line.split(None, 5)[5] for line in entries if re.match(r"[\d*]", line) and len(line.split()) > 5]
+    assert commands and all(c.startswith("/") for c in commands), commands  # full paths: cron's PATH is short
+
+
+def test_the_container_refuses_tcp_without_a_token(tmp_path):
+    shim(tmp_path / "bin")
+    env = {**private_env(), "PATH": f"{tmp_path / 'bin'}:{CRON_PATH}", "CHECKOUTCACHE_ROOT": str(tmp_path / "cache"),
+           "CHECKOUTCACHE_LISTEN": f"127.0.0.1:{free_port()}"}
+    done = subprocess.run(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "needs a bearer token" in done.stdout + done.stderr
+
+
+def test_the_dockerfile_keeps_its_promises():
+    assert "USER checkoutcache" in DOCKERFILE
+    assert "--uid 10001 --gid 10001" in DOCKERFILE and "--gid 10001 checkoutcache" in DOCKERFILE
+    assert "chmod 2775 /cache" in DOCKERFILE  # a new volume starts group-writable and setgid
+    assert "/nonexistent" not in DOCKERFILE and "--create-home" in DOCKERFILE
+    assert 'VOLUME ["/cache"]' in DOCKERFILE and '"/src[s3]"' in DOCKERFILE
+    assert "CHECKOUTCACHE_UNIX_SOCKET=/cache/checkoutcache.sock" in DOCKERFILE
     assert "HEALTHCHECK" in DOCKERFILE and "docker-healthcheck" in DOCKERFILE
     assert 'ENTRYPOINT ["tini", "--", "docker-entrypoint.sh"]' in DOCKERFILE
     for name in ("docker-entrypoint.sh", "docker-healthcheck", "checkoutcache-gc-cron"):
         assert f"scripts/{name}" in DOCKERFILE and os.access(os.path.join(SCRIPTS, name), os.X_OK)
-
-
-def test_the_container_refuses_tcp_without_a_token(tmp_path):
-    env = {**private_env(), "CHECKOUTCACHE_ROOT": str(tmp_path / "cache"),
-           "CHECKOUTCACHE_LISTEN": f"127.0.0.1:{free_port()}", "CHECKOUTCACHE_BIN": f"{sys.executable} -m checkoutcache",
-           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..")}
-    done = subprocess.run(["sh", os.path.join(SCRIPTS, "docker-entrypoint.sh")], env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 2 and "needs a bearer token" in done.stdout + done.stderr

@@ -4,8 +4,8 @@ One process holds everything that must be shared (holds are open descriptors,
 the metrics registry, the worker server, the gc schedule), so granian's HTTP
 servers are embedded in it (granian.server.embed, pinned: its embedded mode is
 marked experimental upstream; our tests drive it), one per listener, all on one
-asyncio event loop (uvloop): the API on TCP (loopback unless --allow-remote)
-or on a Unix socket (0660), and optionally the health port (/healthz, /readyz,
+asyncio event loop (uvloop): the API on TCP (loopback unless --allow-remote,
+a token always), on a Unix socket (0660), or both, and optionally the health port (/healthz, /readyz,
 /metrics without a token, for a kubelet and Prometheus).
 
 Order at start (each step for a reason):
@@ -150,11 +150,12 @@ def wait_listening(addresses: list[tuple[str, int]], sockets: list[str], deadlin
 
 def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPolicy, version: str) -> int:
     unix = settings.unix
-    address = None if unix else parse_listen(settings.listen, settings.allow_remote)
+    address = parse_listen(settings.api_address, settings.allow_remote) if settings.api_address else None
     health = parse_listen(settings.health_listen, allow_remote=True) if settings.health_listen else None
-    if unix is None and not policy.tokens:
+    if address is not None and not policy.tokens:
         raise CheckoutCacheError("BAD_ARGUMENT", what="serving over TCP needs a bearer token: set "
-                                                      "CHECKOUTCACHE_API_TOKEN or --token-file (or serve on --unix)")
+                                                      "CHECKOUTCACHE_API_TOKEN or --token-file (or serve on --unix "
+                                                      "only)")
     if unix:
         prepare_unix_socket(unix)
     reaper = Reaper()
@@ -178,7 +179,7 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     servers = []
     if unix:
         servers.append(make_server(Api(service, Listener(False, None), pools, openapi), settings, uds=unix))
-    else:
+    if address:
         listener = Listener(True, allowed_hosts(*address))
         servers.append(make_server(Api(service, listener, pools, openapi), settings, address=address))
     if health:
@@ -231,13 +232,14 @@ def _run(servers: list, service: Service, settings: ServeSettings, address, heal
             log.error("the listeners did not come up", extra={"event": "start_failed"})
             stop.set()
         else:
-            where = unix or f"http://{address[0]}:{address[1]}"
+            where = " and ".join(w for w in (unix, address and f"http://{address[0]}:{address[1]}") if w)
             log.info("serving %s on %s", service.cache.root, where, extra={
                 "event": "serving", "root": service.cache.root, "api": where,
                 "health": f"http://{health[0]}:{health[1]}" if health else None, "pid": os.getpid()})
             if settings.ready_file:
                 with open(settings.ready_file, "w") as handle:
-                    handle.write(json.dumps({"listening": where, "pid": os.getpid(),
+                    handle.write(json.dumps({"listening": where, "pid": os.getpid(), "unix": unix,
+                                             "tcp": f"http://{address[0]}:{address[1]}" if address else None,
                                              "health": f"http://{health[0]}:{health[1]}" if health else None}))
         stopper = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -6,6 +6,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
 
     <root>/
     ├── README                     says which tool maintains this directory
+    ├── checkoutcache.sock         the image's API socket (CHECKOUTCACHE_UNIX_SOCKET; any
+    │                              name works): serve's, 0660 in the root's group. Names
+    │                              at this level other than those listed here are never
+    │                              touched by checkoutcache.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
     │   └── .health-<pid>-<n>      a probe file /healthz locks, writes and removes at once
