@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import threading
 import urllib.parse
-from typing import Any
+from typing import Any, Mapping
 
 import attrs
 
@@ -210,6 +211,19 @@ class Client:
             self._connect = lambda extra=0.0: _UnixConnection(unix, timeout + extra)
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> "Client":
+        """The client a review container's environment describes (deploy/): CHECKOUTCACHE_API_URL
+        (http://host:port) with CHECKOUTCACHE_API_TOKEN, else the socket CHECKOUTCACHE_UNIX_SOCKET."""
+        environ = os.environ if environ is None else environ
+        token = environ.get("CHECKOUTCACHE_API_TOKEN") or None
+        if environ.get("CHECKOUTCACHE_API_URL"):
+            return cls(environ["CHECKOUTCACHE_API_URL"], token=token, timeout=timeout)
+        if environ.get("CHECKOUTCACHE_UNIX_SOCKET"):
+            return cls(unix=environ["CHECKOUTCACHE_UNIX_SOCKET"], token=token, timeout=timeout)
+        raise ValueError("set CHECKOUTCACHE_API_URL (http://host:port, with CHECKOUTCACHE_API_TOKEN) or "
+                         "CHECKOUTCACHE_UNIX_SOCKET")
 
     # ------------------------------------------------------------ endpoints
     def ensure(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default") -> Answer:
