@@ -122,6 +122,11 @@ class Container:
         self.stop_took = time.monotonic() - started
         return self.stop_took
 
+    def start(self) -> None:
+        """Start the stopped container again (its volumes, environment and command kept), as a
+        kubelet restarts a container."""
+        podman("start", self.name, timeout=120)
+
     def processes(self) -> list[Process]:
         """Every process in the container's PID namespace, read from /proc (the image has no ps)."""
         done = self.exec("sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null", user="0")
@@ -136,6 +141,15 @@ class Container:
 
     def zombies(self) -> list[Process]:
         return [p for p in self.processes() if p.state == "Z"]
+
+    def assert_no_zombie_stays(self, timeout: float = 15) -> None:
+        """Every process is a zombie for a moment after it exits; one nobody reaps stays one
+        (serve reaps its reparented workers within about a second and a half)."""
+        deadline = time.monotonic() + timeout
+        while zombies := self.zombies():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"zombies in {self.name} for {timeout}s: {zombies}")
+            time.sleep(0.2)
 
     def logs(self) -> str:
         done = podman("logs", self.name, check=False)
