@@ -155,7 +155,7 @@ def test_sixty_four_concurrent_clients_while_a_slow_clone_runs(root, tmp_path, u
         running.stop()
 
 
-def test_sigterm_answers_waiting_requests_at_once_and_leaves_clones_running(root, tmp_path, upstream, fake_git):
+def test_sigterm_answers_waiting_requests_at_once_and_lets_the_clone_finish(root, tmp_path, upstream, fake_git):
     running = Server(root, tmp_path, "--gc-interval", "0", env=fake_git('case "$*" in *" checkout "*) sleep 3;; esac'))
     answers = []
     waiter = threading.Thread(target=lambda: answers.append(running.request(
@@ -167,7 +167,7 @@ def test_sigterm_answers_waiting_requests_at_once_and_leaves_clones_running(root
     assert running.stop() == 0
     waiter.join(10)
     assert answers and answers[0][0] == 503 and answers[0][1]["error"] == "SHUTTING_DOWN", answers
-    answer = wait_ready(root, upstream.path, upstream.shas[1])  # the detached worker published on its own
+    answer = wait_ready(root, upstream.path, upstream.shas[1])  # serve waited for the clone to publish
     assert_checkout_matches(answer["path"], upstream.path, upstream.shas[1])
 
 
