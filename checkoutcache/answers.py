@@ -42,6 +42,8 @@ class Answer:
     lfs: str | None = None
     # For a commit with submodules: "included" (their work trees) or "none" (the setting).
     submodules: str | None = None
+    # A sparse checkout's cone: the directories it holds (cones.py); None: the whole tree.
+    sparse: list[str] | None = None
     pid: int | None = None
     # The owner's PID namespace: its pid names the owner only in that namespace.
     pid_namespace: str | None = None

@@ -12,17 +12,31 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Callable
+from typing import Callable, NamedTuple, Sequence
 
 from checkoutcache.answers import Answer, State
+from checkoutcache.cones import Cone, cone_digest, parse_cone
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import (DEFAULT_SCOPE, LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE,
                                     SUBMODULES_SETTING_VAR, RepoSpec, parse_commit, parse_repo)
-from checkoutcache.store.layout import RepoPaths, RootPaths, default_root, existing_key
+from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name, default_root, existing_key
 from checkoutcache.store.ready import (SHARED_LOCK_WAIT, lfs_of, open_marker_shared, ready_record, record_use,
                                       submodules_of)
 
 MAX_WAIT = 24 * 3600.0
+
+
+class Want(NamedTuple):
+    """One validated request: the repository (with its store key), the commit, the cone."""
+
+    spec: RepoSpec
+    sha: str
+    cone: Cone = ()
+
+    @property
+    def name(self) -> str:
+        """The checkout's name in the store (store/layout.py checkout_name)."""
+        return checkout_name(self.sha, cone_digest(self.cone) if self.cone else None)
 
 
 def store_key(root_paths: RootPaths, spec: RepoSpec) -> RepoSpec:
@@ -95,20 +109,21 @@ class Cache:
         return os.environ.get(SUBMODULES_SETTING_VAR) or SUBMODULES_RECURSIVE
 
     def ensure(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
-               on_progress: Callable[[Answer], None] | None = None) -> Answer:
+               on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None) -> Answer:
         """The commit's checkout: ready (with its path), cloning, or failed.
 
         wait: seconds to wait for a clone to finish (0: answer at once).
+        sparse: directories of a sparse checkout in cone mode (cones.py); none: the whole tree.
         Bad input answers `failed` with an input error code (exit_code 2) and writes nothing.
         """
         try:
-            spec, sha = self.request(repo, commit, scope)
+            want = self.request(repo, commit, scope, sparse)
             if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT \
                     or math.isnan(wait):
                 raise CheckoutCacheError("BAD_ARGUMENT", what=f"wait must be 0 to {MAX_WAIT:g} seconds")
         except CheckoutCacheError as exc:
             return Answer.from_error(exc)
-        ready = self.ready_answer(spec, sha)
+        ready = self.ready_answer(want)
         if ready is not None:
             return ready
         from checkoutcache.clone.coordinator import Coordinator
@@ -118,32 +133,35 @@ class Cache:
             config = self.config  # a malformed setting is the caller's input: answered, nothing written
         except CheckoutCacheError as exc:
             return Answer.from_error(exc)
-        return Coordinator(self.paths, config, spec, sha, worker_starter(self.fork_workers)).run(float(wait),
-                                                                                                on_progress)
+        return Coordinator(self.paths, config, want.spec, want.sha, worker_starter(self.fork_workers),
+                           cone=want.cone).run(float(wait), on_progress)
 
-    def request(self, repo: str, commit: str, scope: str = DEFAULT_SCOPE) -> tuple[RepoSpec, str]:
-        """The validated (spec, commit) of a request, with the key of the store to use;
-        CheckoutCacheError (an input error) when it is malformed."""
+    def request(self, repo: str, commit: str, scope: str = DEFAULT_SCOPE,
+                sparse: Sequence[str] | None = None) -> Want:
+        """The validated request, with the key of the store to use; CheckoutCacheError (an
+        input error) when it is malformed."""
         sha = parse_commit(commit)
+        cone = parse_cone(sparse)
         spec = parse_repo(repo, scope, lfs=self.lfs_setting(), submodules=self.submodules_setting())
-        return store_key(self.paths, spec), sha
+        return Want(store_key(self.paths, spec), sha, cone)
 
-    def ready_answer(self, spec: RepoSpec, sha: str, lock_wait: float = SHARED_LOCK_WAIT) -> Answer | None:
+    def ready_answer(self, want: Want, lock_wait: float = SHARED_LOCK_WAIT) -> Answer | None:
         """The ready answer when the checkout is published (its use recorded), else None.
         lock_wait 0: never block (a sidecar's event loop asks so, and on None hands the
         request to a thread that may wait)."""
-        paths = self.paths.repo(spec.key)
+        paths = self.paths.repo(want.spec.key)
+        name = want.name
         try:
-            record = ready_record(paths.ready_marker(sha), lock_wait)
+            record = ready_record(paths.ready_marker(name), lock_wait)
         except OSError:
             record = None  # a marker we may not open: the coordinator answers what and where
         if record is None:
             return None
-        return Answer(state=State.READY, commit=sha, repo=spec.url, path=paths.checkout(sha), lfs=lfs_of(record),
-                      submodules=submodules_of(record))
+        return Answer(state=State.READY, commit=want.sha, repo=want.spec.url, path=paths.checkout(name),
+                      lfs=lfs_of(record), submodules=submodules_of(record), sparse=list(want.cone) or None)
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
-             on_progress: Callable[[Answer], None] | None = None) -> Hold:
+             on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None) -> Hold:
         """ensure, then hold the checkout so that gc cannot evict it until release().
 
         A checkout evicted between the answer and the hold is simply asked for
@@ -151,7 +169,7 @@ class Cache:
         """
         deadline = time.monotonic() + (wait if isinstance(wait, (int, float)) else 0)
         while True:
-            answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress)
+            answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress, sparse=sparse)
             if answer.state != State.READY:
                 return Hold(answer, None)
             fd = open_marker_shared(RepoPaths.ready_marker_in(answer.path))

@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import urllib.parse
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import attrs
 
@@ -226,15 +226,21 @@ class Client:
                          "CHECKOUTCACHE_UNIX_SOCKET")
 
     # ------------------------------------------------------------ endpoints
-    def ensure(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default") -> Answer:
-        _status, body = self._request("POST", "/v1/ensure", {"repo": repo, "commit": commit, "wait": wait,
-                                                             "scope": scope}, _seconds(wait))
+    def ensure(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default",
+               sparse: Sequence[str] | None = None) -> Answer:
+        """sparse: the directories of a sparse checkout (cone mode); none: the whole tree."""
+        request: dict[str, Any] = {"repo": repo, "commit": commit, "wait": wait, "scope": scope}
+        if sparse:
+            request["sparse"] = list(sparse)
+        _status, body = self._request("POST", "/v1/ensure", request, _seconds(wait))
         return answer_from_json(body)
 
     def hold(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default",
-             ttl: Duration | None = None) -> ClientHold:
+             ttl: Duration | None = None, sparse: Sequence[str] | None = None) -> ClientHold:
         """Hold the checkout (ready first, within wait); HoldFailed when it is not held."""
         request: dict[str, Any] = {"repo": repo, "commit": commit, "wait": wait, "scope": scope}
+        if sparse:
+            request["sparse"] = list(sparse)
         if ttl is not None:
             request["ttl"] = ttl
         _status, body = self._request("POST", "/v1/hold", request, _seconds(wait))

@@ -18,6 +18,7 @@ over the default; a malformed value is BAD_ARGUMENT naming where it came from
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Callable
 
 import attrs
@@ -54,6 +55,20 @@ def _on_off(value: Any) -> str:
     text = str(value).strip().lower()
     if text not in ("on", "off"):
         raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not on or off")
+    return text
+
+
+_FILTER = re.compile(r"blob:none|blob:limit=[0-9]{1,12}[kmg]?")
+
+
+def _filter(value: Any) -> str | None:
+    """A partial-clone filter git and every forge that serves partial clones know."""
+    text = str(value).strip().lower()
+    if text in ("off", "none", ""):
+        return None
+    if not _FILTER.fullmatch(text):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not a filter this cache uses: "
+                                                      f"blob:none, blob:limit=SIZE (e.g. 1m) or off")
     return text
 
 
@@ -205,6 +220,11 @@ class Config(Settings):
         "Seed a new mirror from the bundles at this s3://, https:// or file:// location before fetching "
         "from upstream (README \"Fleets: seeding from bundles\"); also where `bundle publish` writes.",
         parse_bundle_uri, "off")
+    filter: str | None = setting(None, "CHECKOUTCACHE_FILTER",
+                                 "Make new mirrors partial clones with this filter (blob:none: commits and trees "
+                                 "only; a checkout fetches the blobs it needs, once). For monorepos; needs the git "
+                                 "CLI transport and a server that allows filters (else a full mirror, status says "
+                                 "why).", _filter, "off")
     seed_timeout: float = setting(120.0, "CHECKOUTCACHE_SEED_TIMEOUT",
                                   "The longest a new mirror spends taking in bundles; not counted in the clone "
                                   "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")

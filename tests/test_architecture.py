@@ -6,7 +6,7 @@ above its own.
 Layers, bottom to top (a module may import its own layer and those below):
 
     ground  errors, units, testhooks, credentials
-    base    config, repospec, answers, bundleuri
+    base    config, repospec, cones, answers, bundleuri
     store < git < bundles < clone < cache < upkeep < serve < cli, client (the API's typed client)
 
 checkoutcache/__init__.py (the public API) and __main__.py are exempt from
@@ -25,7 +25,7 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", PACKAGE)
 
 LAYERS = [
     {"errors", "units", "testhooks", "credentials"},
-    {"config", "repospec", "answers", "bundleuri"},
+    {"config", "repospec", "cones", "answers", "bundleuri"},
     {"store"}, {"git"}, {"bundles"}, {"clone"}, {"cache"}, {"upkeep"}, {"serve"}, {"cli", "client"},
 ]
 EXEMPT = {PACKAGE, f"{PACKAGE}.__main__"}

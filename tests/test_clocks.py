@@ -28,16 +28,16 @@ YEARS = 5 * 365 * 86400.0
 @freeze_time("2030-06-01 12:00:00")
 def test_a_last_use_in_the_future_counts_as_now():
     now = time.time()
-    future = Entry(repo="r", sha="f" * 40, last_used=now + YEARS, size=1)
-    past = Entry(repo="r", sha="a" * 40, last_used=now - 3600, size=1)
+    future = Entry(repo="r", name="f" * 40, last_used=now + YEARS, size=1)
+    past = Entry(repo="r", name="a" * 40, last_used=now - 3600, size=1)
     assert last_use(future.last_used, now) == now and idle_seconds(future.last_used, now) == 0
     assert idle_seconds(past.last_used, now) == 3600
     # The future one is the most recently used: the past one goes first, the future one is in grace.
     plan = plan_eviction([future, past], Limits(grace=60, max_checkouts=0), None, now)
-    assert [(e.entry.sha, e.reason) for e in plan.evict] == [(past.sha, LRU)]
-    assert [(k.entry.sha, k.why) for k in plan.kept] == [(future.sha, GRACE)]
+    assert [(e.entry.name, e.reason) for e in plan.evict] == [(past.name, LRU)]
+    assert [(k.entry.name, k.why) for k in plan.kept] == [(future.name, GRACE)]
     plan = plan_eviction([future, past], Limits(grace=60, max_age=120), None, now)
-    assert [(e.entry.sha, e.reason) for e in plan.evict] == [(past.sha, AGE)]
+    assert [(e.entry.name, e.reason) for e in plan.evict] == [(past.name, AGE)]
 
 
 def test_gc_repairs_a_marker_from_the_future_and_evicts_it_later(root, upstream):

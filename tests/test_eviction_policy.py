@@ -17,11 +17,11 @@ G = 1 << 30
 
 def entry(name: str, idle: float, size: int = 100, held: bool = False, now: float | None = None) -> Entry:
     now = time.time() if now is None else now
-    return Entry(repo="r", sha=name, last_used=now - idle, size=size, held=held)
+    return Entry(repo="r", name=name, last_used=now - idle, size=size, held=held)
 
 
 def evicted(plan) -> list[str]:
-    return [e.entry.sha for e in plan.evict]
+    return [e.entry.name for e in plan.evict]
 
 
 @freeze_time("2026-11-29 12:00:00")
@@ -37,7 +37,7 @@ def test_grace_boundary_is_exactly_fifteen_minutes():
     entries = [entry("at-15m", GRACE), entry("just-over", GRACE + 0.001), entry("inside", GRACE - 1)]
     plan = plan_eviction(entries, Limits(max_checkouts=0), None, time.time())
     assert evicted(plan) == ["just-over"]
-    assert sorted((k.entry.sha, k.why) for k in plan.kept) == [("at-15m", "grace"), ("inside", "grace")]
+    assert sorted((k.entry.name, k.why) for k in plan.kept) == [("at-15m", "grace"), ("inside", "grace")]
     assert plan.unmet[0].limit == "max-checkouts" and plan.unmet[0].actual == 2
 
 
@@ -52,7 +52,7 @@ def test_held_checkouts_are_never_evicted_whatever_their_age():
     entries = [entry("held", 30 * 24 * 3600, held=True), entry("idle", 60 * MIN)]
     plan = plan_eviction(entries, Limits(max_checkouts=0, max_age=MIN), None, time.time())
     assert evicted(plan) == ["idle"]
-    assert [(k.entry.sha, k.why) for k in plan.kept] == [("held", "held")]
+    assert [(k.entry.name, k.why) for k in plan.kept] == [("held", "held")]
 
 
 @freeze_time("2026-11-29 12:00:00")
@@ -96,7 +96,7 @@ def test_unmet_disk_target_names_what_protected_it():
     limits = Limits(min_free=FreeTarget(bytes=10 * G), free_headroom=FreeTarget(bytes=0))
     plan = plan_eviction(entries, limits, Disk(total=100 * G, free=2 * G), time.time())
     assert evicted(plan) == ["idle"]
-    assert [(k.entry.sha, k.why, k.limit) for k in plan.kept] == [("busy", "grace", "min-free")]
+    assert [(k.entry.name, k.why, k.limit) for k in plan.kept] == [("busy", "grace", "min-free")]
     assert plan.unmet[0].limit == "min-free" and plan.unmet[0].actual == 3 * G
 
 

@@ -303,7 +303,7 @@ def test_gc_bad_limits_are_bad_input(three_idle_shared, args):
     before = store_snapshot(root)
     code, answer, _ = run_cli("gc", *args, root=root)
     assert code == 2 and answer["error"] == "BAD_ARGUMENT"
-    assert len(only_repo(root).checkout_shas()) == 3 and store_snapshot(root) == before
+    assert len(only_repo(root).checkout_names()) == 3 and store_snapshot(root) == before
 
 
 def test_limits_come_from_the_environment(root, three_ready):

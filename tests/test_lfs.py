@@ -100,7 +100,7 @@ def test_an_object_missing_upstream_is_lfs_failed_and_nothing_is_published(root,
     assert code == 1 and answer["error"] == "LFS_FAILED", (answer, out)
     assert answer["retry_after"] > 0
     store = only_store(root)
-    assert store.checkout_shas() == [] and os.listdir(store.scratch_dir) == []
+    assert store.checkout_names() == [] and os.listdir(store.scratch_dir) == []
     # Within the back-off: answered from the record, no new attempt.
     code, again, _ = run_cli("ensure", lfs_upstream.path, sha, root=root)
     assert code == 1 and again["error"] == "LFS_FAILED"
@@ -285,4 +285,4 @@ def test_the_smudge_filter_never_downloads(root, lfs_upstream, fake_git):
     vanish = fake_git(f'case "$*" in *" checkout "*) rm -rf {root}/repos/*/lfs/objects;; esac')
     code, answer, out = run_cli("ensure", lfs_upstream.path, sha, "--wait", "60", root=root, env=vanish)
     assert code == 1 and answer["error"] == "LFS_FAILED", out
-    assert only_store(root).checkout_shas() == []
+    assert only_store(root).checkout_names() == []

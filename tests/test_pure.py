@@ -188,7 +188,7 @@ def test_layout_paths_and_default_root(fs, monkeypatch):
     fs.create_dir(paths.checkout(sha))
     fs.create_dir(paths.checkout("b" * 40))
     fs.create_file(paths.checkouts_dir + "/stray.txt")
-    assert paths.checkout_shas() == ["a" * 40, "b" * 40]
+    assert paths.checkout_names() == ["a" * 40, "b" * 40]
     assert RootPaths("/srv/cc").repo_keys() == ["k" * 32]
 
 

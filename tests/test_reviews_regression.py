@@ -77,8 +77,8 @@ def test_six_concurrent_reviews_with_gc_at_a_limit_of_three(root, tmp_path):
     assert any('"grace"' in line for line in reports), "gc reported what the grace window kept"
 
     # The reviews are over: once their grace has passed, gc trims to the limit.
-    last_use = max(os.stat(marker(store.checkout(sha))).st_mtime for sha in store.checkout_shas())
+    last_use = max(os.stat(marker(store.checkout(sha))).st_mtime for sha in store.checkout_names())
     wait_until(lambda: time.time() > last_use + GRACE + 0.1, GRACE + 30, "the last review's grace to pass")
     code, report, _ = run_cli("gc", "--max-checkouts", "3", "--grace", str(GRACE), root=root)
     assert code == 0 and report["unmet"] == []
-    assert len(store.checkout_shas()) == 3
+    assert len(store.checkout_names()) == 3

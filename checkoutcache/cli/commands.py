@@ -95,6 +95,11 @@ def fail(ctx: Context, exc: CheckoutCacheError) -> int:
     return answer.exit_code
 
 
+SPARSE_HELP = ("A sparse checkout (cone mode) of this directory of the tree, repeatable: only these "
+               "directories, and the files directly in the root and in their ancestors. Each cone is a "
+               "checkout of its own.")
+
+
 def repo_key_in(ctx: Context, repo: str | None, scope: str) -> str | None:
     """The key of REPO's store in this root (None: every repository)."""
     if repo is None:
@@ -114,9 +119,11 @@ def repo_key_in(ctx: Context, repo: str | None, scope: str) -> str | None:
               help="Wait up to this long for a clone to finish (900, 15m...). Default: answer at once.")
 @click.option("--scope", default="default", metavar="NAME",
               help="Owner scope (tenant, deployment): distinct scopes never share a checkout.")
+@click.option("--sparse", multiple=True, metavar="DIR", help=SPARSE_HELP)
 @settings_options(Config)
 @pass_context
-def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str, **options) -> int:
+def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str, sparse: tuple[str, ...],
+           **options) -> int:
     """Answer ready (with the path), cloning, or failed for COMMIT of REPO."""
     try:
         load_config(ctx, options)
@@ -125,7 +132,7 @@ def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str, **option
         return fail(ctx, exc)
     bar = ProgressBar() if seconds > 0 and sys.stderr.isatty() else None  # a person is watching
     try:
-        answer = ctx.cache().ensure(repo, commit, wait=seconds, scope=scope, on_progress=bar)
+        answer = ctx.cache().ensure(repo, commit, wait=seconds, scope=scope, on_progress=bar, sparse=sparse)
     finally:
         if bar is not None:
             bar.close()
@@ -212,10 +219,11 @@ def verify(ctx: Context, repo: str | None, commit: str | None, scope: str, remov
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--wait", default="10m", metavar="SECONDS", help="Wait up to this long for the checkout. Default 10m.")
 @click.option("--scope", default="default", metavar="NAME", help="Owner scope.")
+@click.option("--sparse", multiple=True, metavar="DIR", help=SPARSE_HELP)
 @settings_options(Config)
 @pass_context
 def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...], wait: str, scope: str,
-                 **options) -> int:
+                 sparse: tuple[str, ...], **options) -> int:
     """Run COMMAND in the checkout, holding it against eviction; exit with its status.
 
     Use `--` before COMMAND. If the checkout cannot be made ready, the answer
@@ -233,7 +241,7 @@ def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...],
     except CheckoutCacheError as exc:
         emit_answer(Answer.from_error(exc), True, sys.stderr)
         return EXIT_EXEC_FAILED
-    return run_held(ctx.cache(), repo, commit, list(command), seconds, scope)
+    return run_held(ctx.cache(), repo, commit, list(command), seconds, scope, sparse)
 
 
 @cli.command()

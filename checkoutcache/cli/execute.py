@@ -19,10 +19,11 @@ from checkoutcache.cli.output import ProgressBar, emit_answer
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-def run_held(cache: Cache, repo: str, commit: str, command: list[str], wait: float, scope: str) -> int:
+def run_held(cache: Cache, repo: str, commit: str, command: list[str], wait: float, scope: str,
+             sparse: tuple[str, ...] = ()) -> int:
     bar = ProgressBar() if wait > 0 and sys.stderr.isatty() else None
     try:
-        hold = cache.hold(repo, commit, wait=wait, scope=scope, on_progress=bar)
+        hold = cache.hold(repo, commit, wait=wait, scope=scope, on_progress=bar, sparse=sparse)
     finally:
         if bar is not None:
             bar.close()

@@ -1,6 +1,6 @@
 """The CLI's ready answer, before click, attrs or anything else is imported.
 
-`checkoutcache [--root DIR] [--json] ensure REPO COMMIT [--scope NAME]` is the
+`checkoutcache [--root DIR] [--json] ensure REPO COMMIT [--scope NAME] [--sparse DIR]...` is the
 call made on nearly every tool call of every review. When its checkout is
 ready, this module answers it with the standard library and the package's
 small modules only (the same validation, key and marker check as Cache.ensure,
@@ -32,30 +32,35 @@ def ready_answer(argv: list[str]) -> int | None:
     request = _ensure_request(argv)
     if request is None:
         return None
-    root, as_json, repo, commit, scope = request
+    root, as_json, repo, commit, scope, sparse = request
+    from checkoutcache.cones import cone_digest, parse_cone
     from checkoutcache.errors import CheckoutCacheError
     from checkoutcache.repospec import (LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE, SUBMODULES_SETTING_VAR,
                                         parse_commit, parse_repo)
-    from checkoutcache.store.layout import RootPaths, default_root, existing_key
+    from checkoutcache.store.layout import RootPaths, checkout_name, default_root, existing_key
     from checkoutcache.store.ready import lfs_of, ready_record, submodules_of
 
     try:
         sha = parse_commit(commit)
+        cone = parse_cone(sparse)
         spec = parse_repo(repo, scope, lfs=os.environ.get(LFS_SETTING_VAR) or LFS_ON,
                           submodules=os.environ.get(SUBMODULES_SETTING_VAR) or SUBMODULES_RECURSIVE)
     except CheckoutCacheError:
         return None  # the full CLI explains what is wrong
     root_paths = RootPaths(os.path.realpath(os.path.expanduser(root)) if root else default_root())
     paths = root_paths.repo(existing_key(root_paths, spec.key, spec.legacy_key))
+    name = checkout_name(sha, cone_digest(cone) if cone else None)
     try:
-        record = ready_record(paths.ready_marker(sha))
+        record = ready_record(paths.ready_marker(name))
     except OSError:
         return None  # a marker we may not open: the full CLI says what and where
     if record is None:
         return None
-    path = paths.checkout(sha)
+    path = paths.checkout(name)
     if as_json or not sys.stdout.isatty():
         answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
+        if cone:
+            answer["sparse"] = list(cone)
         if lfs_of(record) is not None:
             answer["lfs"] = lfs_of(record)
         if submodules_of(record) is not None:
@@ -67,8 +72,8 @@ def ready_answer(argv: list[str]) -> int | None:
     return 0
 
 
-def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str] | None:
-    """(root, as_json, repo, commit, scope) of a plain ensure, else None."""
+def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, list[str]] | None:
+    """(root, as_json, repo, commit, scope, sparse directories) of a plain ensure, else None."""
     args = list(argv)
     root, as_json = None, False
     while args and args[0] in ("--root", "--json"):
@@ -82,15 +87,17 @@ def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str] |
             return None
     if not args or args[0] != "ensure":
         return None
-    scope, positional, rest = "default", [], args[1:]
+    scope, positional, sparse, rest = "default", [], [], args[1:]
     while rest:
         arg = rest.pop(0)
         if arg == "--scope" and rest:
             scope = rest.pop(0)
+        elif arg == "--sparse" and rest:
+            sparse.append(rest.pop(0))
         elif arg.startswith("-"):
             return None  # --wait, --help, anything else: the full CLI
         else:
             positional.append(arg)
     if len(positional) != 2:
         return None
-    return root, as_json, positional[0], positional[1], scope
+    return root, as_json, positional[0], positional[1], scope, sparse

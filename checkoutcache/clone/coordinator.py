@@ -23,6 +23,7 @@ from typing import Callable
 
 from checkoutcache.answers import Answer, State
 from checkoutcache.clone.decide import Step, next_failure, next_step_for_not_ready
+from checkoutcache.cones import Cone, cone_digest
 from checkoutcache.config import Config
 from checkoutcache.credentials import Credential, credential_for, unbound_credential_note
 from checkoutcache.errors import CheckoutCacheError, describe
@@ -30,7 +31,7 @@ from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists
-from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name
 from checkoutcache.store.ready import lfs_of, submodules_of, touch_if_ready
 from checkoutcache.store.watch import StateWatch
 from checkoutcache.store.records import Failure, read_failure
@@ -47,35 +48,40 @@ LOOKS_WHILE_LOCK_FLAPS = 3
 RECORD_GRACE = 0.5
 
 
-# start(paths, sha, clone lock fd, config, credential, deaths) -> the pid of a worker that
-# runs on (holding the lock it inherited), or None when the clone ran to its end here.
-Start = Callable[[RepoPaths, str, int, Config, Credential | None, int], int | None]
+# start(paths, checkout name, clone lock fd, config, credential, deaths, cone) -> the pid of a
+# worker that runs on (holding the lock it inherited), or None when the clone ran to its end here.
+Start = Callable[[RepoPaths, str, int, Config, Credential | None, int, Cone], int | None]
 
 
 class Coordinator:
-    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, start: Start):
+    def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, start: Start,
+                 cone: Cone = ()):
         self.root_paths = root_paths
         self.start = start
         self.config = config
         self.spec = spec
-        self.sha = sha
+        self.sha = sha  # the commit, for git and the answers
+        self.cone = cone
+        self.name = checkout_name(sha, cone_digest(cone) if cone else None)  # the checkout, for the store
         self.paths = root_paths.repo(spec.key)
         self.credential = credential_for(spec.url, spec.credential, os.environ)
 
     # ------------------------------------------------------------ answers
     def ready(self) -> Answer:
-        record = records.read_json(self.paths.ready_marker(self.sha), records.MARKER) or {}
-        return Answer(state=State.READY, commit=self.sha, repo=self.spec.url, path=self.paths.checkout(self.sha),
-                      lfs=lfs_of(record), submodules=submodules_of(record))
+        record = records.read_json(self.paths.ready_marker(self.name), records.MARKER) or {}
+        return Answer(state=State.READY, commit=self.sha, repo=self.spec.url, path=self.paths.checkout(self.name),
+                      lfs=lfs_of(record), submodules=submodules_of(record), sparse=list(self.cone) or None)
 
     def failed(self, failure: Failure, now: float) -> Answer:
-        return Answer(state=State.FAILED, commit=self.sha, repo=self.spec.url, error=failure.code,
+        return Answer(state=State.FAILED, commit=self.sha, repo=self.spec.url, sparse=list(self.cone) or None,
+                      error=failure.code,
                       message=failure.message, next=failure.next,
                       retry_after=max(1, int(failure.retry_at - now + 0.999)))
 
     def cloning(self, record: dict | None) -> Answer:
         record = record or {}
-        return Answer(state=State.CLONING, commit=self.sha, repo=self.spec.url, pid=record.get("pid"),
+        return Answer(state=State.CLONING, commit=self.sha, repo=self.spec.url, sparse=list(self.cone) or None,
+                      pid=record.get("pid"),
                       pid_namespace=record.get("pidns"),
                       started_at=iso(record.get("started_at")), progress=record.get("progress") or {})
 
@@ -84,7 +90,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ steps
     def failure(self) -> Failure | None:
-        return read_failure(self.paths.failure_record(self.sha))
+        return read_failure(self.paths.failure_record(self.name))
 
     def owner_record(self) -> dict | None:
         """The clone record of the live owner, or None once the clone lock is free.
@@ -96,10 +102,10 @@ class Coordinator:
         lock is the only evidence) or for the lock to go free."""
         deadline = time.monotonic() + RECORD_GRACE
         while True:
-            record = records.read_json(self.paths.clone_record(self.sha), records.CLONE)
+            record = records.read_json(self.paths.clone_record(self.name), records.CLONE)
             if record and record.get("pid") and _owner_lives(record):
                 return record
-            if not locks.clone_running(self.paths, self.sha):
+            if not locks.clone_running(self.paths, self.name):
                 return None
             if time.monotonic() >= deadline:
                 return record or {}
@@ -145,10 +151,10 @@ class Coordinator:
 
     def step(self) -> Answer:
         """One look at the commit; starts the clone if it is absent."""
-        marker = self.paths.ready_marker(self.sha)
+        marker = self.paths.ready_marker(self.name)
         if touch_if_ready(marker):
             return self.ready()
-        clone_lock = locks.clone_of(self.paths, self.sha)
+        clone_lock = locks.clone_of(self.paths, self.name)
         for _ in range(LOOKS_WHILE_LOCK_FLAPS):
             if clone_lock is not None:
                 break
@@ -158,9 +164,9 @@ class Coordinator:
             # The lock went free while we waited for its owner (gc let go, a worker ended).
             if touch_if_ready(marker):
                 return self.ready()
-            clone_lock = locks.clone_of(self.paths, self.sha)
+            clone_lock = locks.clone_of(self.paths, self.name)
         if clone_lock is None:
-            return self.cloning(records.read_json(self.paths.clone_record(self.sha), records.CLONE) or {})
+            return self.cloning(records.read_json(self.paths.clone_record(self.name), records.CLONE) or {})
         # A worker may have published since our first look: look again under the lock.
         with locks.rechecked(clone_lock, lambda: not touch_if_ready(marker)) as still_absent:
             if still_absent is None:
@@ -169,8 +175,8 @@ class Coordinator:
             failure = self.failure()
             # A clone record while we hold the lock is a dead owner's: it carries the deaths so far
             # (once gc has tidied the dead record away, its count is in the deaths record).
-            dead = records.read_json(self.paths.clone_record(self.sha), records.CLONE) or \
-                records.read_json(self.paths.deaths_record(self.sha), records.DEATHS)
+            dead = records.read_json(self.paths.clone_record(self.name), records.CLONE) or \
+                records.read_json(self.paths.deaths_record(self.name), records.DEATHS)
             decision = next_step_for_not_ready(failure, _deaths(dead), now)
             if decision.step is Step.BACK_OFF:
                 return self.failed(failure, now)
@@ -184,9 +190,9 @@ class Coordinator:
                                self.config.backoff, self.config.backoff_max)
         # The dead owner's record goes first: killed in between, the commit is merely
         # absent (a fresh count); the other order would fail it again after the back-off.
-        records.remove_quietly(self.paths.clone_record(self.sha))
-        records.remove_quietly(self.paths.deaths_record(self.sha))
-        records.write_json(self.paths.failure_record(self.sha), failure.to_record())
+        records.remove_quietly(self.paths.clone_record(self.name))
+        records.remove_quietly(self.paths.deaths_record(self.name))
+        records.write_json(self.paths.failure_record(self.name), failure.to_record())
         return failure
 
     def start_clone(self, clone_lock: locks.Lock, deaths: int = 0) -> Answer:
@@ -195,12 +201,13 @@ class Coordinator:
         # would outlive it and count as a death. The worker rewrites it with its pid.
         record = {"started_at": time.time(), "commit": self.sha, "progress": {"phase": "starting"},
                   "deaths": deaths}
-        records.write_json(self.paths.clone_record(self.sha), record)
-        records.remove_quietly(self.paths.deaths_record(self.sha))  # the count is in the clone record now
+        records.write_json(self.paths.clone_record(self.name), record)
+        records.remove_quietly(self.paths.deaths_record(self.name))  # the count is in the clone record now
         try:
-            pid = self.start(self.paths, self.sha, clone_lock.fileno(), self.config, self.credential, deaths)
+            pid = self.start(self.paths, self.name, clone_lock.fileno(), self.config, self.credential, deaths,
+                             self.cone)
         except OSError as exc:
-            records.remove_quietly(self.paths.clone_record(self.sha))
+            records.remove_quietly(self.paths.clone_record(self.name))
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
         if pid is None:
             return self.outcome()
@@ -210,7 +217,7 @@ class Coordinator:
 
     def outcome(self) -> Answer:
         """What a clone that ran to its end here left: ready, or its failure."""
-        if touch_if_ready(self.paths.ready_marker(self.sha)):
+        if touch_if_ready(self.paths.ready_marker(self.name)):
             return self.ready()
         failure = self.failure()
         if failure is None:
@@ -226,6 +233,10 @@ class Coordinator:
             return self.error(root_error(self.root_paths.root, exc))
 
     def _run(self, wait: float, on_progress: Callable[[Answer], None] | None) -> Answer:
+        if self.cone and not pick_backend(self.config.transport).supports_sparse:
+            return self.error(CheckoutCacheError("BAD_ARGUMENT", what="sparse checkouts need the git CLI transport "
+                                                                      "(CHECKOUTCACHE_TRANSPORT=cli, or auto with "
+                                                                      "git installed)"))
         try:
             unreachable = self.first_contact()
         except CheckoutCacheError as exc:

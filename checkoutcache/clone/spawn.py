@@ -31,6 +31,7 @@ import traceback
 
 import setproctitle
 
+from checkoutcache.cones import Cone
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
     CREDENTIAL_VARS,
@@ -68,38 +69,41 @@ def reap_finished_workers() -> None:
 def worker_starter(fork: bool = False):
     """The coordinator's Start for a detached worker (coordinator.py): forked from this
     process (the CLI), else from serve's worker server, else spawned."""
-    def start(paths: RepoPaths, sha: str, lock_fd: int, config: Config, credential: Credential | None,
-              deaths: int) -> int:
-        return start_worker(paths.root, paths, sha, lock_fd, config, credential, fork=fork, deaths=deaths)
+    def start(paths: RepoPaths, name: str, lock_fd: int, config: Config, credential: Credential | None,
+              deaths: int, cone: Cone = ()) -> int:
+        return start_worker(paths.root, paths, name, lock_fd, config, credential, fork=fork, deaths=deaths,
+                            cone=cone)
 
     return start
 
 
-def start_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                 credential: Credential | None, fork: bool = False, deaths: int = 0) -> int:
-    """Start the worker; returns its pid. deaths: how many workers died on this commit in a row."""
+def start_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config: Config,
+                 credential: Credential | None, fork: bool = False, deaths: int = 0, cone: Cone = ()) -> int:
+    """Start the worker of checkout NAME (a sparse one: its cone); returns its pid. deaths: how
+    many workers died on this checkout in a row."""
     if fork:
-        return _fork_worker(root, paths, sha, lock_fd, config, credential, deaths)
+        return _fork_worker(root, paths, name, lock_fd, config, credential, deaths, cone=cone)
     if _WORKER_SERVER is not None:
         try:
-            return _WORKER_SERVER.start_worker(root, paths.key, sha, lock_fd, config, credential, deaths)
+            return _WORKER_SERVER.start_worker(root, paths.key, name, lock_fd, config, credential, deaths, cone)
         except WorkerServerGone:
             _WORKER_SERVER.reap()  # gone (killed) with nothing of ours: spawning still works
-    return _spawn_worker(root, paths, sha, lock_fd, config, credential, deaths)
+    return _spawn_worker(root, paths, name, lock_fd, config, credential, deaths, cone)
 
 
-def _spawn_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                  credential: Credential | None, deaths: int) -> int:
+def _spawn_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config: Config,
+                  credential: Credential | None, deaths: int, cone: Cone = ()) -> int:
     reap_finished_workers()
     env = without_credentials(os.environ)
     env.update(config.to_env())
     env.update(credential_env(credential))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "checkoutcache.clone.worker", "--root", root, "--key", paths.key,
-           "--commit", sha, "--lock-fd", str(lock_fd), "--deaths", str(deaths)]
+           "--checkout", name, "--lock-fd", str(lock_fd), "--deaths", str(deaths)]
+    cmd += [arg for dir_ in cone for arg in ("--sparse", dir_)]
     # The worker's stderr goes to the commit's log (appended: the history of attempts),
     # so even a crash before the worker sets up its own logging leaves a trace.
-    log_fd = open_created(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND)
+    log_fd = open_created(paths.clone_log(name), os.O_WRONLY | os.O_APPEND)
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env)
@@ -113,8 +117,8 @@ def hide_caller_secrets() -> None:
     setproctitle.setproctitle(redact(" ".join(sys.argv)))
 
 
-def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                 credential: Credential | None, deaths: int, retitle_caller: bool = True) -> int:
+def _fork_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config: Config,
+                 credential: Credential | None, deaths: int, retitle_caller: bool = True, cone: Cone = ()) -> int:
     if retitle_caller:
         # A child starts with our argv, which may carry a token in a URL: clean ours
         # first, so that no instant of any child shows it.
@@ -123,13 +127,13 @@ def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
     middle = os.fork()
     if middle == 0:  # the middle child: a new session, then the worker, then gone
         try:
-            _retitle(sha)
+            _retitle(name)
             os.close(read_end)
             os.setsid()
             worker = os.fork()
             if worker == 0:
                 os.close(write_end)
-                _become_worker(root, paths, sha, lock_fd, config, credential, deaths)
+                _become_worker(root, paths, name, lock_fd, config, credential, deaths, cone)
             os.write(write_end, str(worker).encode())
         finally:
             os._exit(0)
@@ -144,22 +148,22 @@ def _fork_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Co
     return int(answer)
 
 
-def _retitle(sha: str) -> None:
-    setproctitle.setproctitle(f"checkoutcache-worker {sha}")
+def _retitle(name: str) -> None:
+    setproctitle.setproctitle(f"checkoutcache-worker {name}")
 
 
-def _become_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: Config,
-                   credential: Credential | None, deaths: int) -> None:
+def _become_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config: Config,
+                   credential: Credential | None, deaths: int, cone: Cone = ()) -> None:
     code = 1
     try:
-        _retitle(sha)
+        _retitle(name)
         devnull = os.open(os.devnull, os.O_RDWR)
-        log = open_created(paths.clone_log(sha), os.O_WRONLY | os.O_APPEND)
+        log = open_created(paths.clone_log(name), os.O_WRONLY | os.O_APPEND)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.dup2(log, 2)
-        for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
-            fd = int(name)
+        for entry in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+            fd = int(entry)
             if fd > 2 and fd != lock_fd:
                 try:
                     os.close(fd)  # the caller's pipes and sockets must not stay open in us
@@ -171,7 +175,7 @@ def _become_worker(root: str, paths: RepoPaths, sha: str, lock_fd: int, config: 
         os.environ.update(credential_env(credential))
         from checkoutcache.clone.worker import run_worker
 
-        code = run_worker(root, paths.key, sha, config, credential, deaths)
+        code = run_worker(root, paths.key, name, config, credential, deaths, cone)
     except BaseException:
         traceback.print_exc()
     finally:

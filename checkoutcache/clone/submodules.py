@@ -43,6 +43,8 @@ from typing import Callable, Iterator, NamedTuple
 
 import attrs
 
+from checkoutcache import cones
+from checkoutcache.cones import Cone
 from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_repo
@@ -103,15 +105,18 @@ def failed(path: bytes, url: str, detail: str) -> CheckoutCacheError:
 
 
 def submodules_in(backend, tree_dir: str, mirror: str, sha: str, super_url: str,
-                  keep_fds: tuple[int, ...] = ()) -> list[Submodule]:
+                  keep_fds: tuple[int, ...] = (), cone: Cone = ()) -> list[Submodule]:
     """The submodules git checked out as empty directories in tree_dir (the gitlinks
     of its index), each with its URL from the commit's .gitmodules. A commit without
-    a .gitmodules has none (one git execution)."""
+    a .gitmodules has none (one git execution). In a sparse checkout, only those of
+    its cone (git leaves the others out too)."""
     urls = backend.gitmodules(mirror, sha)
     if not urls:
         return []
     found = []
     for path, link in sorted(backend.index_gitlinks(tree_dir, keep_fds).items()):
+        if not cones.contains(cone, path):
+            continue
         if path not in urls:
             raise failed(path, "(none)", "the commit has a submodule .gitmodules does not name")
         found.append(Submodule(path, resolve_url(super_url, urls[path]), link))

@@ -7,7 +7,11 @@ commit and its death (even by SIGKILL) frees the commit at once. Steps:
     scratch  -> mirror (a new one: bundles first, if CHECKOUTCACHE_BUNDLE_URI is set;
                 fetch by id, fallback all refs; keep-ref; LFS objects into lfs/)
              -> checkout (the LFS filter finds every object in lfs/)
-             -> rename scratch tree to checkouts/<sha>  -> ready marker (last)
+             -> rename scratch tree to checkouts/<name>  -> ready marker (last)
+
+<name> is the checkout's (store/layout.py checkout_name): the commit, or the
+commit and a sparse checkout's cone. Records, locks and logs go by the name;
+the mirror's keep-ref and every git command by the commit.
 
 On failure it records the code and back-off, removes its scratch and exits; a
 wall-clock limit stops it with TIMEOUT. SIGTERM (serve or a container
@@ -33,6 +37,7 @@ from checkoutcache.bundles.seed import REBUILD, SeedResult, seed_mirror
 from checkoutcache.bundleuri import bundle_key
 from checkoutcache.clone.decide import next_failure
 from checkoutcache.clone.submodules import Budget, ensure_in_store, making, populate, submodules_in
+from checkoutcache.cones import Cone
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
     Credential,
@@ -58,7 +63,7 @@ from checkoutcache.store.checkouts import (
     to_trash,
 )
 from checkoutcache.store.inventory import NO_SIZES, inventory, record_size
-from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths, RootPaths
+from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths, RootPaths, commit_of
 from checkoutcache.store.modes import open_created, set_shared_umask
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
@@ -84,13 +89,13 @@ def newest_first(refs: dict[str, str]) -> list[str]:
     return sorted(refs, key=key)
 
 
-def open_attempt_log(paths: RepoPaths, sha: str):
-    """The commit's log, opened for one more attempt; a log over the cap is
-    first rotated to <sha>.log.1 (one previous generation is kept)."""
-    log = paths.clone_log(sha)
+def open_attempt_log(paths: RepoPaths, name: str):
+    """The checkout's log, opened for one more attempt; a log over the cap is
+    first rotated to <name>.log.1 (one previous generation is kept)."""
+    log = paths.clone_log(name)
     try:
         if os.path.getsize(log) > CLONE_LOG_CAP:
-            os.replace(log, paths.previous_clone_log(sha))
+            os.replace(log, paths.previous_clone_log(name))
     except OSError:
         pass
     fd = open_created(log, os.O_WRONLY | os.O_APPEND)
@@ -98,9 +103,12 @@ def open_attempt_log(paths: RepoPaths, sha: str):
 
 
 class Worker:
-    def __init__(self, paths: RepoPaths, sha: str, config: Config, credential: Credential | None, deaths: int = 0):
+    def __init__(self, paths: RepoPaths, name: str, config: Config, credential: Credential | None, deaths: int = 0,
+                 cone: Cone = ()):
         self.paths = paths
-        self.sha = sha
+        self.name = name  # the checkout, for the store
+        self.sha = commit_of(name)  # the commit, for git
+        self.cone = cone
         self.config = config
         self.credential = credential
         self.deaths = deaths  # kept in our record: if we die too, the next starter counts on
@@ -129,8 +137,9 @@ class Worker:
         self._last_write = 0.0
         self._finishing = threading.Lock()
         self.scratch: Scratch | None = None
+        self.mirror_is_new = False  # made by this attempt: its first fetch may still make it a full one
         self._logged = 0
-        self._log = open_attempt_log(paths, sha)
+        self._log = open_attempt_log(paths, name)
 
     # ------------------------------------------------------------ bookkeeping
     def log(self, line: str, always: bool = False) -> None:
@@ -154,7 +163,8 @@ class Worker:
         path = os.environ.get(JOURNAL)
         if not path:
             return
-        line = json.dumps({"event": event, "commit": self.sha, "repo": self.paths.key, "pid": self.pid,
+        line = json.dumps({"event": event, "commit": self.sha, "name": self.name, "repo": self.paths.key,
+                           "pid": self.pid,
                            "at": time.time(), **fields})
         try:
             fd = open_created(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
@@ -166,7 +176,7 @@ class Worker:
             pass  # observability only: never the reason a clone fails
 
     def write_record(self) -> None:
-        records.write_json(self.paths.clone_record(self.sha), {
+        records.write_json(self.paths.clone_record(self.name), {
             "pid": self.pid, "pid_start": self.pid_start, "pidns": pid_namespace(), "started_at": self.started_at,
             "commit": self.sha, "progress": self.progress, "transport": self.backend.name, "deaths": self.deaths})
         self._last_write = time.monotonic()
@@ -182,18 +192,18 @@ class Worker:
             checkpoint("during-" + ("checkout" if update.get("phase") == "checking out" else "fetch"))
 
     def record_failure(self, code: str, message: str, next_step: str) -> None:
-        previous = read_failure(self.paths.failure_record(self.sha))
+        previous = read_failure(self.paths.failure_record(self.name))
         failure = next_failure(previous, code, redact(message, self.secrets), next_step, time.time(),
                                self.config.backoff, self.config.backoff_max)
-        records.write_json(self.paths.failure_record(self.sha), failure.to_record())
+        records.write_json(self.paths.failure_record(self.name), failure.to_record())
         self.journal("failed", error=code, seconds=round(time.time() - self.started_at, 3))
         self.log(f"failed: {code}: {failure.message} (attempt {failure.attempts}, retry in "
                  f"{failure.retry_at - failure.failed_at:.0f}s)", always=True)
 
     def cleanup(self) -> None:
         # We finished (published or failed): the run of deaths on this commit is over.
-        records.remove_quietly(self.paths.deaths_record(self.sha))
-        records.remove_quietly(self.paths.clone_record(self.sha))
+        records.remove_quietly(self.paths.deaths_record(self.name))
+        records.remove_quietly(self.paths.clone_record(self.name))
         if self.scratch is not None:
             self.scratch.discard()
 
@@ -202,7 +212,8 @@ class Worker:
         """timer: stop the clone at the clone timeout (a worker process of its own); a
         clone run inline (a submodule's, in its superproject's worker) runs under its
         caller's timer instead."""
-        self.log(f"clone of {self.sha} from {self.url} by pid {self.pid} ({self.backend.name})")
+        cone = f" (sparse: {', '.join(self.cone)})" if self.cone else ""
+        self.log(f"clone of {self.sha}{cone} from {self.url} by pid {self.pid} ({self.backend.name})")
         self.write_record()
         self.journal("started")
         self._timed = timer
@@ -271,12 +282,12 @@ class Worker:
             self._arm_timer()
 
     def clone(self) -> None:
-        if is_published(self.paths, self.sha):
+        if is_published(self.paths, self.name):
             self.log("already published by another clone")  # double-check under our lock
             with self._finishing:
                 self.cleanup()
             return
-        self.scratch = create_scratch(self.paths, self.sha)
+        self.scratch = create_scratch(self.paths, self.name)
         checkpoint("after-scratch")
         try:
             self.fetch_into_mirror()
@@ -292,9 +303,9 @@ class Worker:
         self.on_progress({"phase": "checking out"})
         try:
             self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
-                                  self.log, self.lfs_config)
+                                  self.log, self.lfs_config, cone=self.cone)
         except CheckoutCacheError as exc:
-            if exc.code == "DISK_FULL" or self.backend.objects_readable(self.paths.mirror, self.sha):
+            if exc.code == "DISK_FULL" or self.backend.objects_readable(self.paths.mirror, self.sha, self.cone):
                 raise  # the tree itself cannot be checked out: no rebuild would help
             # The mirror opened but the commit's objects cannot be read (a truncated
             # pack, a lost object): rebuild it once, restoring what other checkouts borrow.
@@ -302,7 +313,7 @@ class Worker:
             remove_tree(self.scratch.tree)
             self.fetch_into_mirror(rebuild=True)
             self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
-                                  self.log, self.lfs_config)
+                                  self.log, self.lfs_config, cone=self.cone)
         self.log("checked out")
         if self.lfs_answer in ("pointers", LFS_OFF) and not self.backend.lfs_in_tree(self.scratch.tree):
             self.lfs_answer = self.lfs_why = None  # no LFS files: nothing to say
@@ -311,16 +322,20 @@ class Worker:
         extra = {**lfs, **self.add_submodules()}
         checkpoint("after-submodules")
         with self._finishing:
-            published = publish(self.paths, self.scratch.tree, self.sha, extra)
+            published = publish(self.paths, self.scratch.tree, self.name, {**extra, **self.cone_marker()})
             # Our record goes at once: its removal is the event a waiter wakes on
             # (store/watch.py); askers find the marker first from now on.
-            records.remove_quietly(self.paths.clone_record(self.sha))
-            records.remove_quietly(self.paths.failure_record(self.sha))
+            records.remove_quietly(self.paths.clone_record(self.name))
+            records.remove_quietly(self.paths.failure_record(self.name))
             self.log("published" if published else "another clone published first; discarded ours", always=True)
             self.journal("published" if published else "discarded", seconds=round(time.time() - self.started_at, 3))
             if published:  # after the marker: readers never wait for this walk
-                record_size(self.paths, self.sha)
+                record_size(self.paths, self.name)
             self.cleanup()
+
+    def cone_marker(self) -> dict:
+        """What the marker records of a sparse checkout: its cone (the answer says it)."""
+        return {"sparse": list(self.cone)} if self.cone else {}
 
     def add_submodules(self) -> dict:
         """The commit's submodules, checked out in our scratch tree (clone/submodules.py);
@@ -330,7 +345,8 @@ class Worker:
             return {"submodules": "none"} if self.backend.gitmodules(self.paths.mirror, self.sha) else {}
         tree_fd = os.open(self.scratch.tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            subs = submodules_in(self.backend, self.scratch.tree, self.paths.mirror, self.sha, self.url)
+            subs = submodules_in(self.backend, self.scratch.tree, self.paths.mirror, self.sha, self.url,
+                                 cone=self.cone)
             if not subs:
                 return {}
             self.on_progress({"phase": "checking out submodules"})
@@ -389,12 +405,40 @@ class Worker:
         if os.path.isdir(self.paths.mirror):
             return False
         build = RepoPaths.scratch_mirror(self.scratch.path)
-        self.backend.init_mirror(build)
+        partial = self.partial_filter()
+        self.backend.init_mirror(build, partial)
         # Not when rebuilding because objects were unreadable: the store may be where
         # the damage came from, so the new mirror comes from upstream alone.
         self.seed(build, keep_fds, skip="rebuilding a mirror whose objects were unreadable" if rebuild else None)
+        if partial is not None:
+            # A bundle's take-in writes an ordinary pack: as a promisor pack it survives gc
+            # (benchmarks/MONOREPO.md A6).
+            mirror.mark_packs_promisor(build)
         os.rename(build, self.paths.mirror)
+        self.mirror_is_new = True
         return True
+
+    def partial_filter(self) -> str | None:
+        """The filter a new mirror is made with (None: a full one), recorded with why not."""
+        wanted = self.config.filter
+        if wanted is None:
+            records.remove_quietly(self.paths.filter_record)
+            return None
+        if not self.backend.supports_partial:
+            self.note_filter(wanted, False, f"the {self.backend.name} transport makes no partial clones: a full "
+                                            f"mirror")
+            return None
+        self.note_filter(wanted, True)
+        return wanted
+
+    def note_filter(self, wanted: str, partial: bool, note: str | None = None) -> None:
+        if note:
+            self.log(note)
+        try:
+            records.write_json(self.paths.filter_record, {"filter": wanted, "partial": partial, "at": time.time(),
+                                                          **({"note": note} if note else {})})
+        except OSError:
+            pass  # observability only
 
     def write_mirror(self, operation):
         """Run one write to the mirror; if it fails with git lock files present, clear them once and retry.
@@ -422,8 +466,10 @@ class Worker:
             self.on_progress(update)
 
         try:
-            self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs, self.credential,
-                                                         track, self.log, keep_fds))
+            refused = self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs,
+                                                                   self.credential, track, self.log, keep_fds))
+            if refused:
+                self.filter_refused()
         except CheckoutCacheError:
             # What the failed fetch wrote (a part of a pack, loose objects) goes now: under our
             # mirror lock no other git writes, and on a full disk it is what the retry needs.
@@ -439,6 +485,38 @@ class Worker:
                 records.write_json(self.paths.seed_record, seed)
             except OSError:
                 pass  # observability only: never the reason a clone fails
+
+    def filter_refused(self) -> None:
+        """The server ignored a partial mirror's filter: it sent every object. A new mirror
+        (this is its first fetch) then holds them all and becomes a full one; an older one
+        stays partial (what it lacks is still promised) and fetches blobs as before."""
+        wanted = self.config.filter or "?"
+        if self.mirror_is_new:
+            self.backend.make_full(self.paths.mirror)
+            self.note_filter(wanted, False, "the server does not allow filters (uploadpack.allowFilter): a full "
+                                            "mirror")
+        else:
+            self.log("the server ignored the filter this time: every object came")
+
+    def fetch_needed_blobs(self, keep_fds: tuple[int, ...]) -> None:
+        """A partial mirror gets the blobs this checkout needs (its cone's, or the whole tree's)
+        in one request, under the mirror lock, with the clone's credentials; they stay for
+        later checkouts. A server that leaves any out fails the clone (never a half tree)."""
+        filter = self.backend.partial_filter(self.paths.mirror) if self.backend.supports_partial else None
+        if filter is None:
+            return
+        missing = self.backend.missing_blobs(self.paths.mirror, self.sha, self.cone)
+        if not missing:
+            return
+        self.on_progress({"phase": "fetching blobs", "total_objects": len(missing)})
+        checkpoint("before-blobs")
+        self.write_mirror(lambda: self.backend.fetch_blobs(self.paths.mirror, self.url, missing, filter,
+                                                           self.credential, self.on_progress, self.log, keep_fds))
+        still = self.backend.missing_blobs(self.paths.mirror, self.sha, self.cone)
+        if still:
+            raise CheckoutCacheError("CLONE_FAILED", detail=f"the server did not send {len(still)} of the "
+                                                            f"{len(missing)} blobs the checkout needs, e.g. {still[0]}")
+        self.log(f"fetched {len(missing)} blob(s) the checkout needs")
 
     def seed(self, build: str, keep_fds: tuple[int, ...], skip: str | None = None) -> None:
         """A new mirror takes in the newest usable bundles first (bundles/seed.py): only a
@@ -475,14 +553,15 @@ class Worker:
         """After a rebuild, fetch back the commits existing checkouts borrow from the
         mirror: our own repository's, and other repositories' whose submodules
         borrow from it (their markers list them)."""
-        own = [sha for sha in self.paths.checkout_shas() if sha != self.sha]
+        names = self.paths.checkout_names()
+        own = sorted({commit_of(name) for name in names} - {self.sha})
         borrowed = sorted({sha for info in inventory(RootPaths(self.paths.root), sizes=NO_SIZES)
                            for c in info.checkouts if c.ready for key, sha in c.borrows
                            if key == self.paths.key and sha != self.sha} - set(own))
         shas = own + borrowed
         if not shas:
             return
-        self.log(f"restoring the objects of {len(shas)} existing checkout(s)")
+        self.log(f"restoring the objects of {len(shas)} existing commit(s)")
         try:
             self.fetch(shas, keep_fds)
         except CheckoutCacheError as exc:
@@ -491,14 +570,17 @@ class Worker:
         for sha in shas:
             if self.backend.has_commit(self.paths.mirror, sha):
                 self.keep(sha, keep_fds)
-            elif sha in borrowed:  # verify finds the borrowing checkout broken; it is made anew
+                continue
+            if sha in borrowed:  # verify finds the borrowing checkout broken; it is made anew
                 self.log(f"commit {sha}, which another repository's checkout borrows, is gone upstream")
-            else:  # it can no longer be served whole: move it aside, it is cloned again when asked
-                moved = move_checkout_aside(self.paths, sha, "orphaned")
+                continue
+            # It can no longer be served whole: its checkouts go, each cloned again when asked.
+            for name in (n for n in names if commit_of(n) == sha):
+                moved = move_checkout_aside(self.paths, name, "orphaned")
                 if moved.kept == HELD:  # verify and gc find it broken once the command ends
-                    self.log(f"checkout {sha} lost its objects; a running command holds it, kept for now")
+                    self.log(f"checkout {name} lost its objects; a running command holds it, kept for now")
                 elif moved.kept != GONE:
-                    self.log(f"checkout {sha} lost its objects; removed")
+                    self.log(f"checkout {name} lost its objects; removed")
 
     def fetch_into_mirror(self, rebuild: bool = False) -> None:
         with locks.mirror_write(self.paths, timeout=max(1.0, self.remaining())) as mirror_lock:
@@ -537,6 +619,7 @@ class Worker:
                 self.keep(self.sha, keep_fds)
             if rebuilt:
                 self.restore_borrowed_objects(keep_fds)
+            self.fetch_needed_blobs(keep_fds)
             self.log("mirror has the commit")
             # Under the mirror lock: gc prunes lfs/ under it too, by the commits kept.
             self.prepare_lfs(keep_fds)
@@ -553,7 +636,7 @@ class Worker:
         if reason is not None:
             self.lfs_answer, self.lfs_why = "pointers", reason
             return
-        pointers = self.backend.lfs_pointers(self.paths.mirror, self.sha)
+        pointers = self.backend.lfs_pointers(self.paths.mirror, self.sha, self.cone)
         if not pointers:
             self.lfs_answer = self.lfs_why = None
             return
@@ -670,9 +753,9 @@ class Worker:
         self.log("stopped by SIGTERM before it could finish: nothing is recorded against the commit; "
                  "the next ask clones it again", always=True)
         self.journal("stopped", seconds=round(time.time() - self.started_at, 3))
-        records.remove_quietly(self.paths.clone_record(self.sha))
+        records.remove_quietly(self.paths.clone_record(self.name))
         if self.deaths:  # an earlier run of deaths still counts
-            records.write_json(self.paths.deaths_record(self.sha),
+            records.write_json(self.paths.deaths_record(self.name),
                                {"commit": self.sha, "deaths": self.deaths, "at": time.time()})
         if self.scratch is not None:
             remove_tree(self.scratch.path)
@@ -683,7 +766,7 @@ class Worker:
             return  # publishing or failing right now: let that finish
         RUNNING.kill_all()
         self.record_failure("TIMEOUT", *describe("TIMEOUT", limit=f"{self.config.clone_timeout:g}s"))
-        records.remove_quietly(self.paths.clone_record(self.sha))
+        records.remove_quietly(self.paths.clone_record(self.name))
         if self.scratch is not None:
             remove_tree(self.scratch.path)
         os._exit(EXIT_TIMEOUT)
@@ -693,29 +776,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="checkoutcache-worker")
     parser.add_argument("--root", required=True)
     parser.add_argument("--key", required=True)
-    parser.add_argument("--commit", required=True)
+    parser.add_argument("--checkout", required=True, help="the checkout's name (store/layout.py checkout_name)")
     parser.add_argument("--lock-fd", type=int, required=True)
     parser.add_argument("--deaths", type=int, default=0)
+    parser.add_argument("--sparse", action="append", default=[], help="a directory of the cone (repeated)")
     args = parser.parse_args(argv)
     # The inherited descriptor carries the clone lock: keep it open until we exit.
     os.set_inheritable(args.lock_fd, False)
-    return run_worker(args.root, args.key, args.commit, Config.from_env(), credential_from_env(os.environ),
-                      args.deaths)
+    return run_worker(args.root, args.key, args.checkout, Config.from_env(), credential_from_env(os.environ),
+                      args.deaths, tuple(args.sparse))
 
 
-def run_inline(paths: RepoPaths, sha: str, lock_fd: int, config: Config, credential: Credential | None,
-               deaths: int) -> None:
+def run_inline(paths: RepoPaths, name: str, lock_fd: int, config: Config, credential: Credential | None,
+               deaths: int, cone: Cone = ()) -> None:
     """The coordinator's Start for a submodule's commit: its clone runs here, to its end, under
     the clone lock the coordinator holds (lock_fd), and under our own clone timeout."""
-    Worker(paths, sha, config, credential, deaths).run(timer=False)
+    Worker(paths, name, config, credential, deaths, cone).run(timer=False)
 
 
-def run_worker(root: str, key: str, sha: str, config: Config, credential: Credential | None,
-               deaths: int = 0) -> int:
+def run_worker(root: str, key: str, name: str, config: Config, credential: Credential | None,
+               deaths: int = 0, cone: Cone = ()) -> int:
     # Group members share the root (several uids): what git writes for us is group
     # writable and never world-writable, whatever the caller's umask was.
     set_shared_umask()
-    worker = Worker(RootPaths(root).repo(key), sha, config, credential, deaths)
+    worker = Worker(RootPaths(root).repo(key), name, config, credential, deaths, cone)
     stop_on_sigterm(worker.on_stop)
     return worker.run()
 

@@ -52,9 +52,9 @@ class WorkerServer:
         self._sock = ours
         self._lock = threading.Lock()  # serve's threads take turns on the one socket
 
-    def start_worker(self, root: str, key: str, sha: str, lock_fd: int, config: Config,
-                     credential: Credential | None, deaths: int) -> int:
-        request = json.dumps({"root": root, "key": key, "sha": sha, "deaths": deaths,
+    def start_worker(self, root: str, key: str, name: str, lock_fd: int, config: Config,
+                     credential: Credential | None, deaths: int, cone: tuple[str, ...] = ()) -> int:
+        request = json.dumps({"root": root, "key": key, "name": name, "cone": list(cone), "deaths": deaths,
                               "config": config.to_env(), "credential": credential_env(credential)}).encode()
         with self._lock:
             try:
@@ -111,8 +111,8 @@ def _serve_forever(sock: socket.socket) -> None:
                 config = Config.from_env(request["config"])
                 credential = credential_from_env(request["credential"])
                 paths = RootPaths(request["root"]).repo(request["key"])
-                pid = _fork_worker(request["root"], paths, request["sha"], fds[0], config, credential,
-                                   int(request["deaths"]), retitle_caller=False)
+                pid = _fork_worker(request["root"], paths, request["name"], fds[0], config, credential,
+                                   int(request["deaths"]), retitle_caller=False, cone=tuple(request["cone"]))
                 sock.send(str(pid).encode())
             except Exception:  # one bad request never stops the server; the caller falls back
                 sock.send(b"error")

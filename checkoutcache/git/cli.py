@@ -21,6 +21,8 @@ import signal
 import subprocess
 import threading
 
+from checkoutcache import cones
+from checkoutcache.cones import Cone
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
@@ -32,9 +34,11 @@ from checkoutcache.git.backend import (
     KEEP_PREFIX,
     LFS_PROGRAM,
     MIRROR_CONFIG,
+    PROMISOR_CHECKOUT_CONFIG,
     Log,
     Progress,
     git_failure,
+    partial_mirror_config,
     keep_ref,
     lfs_endpoint,
     lfs_failure,
@@ -42,6 +46,7 @@ from checkoutcache.git.backend import (
     probe_failure,
     write_alternates,
 )
+from checkoutcache.git import mirror as mirror_module
 from checkoutcache.git.env import OPERATOR_CONFIG_VAR, git_env
 
 _PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>[0-9]{1,3})% "
@@ -64,6 +69,13 @@ _WRAPPERS = re.compile(r"index-pack failed|fsck error in packed object|fetch-pac
 # git's line after a transport (ssh, a remote helper) failed: the cause is the line the
 # transport printed before it ("Host key verification failed.", "Permission denied ...").
 _TRANSPORT_WRAPPER = re.compile(r"could not read from remote repository", re.I)
+
+
+# A sparse checkout (cones.py): cone mode and a sparse index (the index then holds one
+# entry per directory outside the cone instead of one per file: MONOREPO.md A3).
+SPARSE_CHECKOUT_CONFIG = {"core.sparseCheckout": "true", "core.sparseCheckoutCone": "true", "index.sparse": "true"}
+# What git says when the server ignores --filter (it then sends every object).
+FILTER_REFUSED = "filtering not recognized by server"
 
 
 def last_meaningful_line(text: str) -> str:
@@ -142,6 +154,18 @@ def die_with_parent() -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, ValueError, OSError):
+        pass  # git stopped reading (it failed, or was killed): its exit says why
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
 class RunningProcesses:
     """The git processes a worker has running, so a timeout can stop them."""
 
@@ -192,6 +216,9 @@ def make_work_repository(tree_dir: str) -> None:
 
 
 class GitCliBackend:
+    supports_partial = True
+    supports_sparse = True
+
     name = "cli"
     # `git fetch URL <sha>:refs/keep/<sha>` fetches and keeps in one execution.
     fetches_into_refs = True
@@ -281,9 +308,42 @@ class GitCliBackend:
             subprocess.run([self.git, "-C", mirror, "update-ref", "--stdin"], input=listed.stdout, text=True,
                            env=git_env(), capture_output=True, cwd="/")
 
-    def init_mirror(self, path: str) -> None:
+    def init_mirror(self, path: str, filter: str | None = None) -> None:
         self._check(self._run(["init", "-q", "--bare", "--template=", path]))
-        write_git_config(path, MIRROR_CONFIG)
+        write_git_config(path, {**MIRROR_CONFIG, **(partial_mirror_config(filter) if filter else {})})
+
+    def partial_filter(self, mirror: str) -> str | None:
+        """The filter of a partial mirror (CHECKOUTCACHE_FILTER when it was made), None for a full one."""
+        done = self._run(["config", "--file", os.path.join(mirror, "config"), "--get",
+                          "remote.origin.partialclonefilter"])
+        return done.stdout.strip() or None if done.returncode == 0 else None
+
+    def make_full(self, mirror: str) -> None:
+        """A new partial mirror whose server ignored the filter holds every object: a full one."""
+        mirror_module.unmark_promisor_packs(mirror)
+        self._run(["config", "--file", os.path.join(mirror, "config"), "--remove-section", "remote.origin"])
+
+    def missing_blobs(self, mirror: str, sha: str, cone: Cone = ()) -> list[str]:
+        """The blobs of the commit's tree (of its cone) a partial mirror lacks (never fetched here)."""
+        done = self._run(["-C", mirror, "rev-list", "--objects", "--no-walk", "--missing=print", sha, "--",
+                          *(cones.pathspecs(cone) if cone else [])])
+        self._check(done)
+        return [line[1:].strip() for line in done.stdout.splitlines() if line.startswith("?")]
+
+    def fetch_blobs(self, mirror: str, url: str, oids: list[str], filter: str, credential: Credential | None,
+                    on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None:
+        """Fetch these blobs into a partial mirror in one request (as git's own lazy fetch does,
+        with our credentials and host binding), stored as a promisor pack."""
+        secrets = secrets_of(credential)
+        # noop negotiation: with our commits offered as haves, the server takes the blobs
+        # for reachable from them and sends none (benchmarks/MONOREPO.md A2).
+        cmd = ["-C", mirror, "-c", f"remote.origin.url={url}", "-c", "fetch.negotiationAlgorithm=noop", "fetch",
+               "--no-tags", "--no-write-fetch-head", "--progress", f"--filter={filter}", "--stdin", "origin"]
+        log(f"$ git {redact(' '.join(cmd[2:]), secrets)} ({len(oids)} blob(s))")
+        code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets,
+                                    keep_fds, stdin="".join(oid + "\n" for oid in oids).encode())
+        if code != 0:
+            raise git_failure(output, last_meaningful_line(output), secrets)
 
     def is_usable(self, mirror: str) -> bool:
         # What git itself checks to call a directory a repository (HEAD, objects/, refs/),
@@ -307,8 +367,10 @@ class GitCliBackend:
         return kind, target
 
     def is_connected(self, mirror: str, sha: str) -> bool:
-        done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", sha, "--not",
-                          f"--exclude={keep_ref(sha)}", "--all"], stdout=subprocess.DEVNULL)
+        # allow-promisor: a partial mirror's blobs not fetched are promised, not missing (a
+        # full mirror has no promisor objects: anything missing there still fails the walk).
+        done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", "--missing=allow-promisor", sha,
+                          "--not", f"--exclude={keep_ref(sha)}", "--all"], stdout=subprocess.DEVNULL)
         return done.returncode == 0
 
     def is_sound(self, mirror: str) -> bool:
@@ -318,11 +380,22 @@ class GitCliBackend:
                          stdout=subprocess.DEVNULL)
         return done.returncode == 0
 
-    def objects_readable(self, mirror: str, sha: str) -> bool:
-        # archive reads (inflates) every blob and tree of the commit: its exit
-        # status says whether the mirror can serve the whole tree.
-        done = self._run(["-C", mirror, "archive", "--format=tar", sha], stdout=subprocess.DEVNULL)
-        return done.returncode == 0
+    def objects_readable(self, mirror: str, sha: str, cone: Cone = ()) -> bool:
+        if not cone and self.partial_filter(mirror) is None:
+            # archive reads (inflates) every blob and tree of the commit: its exit
+            # status says whether the mirror can serve the whole tree.
+            done = self._run(["-C", mirror, "archive", "--format=tar", sha], stdout=subprocess.DEVNULL)
+            return done.returncode == 0
+        # A cone, or a partial mirror (archive would want blobs it was never meant to have):
+        # every object of the checkout is there, and each one inflates.
+        listed = self._run(["-C", mirror, "rev-list", "--objects", "--no-walk", "--missing=print", sha, "--",
+                            *(cones.pathspecs(cone) if cone else [])])
+        if listed.returncode != 0 or any(line.startswith("?") for line in listed.stdout.splitlines()):
+            return False
+        ids = "".join(line.split(" ", 1)[0] + "\n" for line in listed.stdout.splitlines() if line)
+        read = subprocess.run([self.git, "-C", mirror, "cat-file", "--batch"], input=ids.encode(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=git_env(), cwd="/")
+        return read.returncode == 0
 
     def keep(self, mirror: str, sha: str, keep_fds: tuple[int, ...] = ()) -> None:
         self._check(self._run(["-C", mirror, "update-ref", keep_ref(sha), sha], keep_fds))
@@ -337,6 +410,10 @@ class GitCliBackend:
     def repack(self, mirror: str, keep_fds: tuple[int, ...], timeout: float, started=None) -> bool:
         # git inherits the mirror lock (keep_fds): if the caller dies during the repack,
         # the lock stays held until git finishes, so no fetch meets a half-repacked mirror.
+        if self.partial_filter(mirror) is not None:
+            # Every pack of a partial mirror is a promisor pack, or gc drops objects only
+            # promisor commits reach. Ours are; this keeps it so whatever wrote one.
+            mirror_module.mark_packs_promisor(mirror)
         proc = subprocess.Popen([self.git, "-C", mirror, "gc", "--prune=now", "--quiet"], env=git_env(),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 pass_fds=keep_fds, cwd="/")
@@ -350,13 +427,24 @@ class GitCliBackend:
             return False
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None:
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> bool:
+        """Fetch into the mirror; into a partial one always with its filter (an unfiltered pack
+        there is not a promisor pack, and gc would drop what only promisor commits reach).
+        True when the server ignored the filter (it sent every object)."""
         secrets = secrets_of(credential)
-        cmd = ["-C", mirror, "fetch", "--no-tags", "--no-write-fetch-head", "--progress", "--", url, *refspecs]
+        filter = self.partial_filter(mirror)
+        if filter is None:
+            cmd = ["-C", mirror, "fetch", "--no-tags", "--no-write-fetch-head", "--progress", "--", url, *refspecs]
+        else:
+            # Through the URL-less promisor remote `origin`, its URL given for this fetch only: the
+            # mirror's config never names a URL, so nothing can ever fetch lazily from it.
+            cmd = ["-C", mirror, "-c", f"remote.origin.url={url}", "fetch", "--no-tags", "--no-write-fetch-head",
+                   "--progress", f"--filter={filter}", "origin", *refspecs]
         log("$ git " + redact(" ".join(cmd[2:]), secrets))
         code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets, keep_fds)
         if code != 0:
             raise git_failure(output, last_meaningful_line(output), secrets)
+        return filter is not None and FILTER_REFUSED in output
 
     def lfs_unsupported(self) -> str | None:
         if shutil.which(LFS_PROGRAM) is None:
@@ -366,18 +454,19 @@ class GitCliBackend:
     def lfs_objects(self, mirror: str, sha: str) -> list[str]:
         return sorted({pointer.oid for pointer in self.lfs_pointers(mirror, sha)})
 
-    def lfs_pointers(self, mirror: str, sha: str) -> list[LfsPointer]:
+    def lfs_pointers(self, mirror: str, sha: str, cone: Cone = ()) -> list[LfsPointer]:
         # Which files are LFS is what git's attributes say (filter=lfs), every .gitattributes
         # of the tree counting, exactly as the checkout's filter will see them: never a
         # pointer-shaped text file no attribute routes, as `git lfs ls-files` would list.
-        # A commit whose .gitattributes name no LFS filter costs one ls-tree.
+        # A commit whose .gitattributes name no LFS filter costs one ls-tree. With a cone,
+        # only its files (every .gitattributes that applies to one is in the cone too).
         listed = self._bytes(["-C", mirror, "ls-tree", "-r", "-z", "--full-tree", sha])
         entries = []  # (blob, path) of regular files
         attributes = []
         for entry in filter(None, listed.split(b"\0")):
             meta, _, path = entry.partition(b"\t")
             mode, kind, oid = meta.split()
-            if kind == b"blob" and mode in (b"100644", b"100755"):
+            if kind == b"blob" and mode in (b"100644", b"100755") and cones.contains(cone, path):
                 entries.append((oid, path))
                 if path == b".gitattributes" or path.endswith(b"/.gitattributes"):
                     attributes.append(oid)
@@ -452,10 +541,22 @@ class GitCliBackend:
         return done.returncode == 0 and bool(done.stdout.strip("\0"))
 
     def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
-                 lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = ()) -> None:
+                 lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = (), cone: Cone = ()) -> None:
         make_work_repository(tree_dir)  # what `git init --template=` makes, without starting git
         write_alternates(tree_dir, mirror_objects)
-        write_git_config(os.path.join(tree_dir, ".git"), {**CHECKOUT_CONFIG, **(lfs or {})})
+        partial = mirror_module.has_promisor_packs(mirror_objects)
+        write_git_config(os.path.join(tree_dir, ".git"), {**CHECKOUT_CONFIG, **(lfs or {}),
+                                                          **(PROMISOR_CHECKOUT_CONFIG if partial else {}),
+                                                          **(SPARSE_CHECKOUT_CONFIG if cone else {})})
+        if cone:
+            # git writes the cone's patterns itself (it knows how to escape a name), before
+            # HEAD exists: the checkout then writes the cone's files only.
+            listed = subprocess.run([self.git, "-C", tree_dir, "sparse-checkout", "set", "--cone", "--stdin"],
+                                    input="".join(d + "\n" for d in cone).encode(), capture_output=True,
+                                    env=git_env(), cwd="/", pass_fds=keep_fds)
+            if listed.returncode != 0:
+                stderr = listed.stderr.decode("utf-8", "replace")
+                raise git_failure(stderr, last_meaningful_line(stderr), [])
         # Parallel checkout (one writer per core): measured 30% faster than the
         # default single writer on a 3000-file tree (benchmarks/RESULTS.md). The smudge
         # filter never downloads: every object it needs is in the store already (the
@@ -525,13 +626,16 @@ class GitCliBackend:
         return []
 
     def _stream(self, args: list[str], env: dict, on_progress: Progress, log: Log, secrets: list[str],
-                keep_fds: tuple[int, ...]) -> tuple[int, str]:
+                keep_fds: tuple[int, ...], stdin: bytes | None = None) -> tuple[int, str]:
         """Run git, turning its progress lines into progress updates; (exit code, other output).
-        A git killed by a signal raises GitKilled (SIGKILL: the OOM killer, a worker death)."""
-        proc = subprocess.Popen([self.git, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, env=env, pass_fds=keep_fds, preexec_fn=die_with_parent,
-                                cwd="/")
+        stdin: bytes to feed it (a list of object ids). A git killed by a signal raises GitKilled
+        (SIGKILL: the OOM killer, a worker death)."""
+        proc = subprocess.Popen([self.git, *args], stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, pass_fds=keep_fds,
+                                preexec_fn=die_with_parent, cwd="/")
         RUNNING.add(proc)
+        if stdin is not None:
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
         try:
             # Bounded memory whatever the server sends: the last lines only, and a line
             # longer than MAX_LINE is cut there. git's own error lines are kept apart, so
@@ -569,6 +673,6 @@ class GitCliBackend:
                 return
         line = redact(line, secrets)
         seen.append(line)
-        if line.lower().startswith(("fatal:", "error:")):
+        if line.lower().startswith(("fatal:", "error:")) or FILTER_REFUSED in line:
             errors.append(line)
         log(line)

@@ -21,6 +21,8 @@
   applies: our default ssh command sits at git's system level, the lowest it
   reads (git/system.gitconfig), never in GIT_SSH_COMMAND, which would win.
 - Only safe transports: GIT_ALLOW_PROTOCOL also binds redirects and submodules.
+- No lazy fetch (GIT_NO_LAZY_FETCH): a partial mirror (CHECKOUTCACHE_FILTER)
+  gets the blobs a checkout needs in one fetch of ours, never one by one.
 - A credential reaches git as a helper scoped to its host (credentials.py):
   in the child's environment only, never on a command line (visible in ps),
   in a config file, or in the URL git prints.
@@ -81,6 +83,9 @@ def git_env(base: dict[str, str] | None = None, credential: Credential | None = 
         "GIT_TERMINAL_PROMPT": "0",
         "GCM_INTERACTIVE": "never",
         "GIT_ALLOW_PROTOCOL": ALLOWED_PROTOCOLS,
+        # No lazy fetch, ever (git 2.39.4+; a partial mirror's promisor remote has no URL
+        # anyway): a partial mirror's missing blobs come only from our batch fetch.
+        "GIT_NO_LAZY_FETCH": "1",
         "GIT_CONFIG_SYSTEM": SYSTEM_CONFIG,
         "GIT_CONFIG_GLOBAL": operator_config or os.devnull,
         "LC_ALL": "C",

@@ -59,6 +59,10 @@ def refuse_ssh_files(url: str) -> None:
 class Pygit2Backend:
     name = "pygit2"
     fetches_into_refs = False  # the keep-ref is written after the fetch
+    # libgit2 has neither partial clone nor cone-mode sparse checkout: the worker makes a
+    # full mirror instead (status says why), and a sparse request is refused up front.
+    supports_partial = False
+    supports_sparse = False
 
     def __init__(self):
         _ignore_ambient_config()
@@ -167,8 +171,11 @@ class Pygit2Backend:
             except _errors():
                 pass
 
-    def init_mirror(self, path: str) -> None:
+    def init_mirror(self, path: str, filter: str | None = None) -> None:
         import pygit2
+
+        if filter is not None:
+            raise ValueError("libgit2 makes no partial clones (supports_partial is False)")
 
         repo = pygit2.init_repository(path, bare=True)
         for key, value in MIRROR_CONFIG.items():
@@ -236,7 +243,10 @@ class Pygit2Backend:
     def is_sound(self, mirror: str) -> bool:
         return self.is_usable(mirror)  # libgit2 fetches do not check objects: nothing to blame on the mirror
 
-    def objects_readable(self, mirror: str, sha: str) -> bool:
+    def partial_filter(self, mirror: str) -> str | None:
+        return None  # libgit2 makes none (a partial mirror git made is used through git)
+
+    def objects_readable(self, mirror: str, sha: str, cone: tuple[str, ...] = ()) -> bool:
         import pygit2
 
         try:
@@ -276,7 +286,7 @@ class Pygit2Backend:
         return None
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None:
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> bool:
         import pygit2
 
         secrets = secrets_of(credential)
@@ -293,6 +303,7 @@ class Pygit2Backend:
         # The final figures (the callback may not have seen the last object).
         on_progress({"phase": "receiving objects", "objects": stats.received_objects,
                      "total_objects": stats.total_objects, "bytes": stats.received_bytes})
+        return False  # never a filtered fetch
 
     def lfs_unsupported(self) -> str | None:
         return "the pygit2 transport does not run git-lfs (CHECKOUTCACHE_TRANSPORT=cli does)"
@@ -300,7 +311,7 @@ class Pygit2Backend:
     def lfs_objects(self, mirror: str, sha: str) -> list[str]:
         return []
 
-    def lfs_pointers(self, mirror: str, sha: str) -> list:
+    def lfs_pointers(self, mirror: str, sha: str, cone: tuple[str, ...] = ()) -> list:
         return []
 
     def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
@@ -328,8 +339,12 @@ class Pygit2Backend:
         return False
 
     def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
-                 lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = ()) -> None:
+                 lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = (),
+                 cone: tuple[str, ...] = ()) -> None:
         import pygit2
+
+        if cone:
+            raise ValueError("libgit2 makes no sparse checkouts (supports_sparse is False)")
 
         try:
             repo = pygit2.init_repository(tree_dir, bare=False)

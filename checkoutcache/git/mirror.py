@@ -73,3 +73,42 @@ def _files(directory: str) -> list[str]:
         return [e.name for e in os.scandir(directory) if e.is_file(follow_symlinks=False)]
     except FileNotFoundError:
         return []
+
+
+# ------------------------------------------------------------ partial mirrors
+# A partial mirror (CHECKOUTCACHE_FILTER) keeps every object in promisor packs
+# (pack-<id>.promisor beside pack-<id>.pack): git's gc drops an object of a
+# non-promisor pack that only promisor commits reach (benchmarks/MONOREPO.md A4).
+# Every fetch into one is filtered (then git writes its pack as a promisor pack);
+# what a bundle's take-in writes is marked here.
+
+def packs_without_promisor(mirror: str) -> list[str]:
+    pack_dir = os.path.join(mirror, "objects", "pack")
+    return [name[:-len(".pack")] for name in _files(pack_dir)
+            if name.startswith("pack-") and name.endswith(".pack")
+            and not os.path.exists(os.path.join(pack_dir, name[:-len(".pack")] + ".promisor"))]
+
+
+def mark_packs_promisor(mirror: str) -> int:
+    """Mark every pack of the mirror a promisor pack (an empty .promisor file, as git's own
+    are when they list no refs); how many were marked."""
+    pack_dir = os.path.join(mirror, "objects", "pack")
+    marked = 0
+    for base in packs_without_promisor(mirror):
+        with open(os.path.join(pack_dir, base + ".promisor"), "w"):
+            marked += 1
+    return marked
+
+
+def unmark_promisor_packs(mirror: str) -> None:
+    """The fallback when the server ignored the filter on a new mirror's first fetch: its
+    packs are complete, so they stop being promisor packs (a full mirror again)."""
+    pack_dir = os.path.join(mirror, "objects", "pack")
+    for name in _files(pack_dir):
+        if name.endswith(".promisor"):
+            os.unlink(os.path.join(pack_dir, name))
+
+
+def has_promisor_packs(objects_dir: str) -> bool:
+    """Whether a mirror's objects come (in part) from promisor packs: a partial mirror."""
+    return any(name.endswith(".promisor") for name in _files(os.path.join(objects_dir, "pack")))

@@ -281,7 +281,10 @@ class Api:
     # ------------------------------------------------------------ bodies
     async def params(self, scope, proto) -> dict:
         """The query string's fields, then the JSON body's (POST)."""
-        query = dict(urllib.parse.parse_qsl(scope.query_string, errors="replace"))
+        pairs = urllib.parse.parse_qsl(scope.query_string, errors="replace")
+        query: dict[str, Any] = dict(pairs)
+        if any(name == "sparse" for name, _ in pairs):  # repeated: one directory each
+            query["sparse"] = [value for name, value in pairs if name == "sparse"]
         if scope.method != "POST":
             return query
         headers = scope.headers

@@ -28,7 +28,8 @@ from typing import Callable
 import attrs
 
 from checkoutcache.answers import Answer, State
-from checkoutcache.cache import Cache, Hold
+from checkoutcache.cache import Cache, Hold, Want
+from checkoutcache.cones import Cone, parse_cone
 from checkoutcache.config import Config, ServeSettings
 from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CODES, CheckoutCacheError
@@ -98,55 +99,57 @@ class Service:
                 self.metrics.limit.labels(name).set(value)
 
     # ---------------------------------------------------------------- API
-    def request(self, params: dict, grant: Grant) -> tuple[str, str, float, str]:
-        """(repo, commit, wait, scope) of an ensure or hold, checked against the policy."""
-        repo, commit, wait, scope = self.fields(params)
+    def request(self, params: dict, grant: Grant) -> tuple[str, str, float, str, Cone]:
+        """(repo, commit, wait, scope, cone) of an ensure or hold, checked against the policy."""
+        repo, commit, wait, scope, cone = self.fields(params)
         self.policy.check_scope(grant, scope)
-        self.resolve(repo, commit, scope)
-        return repo, commit, wait, scope
+        self.resolve(repo, commit, scope, cone)
+        return repo, commit, wait, scope, cone
 
-    def fields(self, params: dict) -> tuple[str, str, float, str]:
+    def fields(self, params: dict) -> tuple[str, str, float, str, Cone]:
         repo, commit = params.get("repo", ""), params.get("commit", "")
         scope = params.get("scope", DEFAULT_SCOPE)
         if not all(isinstance(v, str) for v in (repo, commit, scope)):
             raise CheckoutCacheError("BAD_ARGUMENT", what="repo, commit and scope must be strings")
         wait = params.get("wait", 0)
         wait = 0.0 if wait == 0 else min(parse_duration(wait, "wait"), self.settings.max_wait)
-        return repo, commit, wait, scope
+        # The cone is validated here, before anything: a path out of the checkout is BAD_ARGUMENT.
+        return repo, commit, wait, scope, parse_cone(params.get("sparse"))
 
-    def resolve(self, repo: str, commit: str, scope: str):
-        """(spec, commit) of a request the policy allows; remembered for RESOLVED_FOR seconds,
-        so a ready answer parses a repository once, not at every tool call."""
-        key = (repo, commit, scope)
+    def resolve(self, repo: str, commit: str, scope: str, cone: Cone = ()) -> Want:
+        """The request the policy allows; remembered for RESOLVED_FOR seconds, so a ready
+        answer parses a repository once, not at every tool call."""
+        key = (repo, commit, scope, cone)
         now = time.monotonic()
         hit = self.resolved.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
         self.policy.check_repo_argument(repo)
-        spec, sha = self.cache.request(repo, commit, scope)
-        self.policy.check_repo(spec)
+        want = self.cache.request(repo, commit, scope, cone)
+        self.policy.check_repo(want.spec)
         if len(self.resolved) >= RESOLVED_MAX:
             self.resolved.clear()  # a flood of distinct requests: start over, bounded
-        self.resolved[key] = (now + RESOLVED_FOR, (spec, sha))
-        return spec, sha
+        self.resolved[key] = (now + RESOLVED_FOR, want)
+        return want
 
     def ready_now(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[Answer | None, float]:
         """(the ready answer, the wait asked) when the checkout is published, without ever
         blocking (the evictor's exclusive lock held: not now); (None, wait) when the
         request must go to a thread. Input errors raise."""
-        repo, commit, wait, scope = self.fields(params)
+        repo, commit, wait, scope, cone = self.fields(params)
         self.policy.check_scope(grant, scope)
-        spec, sha = self.resolve(repo, commit, scope)
-        answer = self.cache.ready_answer(spec, sha, lock_wait=0.0)
+        want = self.resolve(repo, commit, scope, cone)
+        answer = self.cache.ready_answer(want, lock_wait=0.0)
         if answer is not None:
             self.metrics.answer(answer.state, "")
             with self.recent_lock:
-                self.recent_uses[(spec.key, sha)] = time.monotonic()
+                self.recent_uses[(want.spec.key, want.name)] = time.monotonic()
         return answer, wait
 
     def ensure(self, params: dict, grant: Grant = ANONYMOUS) -> Answer:
-        repo, commit, wait, scope = self.request(params, grant)
-        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.unless_stopping)
+        repo, commit, wait, scope, cone = self.request(params, grant)
+        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.unless_stopping,
+                                   sparse=cone)
         self.answered(answer)
         return answer
 
@@ -162,11 +165,12 @@ class Service:
     def note_use(self, answer: Answer) -> None:
         if answer.state != State.READY or not answer.path:
             return
+        # <root>/repos/<key>/checkouts/<name>: the key and the checkout's name (layout.py)
         key = os.path.basename(os.path.dirname(os.path.dirname(answer.path)))
         with self.recent_lock:
             if len(self.recent_uses) >= MAX_RECENT_USES:
                 self.forget_old_uses(time.monotonic())
-            self.recent_uses[(key, answer.commit)] = time.monotonic()
+            self.recent_uses[(key, os.path.basename(answer.path))] = time.monotonic()
 
     def forget_old_uses(self, now: float) -> None:
         """Only uses within the grace window matter; the map stays bounded."""
@@ -187,10 +191,10 @@ class Service:
         ttl = parse_duration(params.get("ttl", DEFAULT_HOLD_TTL), "ttl")
         if not 0 < ttl <= MAX_HOLD_TTL:
             raise CheckoutCacheError("BAD_ARGUMENT", what=f"ttl must be 0 to {MAX_HOLD_TTL:g} seconds")
-        repo, commit, wait, scope = self.request(params, grant)
+        repo, commit, wait, scope, cone = self.request(params, grant)
         with self.holds_lock:
             self.check_hold_room(grant)
-        held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.unless_stopping)
+        held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.unless_stopping, sparse=cone)
         self.answered(held.answer)
         if not held.held:
             return http_status(held.answer), held.answer.to_json()

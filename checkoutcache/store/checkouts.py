@@ -1,6 +1,6 @@
 """Checkouts on disk: the one home of how a checkout appears and leaves.
 
-- Publishing (invariant 1): the built tree is renamed to checkouts/<sha> in
+- Publishing (invariant 1): the built tree is renamed to checkouts/<name> in
   one step, then the ready marker is written, whole, last. `publish` is the
   only code that does either, so no path can forget the order.
 - Leaving (invariant 4): a checkout leaves by one rename into trash/, taken
@@ -25,7 +25,7 @@ import attrs
 
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store import locks, records
-from checkoutcache.store.layout import RepoPaths, entries
+from checkoutcache.store.layout import RepoPaths, commit_of, entries
 from checkoutcache.store.ready import looks_intact, top_names
 from checkoutcache.testhooks import checkpoint
 
@@ -38,14 +38,14 @@ def write_ready_marker(marker: str, sha: str, top: list[str], extra: dict | None
                                 **(extra or {})})
 
 
-def is_published(paths: RepoPaths, sha: str) -> bool:
+def is_published(paths: RepoPaths, name: str) -> bool:
     """Marked and intact (the ready path's cheap check), without touching it."""
-    record = records.read_json(paths.ready_marker(sha), records.MARKER)
-    return record is not None and looks_intact(paths.checkout(sha), record)
+    record = records.read_json(paths.ready_marker(name), records.MARKER)
+    return record is not None and looks_intact(paths.checkout(name), record)
 
 
-def publish(paths: RepoPaths, tree: str, sha: str, extra: dict | None = None) -> bool:
-    """Rename the built tree to checkouts/<sha>, then write the ready marker
+def publish(paths: RepoPaths, tree: str, name: str, extra: dict | None = None) -> bool:
+    """Rename the built tree to checkouts/<name>, then write the ready marker
     (with extra: what the answer says of the checkout's LFS files).
 
     Returns False if another clone had already published (ours is discarded).
@@ -54,12 +54,12 @@ def publish(paths: RepoPaths, tree: str, sha: str, extra: dict | None = None) ->
     was damaged: either is moved aside and replaced, unless a running command
     holds it.
     """
-    target = paths.checkout(sha)
+    target = paths.checkout(name)
     top = top_names(tree)
     if os.path.lexists(target):
-        if is_published(paths, sha):
+        if is_published(paths, name):
             return False
-        moved = move_checkout_aside(paths, sha, "replaced", clone_lock_held=True)
+        moved = move_checkout_aside(paths, name, "replaced", clone_lock_held=True)
         if moved.kept == HELD:
             raise CheckoutCacheError("CLONE_FAILED", detail="a damaged checkout of this commit is held by a "
                                                             "running command; it is replaced once that ends")
@@ -70,7 +70,7 @@ def publish(paths: RepoPaths, tree: str, sha: str, extra: dict | None = None) ->
             return False
         raise
     checkpoint("after-rename")
-    write_ready_marker(paths.ready_marker(sha), sha, top, extra)
+    write_ready_marker(paths.ready_marker(name), commit_of(name), top, extra)
     return True
 
 
@@ -93,24 +93,24 @@ def to_trash(paths: RepoPaths, path: str, what: str) -> str | None:
     return slot
 
 
-def move_checkout_aside(paths: RepoPaths, sha: str, why: str,
+def move_checkout_aside(paths: RepoPaths, name: str, why: str,
                         recheck: Callable[[float], str | None] | None = None,
                         clone_lock_held: bool = False) -> Moved:
-    """Rename checkouts/<sha> into trash/ under its marker's exclusive lock.
+    """Rename checkouts/<name> into trash/ under its marker's exclusive lock.
 
     recheck(last_use) runs under the lock (look, lock, look again) and may
     return a reason to keep the checkout after all. A checkout without a
     marker is moved only by a caller holding the commit's clone lock: anyone
     else might catch a worker between its rename and its marker.
     """
-    marker = paths.ready_marker(sha)
+    marker = paths.ready_marker(name)
     exclusive = locks.checkout_exclusive(marker)
     if exclusive is None:
         if os.path.exists(marker):
             return Moved(kept=HELD)  # a reader or a running command holds it
         if not clone_lock_held:
             return Moved(kept=GONE)
-        slot = to_trash(paths, paths.checkout(sha), f"{why}-{sha}")  # unmarked: nobody reads it
+        slot = to_trash(paths, paths.checkout(name), f"{why}-{name}")  # unmarked: nobody reads it
         return Moved(slot=slot) if slot else Moved(kept=GONE)
     with exclusive:
         try:
@@ -120,7 +120,7 @@ def move_checkout_aside(paths: RepoPaths, sha: str, why: str,
         reason = recheck(last_use) if recheck is not None else None
         if reason is not None:
             return Moved(kept=reason)
-        slot = to_trash(paths, paths.checkout(sha), f"{why}-{sha}")
+        slot = to_trash(paths, paths.checkout(name), f"{why}-{name}")
     return Moved(slot=slot) if slot else Moved(kept=GONE)
 
 

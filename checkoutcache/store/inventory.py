@@ -6,7 +6,7 @@ status prints it; both see the same facts the same way.
 waiting (and dropping it at once): an exec holds the shared lock for its whole
 run, so a held checkout refuses us.
 
-Sizes cost a walk of every file, so they are recorded (state/<sha>.size.json,
+Sizes cost a walk of every file, so they are recorded (state/<name>.size.json,
 written whole) when a checkout is published and measured again only for a
 checkout used since its last measure (a review's build outputs grow it): the
 cost of gc and status grows with the number of checkouts, not of their files.
@@ -19,7 +19,7 @@ import os
 import attrs
 
 from checkoutcache.store import locks, records
-from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of
 from checkoutcache.store.ready import looks_intact
 from checkoutcache.store.records import Failure
 from checkoutcache.store.scratch import ScratchFacts, scratch_facts
@@ -27,7 +27,7 @@ from checkoutcache.store.scratch import ScratchFacts, scratch_facts
 
 @attrs.frozen
 class CheckoutInfo:
-    sha: str
+    name: str  # store/layout.py checkout_name: the commit, and a sparse checkout's cone digest
     path: str
     ready: bool
     intact: bool
@@ -40,15 +40,28 @@ class CheckoutInfo:
     # errno name when a peer made it unreadable: then it is listed and left alone
     unreadable: str | None = None
 
+    @property
+    def sha(self) -> str:
+        return commit_of(self.name)
+
+    @property
+    def sparse(self) -> tuple[str, ...]:
+        """A sparse checkout's cone (its marker says), () for the whole tree."""
+        return tuple(self.marker.get("sparse") or ())
+
 
 @attrs.frozen
 class CloneInfo:
-    sha: str
+    name: str
     pid: int | None
     alive: bool
     started_at: float | None
     progress: dict
     borrows: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def sha(self) -> str:
+        return commit_of(self.name)
 
 
 @attrs.frozen
@@ -90,43 +103,43 @@ def disk_usage(path: str) -> int:
 NO_SIZES, RECORDED_SIZES, FRESH_SIZES = "none", "recorded", "fresh"
 
 
-def record_size(paths: RepoPaths, sha: str) -> int:
+def record_size(paths: RepoPaths, name: str) -> int:
     """Measure a checkout and record its size with the last use it was measured at."""
     try:
-        use = os.stat(paths.ready_marker(sha)).st_mtime
+        use = os.stat(paths.ready_marker(name)).st_mtime
     except OSError:
         use = None
-    size = disk_usage(paths.checkout(sha))
+    size = disk_usage(paths.checkout(name))
     try:
-        records.write_json(paths.size_record(sha), {"bytes": size, "use_at_measure": use})
+        records.write_json(paths.size_record(name), {"bytes": size, "use_at_measure": use})
     except OSError:
         pass  # a size not recorded is measured again next time
     return size
 
 
-def checkout_size(paths: RepoPaths, sha: str, last_used: float | None, sizes: str,
+def checkout_size(paths: RepoPaths, name: str, last_used: float | None, sizes: str,
                   reader: records.Reader | None = None) -> int:
     """The recorded size; measured (and recorded) again when there is none, or,
     for FRESH_SIZES, when the checkout was used after its last measure."""
     if sizes == NO_SIZES:
         return 0
     reader = reader or records.Reader(paths.root)
-    record = reader.read(paths.size_record(sha), records.SIZE) or {}
+    record = reader.read(paths.size_record(name), records.SIZE) or {}
     size, use = record.get("bytes"), record.get("use_at_measure")
     if size is not None:
         stale = sizes == FRESH_SIZES and last_used is not None and (use is None or last_used > use)
         if not stale:
             return size
-    return record_size(paths, sha)
+    return record_size(paths, name)
 
 
-def checkout_info(paths: RepoPaths, sha: str, sizes: str = RECORDED_SIZES,
+def checkout_info(paths: RepoPaths, name: str, sizes: str = RECORDED_SIZES,
                   reader: records.Reader | None = None) -> CheckoutInfo:
     """What one checkout is; a checkout a peer made unreadable says so (its errno) and is
     otherwise taken as it looks: ready, in use, and not ours to judge."""
     reader = reader or records.Reader(paths.root)
-    path = paths.checkout(sha)
-    marker = paths.ready_marker(sha)
+    path = paths.checkout(name)
+    marker = paths.ready_marker(name)
     try:
         last_used = os.stat(marker).st_mtime
         ready = True
@@ -135,7 +148,7 @@ def checkout_info(paths: RepoPaths, sha: str, sizes: str = RECORDED_SIZES,
         last_used, ready, record = None, False, None
     except OSError as exc:
         reader.note(marker, records.errno_name(exc), exc.strerror or "")
-        return CheckoutInfo(sha=sha, path=path, ready=True, intact=True, last_used=None, size=0, held=True,
+        return CheckoutInfo(name=name, path=path, ready=True, intact=True, last_used=None, size=0, held=True,
                             unreadable=records.errno_name(exc))
     if ready and record is not None and records.invalid(record, records.MARKER) is not None:
         reader.note(marker, "INVALID", records.invalid(record, records.MARKER) or "")
@@ -148,21 +161,21 @@ def checkout_info(paths: RepoPaths, sha: str, sizes: str = RECORDED_SIZES,
     except OSError as exc:
         reader.note(marker, records.errno_name(exc), exc.strerror or "")
         held = True  # cannot tell: never evicted
-    return CheckoutInfo(sha=sha, path=path, ready=ready, intact=intact, last_used=last_used,
-                        size=checkout_size(paths, sha, last_used, sizes, reader) if ready else 0,
+    return CheckoutInfo(name=name, path=path, ready=ready, intact=intact, last_used=last_used,
+                        size=checkout_size(paths, name, last_used, sizes, reader) if ready else 0,
                         held=held, borrows=borrows, marker=record)
 
 
 def clone_infos(paths: RepoPaths, reader: records.Reader) -> list[CloneInfo]:
     clones = []
-    for sha in paths.clone_record_shas():
-        record = reader.read(paths.clone_record(sha), records.CLONE) or {}
+    for name in paths.clone_record_names():
+        record = reader.read(paths.clone_record(name), records.CLONE) or {}
         try:
-            alive = locks.clone_running(paths, sha)
+            alive = locks.clone_running(paths, name)
         except OSError as exc:
-            reader.note(paths.clone_lock(sha), records.errno_name(exc), exc.strerror or "")
+            reader.note(paths.clone_lock(name), records.errno_name(exc), exc.strerror or "")
             alive = True  # cannot tell: its record stays
-        clones.append(CloneInfo(sha=sha, pid=record.get("pid"), alive=alive, started_at=record.get("started_at"),
+        clones.append(CloneInfo(name=name, pid=record.get("pid"), alive=alive, started_at=record.get("started_at"),
                                 progress=record.get("progress") or {},
                                 borrows=tuple((p[0], p[1]) for p in record.get("borrows") or [])))
     return clones
@@ -170,10 +183,10 @@ def clone_infos(paths: RepoPaths, reader: records.Reader) -> list[CloneInfo]:
 
 def failures(paths: RepoPaths, reader: records.Reader) -> dict[str, Failure]:
     found = {}
-    for sha in paths.failure_record_shas():
-        failure = Failure.from_record(reader.read(paths.failure_record(sha), records.FAILURE))
+    for name in paths.failure_record_names():
+        failure = Failure.from_record(reader.read(paths.failure_record(name), records.FAILURE))
         if failure is not None:
-            found[sha] = failure
+            found[name] = failure
     return found
 
 
@@ -181,11 +194,11 @@ def repo_info(paths: RepoPaths, sizes: str = RECORDED_SIZES) -> RepoInfo:
     reader = records.Reader(paths.root)
     meta = reader.read(paths.repo_json, records.REPO) or {}
     checkouts = []
-    for sha in paths.checkout_shas():
+    for name in paths.checkout_names():
         try:
-            checkouts.append(checkout_info(paths, sha, sizes, reader))
+            checkouts.append(checkout_info(paths, name, sizes, reader))
         except OSError as exc:  # a peer's entry we cannot even look at: listed, left alone
-            reader.note(paths.checkout(sha), records.errno_name(exc), exc.strerror or "")
+            reader.note(paths.checkout(name), records.errno_name(exc), exc.strerror or "")
     try:
         scratch = scratch_facts(paths)
     except OSError as exc:

@@ -36,7 +36,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             ├── repo.json          normalized URL (credentials removed), scope, LFS setting.
             │                      Written once, whole (temp file + rename), before anything
             │                      else in <key>/.
-            ├── mirror.git/        bare mirror: the object store every checkout borrows.
+            ├── mirror.git/        bare mirror: the object store every checkout borrows. A
+            │                      partial one (CHECKOUTCACHE_FILTER) has a promisor remote
+            │                      `origin` without a URL and only promisor packs: the blobs a
+            │                      checkout needs are fetched into it before that checkout.
             │                      Written only under locks/mirror.lock (fetch, refs, repack).
             │                      refs/keep/<sha> exists for every checkout that exists or is
             │                      being made, so maintenance never drops objects one borrows.
@@ -53,8 +56,13 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                  when no commit kept in mirror.git (refs/keep/) references it.
             │   └── tmp/           git-lfs's partial downloads (its own business).
             ├── checkouts/
-            │   └── <sha>/         a published checkout: work tree plus a .git whose
+            │   └── <name>/        a published checkout: work tree plus a .git whose
             │       │              objects/info/alternates points at mirror.git/objects.
+            │       │              <name> is the commit's <sha> for the whole tree, or
+            │       │              <sha>-<16 hex> for a sparse checkout of a cone (the hex:
+            │       │              cones.cone_digest of its canonical directories; its
+            │       │              .git/info/sparse-checkout and the marker name them).
+            │       │              Every record below of one checkout is named by <name>.
             │       │              Appears by one rename from scratch; leaves by one rename to
             │       │              trash/. Only its marker's mtime changes in between.
             │       └── .git/checkoutcache-ready
@@ -64,7 +72,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │                      keep-refs). Written (whole) last, checked first; a
             │                      checkout without it is not ready. Its mtime is the last use.
             │                      It records the top-level names and, for a commit with LFS
-            │                      files, what the answer says of them (lfs, lfs_why).
+            │                      files, what the answer says of them (lfs, lfs_why); for a
+            │                      sparse checkout its cone (sparse: the directories).
             │                      Readers flock it shared (briefly, or for an exec's whole
             │                      run); the evictor flocks it exclusive to rename the checkout.
             ├── scratch/
@@ -82,33 +91,37 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             ├── trash/             checkouts and scratch renamed out of the way, being deleted.
             │                      Anything here may be deleted by anyone at any time.
             ├── state/
-            │   ├── <sha>.clone.json   clone record: owner pid, its PID namespace, start time,
+            │   ├── <name>.clone.json  clone record: owner pid, its PID namespace, start time,
             │   │                      progress, deaths so far. Written
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
-            │   ├── <sha>.failed.json  the last failure: code, message, attempts, retry time.
-            │   ├── <sha>.deaths.json  how many clone workers died in a row on this commit, kept
+            │   ├── <name>.failed.json the last failure: code, message, attempts, retry time.
+            │   ├── <name>.deaths.json how many clone workers died in a row on this checkout, kept
             │   │                      when gc removes a dead clone's record (so an OOM-killed
             │   │                      worker still ends in WORKER_DIED); removed when a clone
             │   │                      publishes or fails, or a day after the last death.
-            │   ├── <sha>.size.json    the checkout's size and the last use it was measured at:
+            │   ├── <name>.size.json   the checkout's size and the last use it was measured at:
             │   │                      written at publish, measured again by gc only after a use.
             │   ├── mirror-seed.json   how mirror.git began (CHECKOUTCACHE_BUNDLE_URI set): the
             │   │                      bundles taken in and from where, why not more, and the
             │   │                      objects and bytes fetched from upstream since. Written by
             │   │                      the worker that made the mirror, under locks/mirror.lock.
+            │   ├── mirror-filter.json how mirror.git was made when CHECKOUTCACHE_FILTER asked for a
+            │   │                      partial clone: the filter, whether it is one, and why not
+            │   │                      (the transport, or a server that ignored the filter).
+            │   │                      Written by the worker that made the mirror.
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │   │                      were dropped since (a repack is then due at the interval);
             │   │                      lfs_pending: an LFS prune of lfs/ could not run yet.
             │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
             │                          root, errno name, stuck since); gone when trash/ empties.
-            ├── logs/<sha>.log     the commit's clone attempts, appended: git's output, redacted,
+            ├── logs/<name>.log    the checkout's clone attempts, appended: git's output, redacted,
             │                      at most CLONE_LOG_CAP bytes per attempt; an attempt that
-            │                      finds it over the cap first renames it to <sha>.log.1.
+            │                      finds it over the cap first renames it to <name>.log.1.
             └── locks/
                 ├── mirror.lock    exclusive for every write to mirror.git
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
-                └── clone-<sha>.lock  exclusive for a clone's whole life: one clone per commit
+                └── clone-<name>.lock exclusive for a clone's whole life: one clone per checkout
 
 Permissions (store/modes.py): directories DIR_MODE (2775: setgid, so what is
 made inside belongs to the root's group) and files FILE_MODE (0664), set by the
@@ -127,7 +140,7 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
 
     lock                      mode       taken by                          held for
     locks/gc.lock             exclusive  gc (never waits: a second gc skips)  the whole run
-    <key>/locks/clone-<sha>   exclusive  the starter, then its clone worker   the clone's life
+    <key>/locks/clone-<name>  exclusive  the starter, then its clone worker   the clone's life
                               (probe)    askers, gc (never wait)              a look
     <key>/locks/scratch.lock  exclusive  a worker creating its scratch;       milliseconds
                                          gc reaping dead scratch
@@ -144,14 +157,15 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
 Order in which locks may nest (outer first); an inner lock taken against this
 order is only ever tried without waiting, so no cycle can deadlock:
 
-    gc.lock -> mirror.lock -> clone-<sha> (try) -> marker exclusive (try)
-    clone-<sha> -> scratch.lock -> owner.lock (fresh) ; clone-<sha> -> mirror.lock
-    clone-<sha> -> marker exclusive (try: a damaged checkout moved aside)
+    gc.lock -> mirror.lock -> clone-<name> (try) -> marker exclusive (try)
+    clone-<name> -> scratch.lock -> owner.lock (fresh) ; clone-<name> -> mirror.lock
+    clone-<name> -> marker exclusive (try: a damaged checkout moved aside)
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 LAYOUT_VERSION = 1
 # Modes of what the store creates, whatever the umask (store/modes.py): group
@@ -190,14 +204,29 @@ def _names_like(names: list[str], prefix: str, suffix: str) -> list[str]:
             if name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix) + len(suffix)]
 
 
-def _commits_named(names: list[str], prefix: str, suffix: str) -> list[str]:
-    """The commit ids in names of the form <prefix><sha><suffix>."""
+# A checkout's name: its commit, and for a sparse checkout a digest of its cone
+# (cones.cone_digest): `<sha>` or `<sha>-<16 hex>`. Every per-checkout path and
+# record is named by it; the mirror's keep-refs by the commit alone.
+CHECKOUT_NAME = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?(?:-[0-9a-f]{16})?")
+
+
+def checkout_name(sha: str, cone_digest: str | None = None) -> str:
+    return f"{sha}-{cone_digest}" if cone_digest else sha
+
+
+def commit_of(name: str) -> str:
+    """The commit of a checkout name."""
+    return name.partition("-")[0]
+
+
+def _checkouts_named(names: list[str], prefix: str, suffix: str) -> list[str]:
+    """The checkout names in names of the form <prefix><name><suffix>."""
     found = []
     for name in names:
         if name.startswith(prefix) and name.endswith(suffix):
-            sha = name[len(prefix):len(name) - len(suffix)]
-            if len(sha) in (40, 64) and all(c in "0123456789abcdef" for c in sha):
-                found.append(sha)
+            middle = name[len(prefix):len(name) - len(suffix)]
+            if CHECKOUT_NAME.fullmatch(middle):
+                found.append(middle)
     return found
 
 
@@ -329,12 +358,12 @@ class RepoPaths:
     def checkouts_dir(self) -> str:
         return os.path.join(self.base, "checkouts")
 
-    # The two paths of every ready answer: plain concatenation (a key and a sha hold no '/').
-    def checkout(self, sha: str) -> str:
-        return f"{self.base}/checkouts/{sha}"
+    # The two paths of every ready answer: plain concatenation (a key and a name hold no '/').
+    def checkout(self, name: str) -> str:
+        return f"{self.base}/checkouts/{name}"
 
-    def ready_marker(self, sha: str) -> str:
-        return f"{self.base}/checkouts/{sha}/.git/{READY_MARKER}"
+    def ready_marker(self, name: str) -> str:
+        return f"{self.base}/checkouts/{name}/.git/{READY_MARKER}"
 
     @staticmethod
     def ready_marker_in(checkout_dir: str) -> str:
@@ -389,30 +418,34 @@ class RepoPaths:
     def state_dir(self) -> str:
         return os.path.join(self.base, "state")
 
-    def clone_record(self, sha: str) -> str:
-        return os.path.join(self.base, "state", f"{sha}{CLONE_RECORD_SUFFIX}")
+    def clone_record(self, name: str) -> str:
+        return os.path.join(self.base, "state", f"{name}{CLONE_RECORD_SUFFIX}")
 
-    def failure_record(self, sha: str) -> str:
-        return os.path.join(self.base, "state", f"{sha}{FAILURE_RECORD_SUFFIX}")
+    def failure_record(self, name: str) -> str:
+        return os.path.join(self.base, "state", f"{name}{FAILURE_RECORD_SUFFIX}")
 
-    def deaths_record(self, sha: str) -> str:
-        return os.path.join(self.base, "state", f"{sha}{DEATHS_RECORD_SUFFIX}")
+    def deaths_record(self, name: str) -> str:
+        return os.path.join(self.base, "state", f"{name}{DEATHS_RECORD_SUFFIX}")
 
-    def deaths_record_shas(self) -> list[str]:
-        return _commits_named(entries(self.state_dir), "", DEATHS_RECORD_SUFFIX)
+    def deaths_record_names(self) -> list[str]:
+        return _checkouts_named(entries(self.state_dir), "", DEATHS_RECORD_SUFFIX)
 
-    def clone_record_shas(self) -> list[str]:
-        return _commits_named(entries(self.state_dir), "", CLONE_RECORD_SUFFIX)
+    def clone_record_names(self) -> list[str]:
+        return _checkouts_named(entries(self.state_dir), "", CLONE_RECORD_SUFFIX)
 
-    def failure_record_shas(self) -> list[str]:
-        return _commits_named(entries(self.state_dir), "", FAILURE_RECORD_SUFFIX)
+    def failure_record_names(self) -> list[str]:
+        return _checkouts_named(entries(self.state_dir), "", FAILURE_RECORD_SUFFIX)
 
-    def size_record(self, sha: str) -> str:
-        return os.path.join(self.base, "state", f"{sha}.size.json")
+    def size_record(self, name: str) -> str:
+        return os.path.join(self.base, "state", f"{name}.size.json")
 
     @property
     def mirror_gc_stamp(self) -> str:
         return os.path.join(self.base, "state", "mirror-gc.json")
+
+    @property
+    def filter_record(self) -> str:
+        return os.path.join(self.state_dir, "mirror-filter.json")
 
     @property
     def seed_record(self) -> str:
@@ -426,11 +459,11 @@ class RepoPaths:
     def logs_dir(self) -> str:
         return os.path.join(self.base, "logs")
 
-    def clone_log(self, sha: str) -> str:
-        return os.path.join(self.base, "logs", f"{sha}.log")
+    def clone_log(self, name: str) -> str:
+        return os.path.join(self.base, "logs", f"{name}.log")
 
-    def previous_clone_log(self, sha: str) -> str:
-        return os.path.join(self.base, "logs", f"{sha}.log.1")
+    def previous_clone_log(self, name: str) -> str:
+        return os.path.join(self.base, "logs", f"{name}.log.1")
 
     @property
     def locks_dir(self) -> str:
@@ -444,16 +477,16 @@ class RepoPaths:
     def scratch_lock(self) -> str:
         return os.path.join(self.base, "locks", "scratch.lock")
 
-    def clone_lock(self, sha: str) -> str:
-        return os.path.join(self.base, "locks", f"{CLONE_LOCK_PREFIX}{sha}.lock")
+    def clone_lock(self, name: str) -> str:
+        return os.path.join(self.base, "locks", f"{CLONE_LOCK_PREFIX}{name}.lock")
 
-    def clone_lock_shas(self) -> list[str]:
-        return _commits_named(entries(self.locks_dir), CLONE_LOCK_PREFIX, ".lock")
+    def clone_lock_names(self) -> list[str]:
+        return _checkouts_named(entries(self.locks_dir), CLONE_LOCK_PREFIX, ".lock")
 
     def all_dirs(self) -> list[str]:
         """Directories a repository store needs, created together on first use."""
         return [self.base, self.checkouts_dir, self.scratch_dir, self.trash_dir,
                 self.state_dir, self.logs_dir, self.locks_dir]
 
-    def checkout_shas(self) -> list[str]:
-        return [name for name in entries(self.checkouts_dir) if len(name) in (40, 64)]
+    def checkout_names(self) -> list[str]:
+        return [name for name in entries(self.checkouts_dir) if CHECKOUT_NAME.fullmatch(name)]

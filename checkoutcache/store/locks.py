@@ -164,18 +164,18 @@ def gc_run(root_paths: RootPaths) -> Lock | None:
     return try_lock(root_paths.gc_lock)
 
 
-def clone_of(paths: RepoPaths, sha: str) -> Lock | None:
-    """The right to make (or to tidy after) this commit's clone; never waits."""
-    return try_lock(paths.clone_lock(sha))
+def clone_of(paths: RepoPaths, name: str) -> Lock | None:
+    """The right to make (or to tidy after) this checkout's clone; never waits."""
+    return try_lock(paths.clone_lock(name))
 
 
-def existing_clone_of(paths: RepoPaths, sha: str) -> Lock | None:
-    """As clone_of, but only if the lock file exists (gc forgets finished commits)."""
-    return try_lock(paths.clone_lock(sha), create=False)
+def existing_clone_of(paths: RepoPaths, name: str) -> Lock | None:
+    """As clone_of, but only if the lock file exists (gc forgets finished checkouts)."""
+    return try_lock(paths.clone_lock(name), create=False)
 
 
-def clone_running(paths: RepoPaths, sha: str) -> bool:
-    return is_locked(paths.clone_lock(sha))
+def clone_running(paths: RepoPaths, name: str) -> bool:
+    return is_locked(paths.clone_lock(name))
 
 
 def mirror_write(paths: RepoPaths, timeout: float) -> Lock:

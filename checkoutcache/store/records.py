@@ -139,9 +139,10 @@ DEATHS = schema({"deaths": count, "at": finite}, {"commit": sha})
 SIZE = schema({"bytes": count}, {"use_at_measure": finite})
 REPO = schema({"url": text, "scope": text}, {"is_local": one_of(True, False), "layout_version": count,
                                               "created_at": finite, "lfs": one_of("on", "off"),
-                                              "submodules": one_of("recursive", "none"), "filter": text,
-                                              "partial": one_of(True, False), "filter_note": text})
+                                              "submodules": one_of("recursive", "none")})
 OWNER = schema({"pid": count, "start_time": finite}, {"pidns": text, "commit": text, "created_at": finite})
+# How a mirror was made when CHECKOUTCACHE_FILTER asked for a partial one (state/mirror-filter.json).
+MIRROR_FILTER = schema({"filter": text, "partial": one_of(True, False)}, {"note": text, "at": finite})
 MIRROR_GC = schema({"at": finite}, {"pending": one_of(True, False), "lfs_pending": one_of(True, False)})
 SEED = schema({"seeded": one_of(True, False)},
               {"bundles": list_of(text), "why": text, "reason": text, "store": text, "bundle_bytes": count,

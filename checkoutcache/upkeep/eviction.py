@@ -32,7 +32,7 @@ HELD = "held"
 @attrs.frozen
 class Entry:
     repo: str  # the repository key
-    sha: str
+    name: str  # the checkout's name (store/layout.py checkout_name)
     last_used: float
     size: int
     held: bool = False
@@ -109,13 +109,13 @@ def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: 
     evict: list[Eviction] = []
     kept: list[Kept] = []
     chosen: set[tuple[str, str]] = set()
-    order = sorted(entries, key=lambda e: (last_use(e.last_used, now), e.repo, e.sha))
+    order = sorted(entries, key=lambda e: (last_use(e.last_used, now), e.repo, e.name))
 
     if limits.max_age is not None:
         for entry in order:
             if idle_seconds(entry.last_used, now) > limits.max_age and protection(entry, limits.grace, now) is None:
                 evict.append(Eviction(entry, AGE, "max-age"))
-                chosen.add((entry.repo, entry.sha))
+                chosen.add((entry.repo, entry.name))
 
     count = len(entries) - len(evict)
     size = sum(e.size for e in entries) - sum(e.entry.size for e in evict)
@@ -139,14 +139,14 @@ def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: 
         limit = exceeded()
         if limit is None:
             break
-        if (entry.repo, entry.sha) in chosen:
+        if (entry.repo, entry.name) in chosen:
             continue
         why = protection(entry, limits.grace, now)
         if why is not None:
             kept.append(Kept(entry, why, limit))
             continue
         evict.append(Eviction(entry, LRU, limit))
-        chosen.add((entry.repo, entry.sha))
+        chosen.add((entry.repo, entry.name))
         count -= 1
         size -= entry.size
         freed += entry.size

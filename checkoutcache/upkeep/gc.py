@@ -9,7 +9,7 @@ overlap, the second reports that it skipped):
    state/unremovable.json for `status`, retried by every later run, and never
    stops the rest of the run);
 2. reap scratch whose owner is dead (store/scratch.py), drop records of dead
-   clones (keeping their count of worker deaths in state/<sha>.deaths.json), and move aside checkouts a killed worker renamed but never marked,
+   clones (keeping their count of worker deaths in state/<name>.deaths.json), and move aside checkouts a killed worker renamed but never marked,
    or damaged ones no command holds (store/checkouts.py);
 3. repair last uses in the future (a clock that jumped back, a restored
    backup): the marker's mtime is set to now under its exclusive lock, taken
@@ -59,7 +59,7 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, disk_usage, inventory
-from checkoutcache.store.layout import RepoPaths, RootPaths, entries
+from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of, entries
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
@@ -86,6 +86,7 @@ class KeptOver:
     commit: str
     why: str  # grace, held, used-meanwhile
     limit: str
+    name: str  # the checkout's name: the commit, or with a sparse checkout's cone digest
 
 
 @attrs.define
@@ -196,11 +197,11 @@ def record_unremovable(paths: RepoPaths, report: GcReport, now: float) -> None:
         records.remove_quietly(paths.unremovable_record)
 
 
-def still_damaged(paths: RepoPaths, sha: str):
+def still_damaged(paths: RepoPaths, name: str):
     """A recheck under the marker's exclusive lock: a clone may have replaced the
     damaged checkout with a whole one since the inventory looked."""
     def recheck(_last_use: float) -> str | None:
-        return None if not is_published(paths, sha) else "replaced-meanwhile"
+        return None if not is_published(paths, name) else "replaced-meanwhile"
 
     return recheck
 
@@ -218,66 +219,67 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
         remove_moved(paths, slot or None, report, Removed("dead-scratch", paths.key, name, size))
     for clone in info.clones:
         if not clone.alive and not report.dry_run:
-            def dead(sha: str = clone.sha) -> bool:
-                return os.path.exists(paths.clone_record(sha))
+            def dead(name: str = clone.name) -> bool:
+                return os.path.exists(paths.clone_record(name))
 
-            with locks.rechecked(locks.clone_of(paths, clone.sha), dead) as clone_lock:
+            with locks.rechecked(locks.clone_of(paths, clone.name), dead) as clone_lock:
                 if clone_lock is not None:  # not alive meanwhile: its record is a dead owner's
-                    drop_dead_clone_record(paths, clone.sha)
+                    drop_dead_clone_record(paths, clone.name)
     for checkout in info.checkouts:
         if checkout.ready:
             # Damaged (top-level entries gone): never served again; removed unless a command holds it.
             if not checkout.intact:
                 if report.dry_run:
-                    report.removed.append(Removed("damaged", paths.key, checkout.sha, checkout.size))
+                    report.removed.append(Removed("damaged", paths.key, checkout.name, checkout.size))
                     continue
-                moved = move_checkout_aside(paths, checkout.sha, "damaged", still_damaged(paths, checkout.sha))
+                moved = move_checkout_aside(paths, checkout.name, "damaged", still_damaged(paths, checkout.name))
                 if moved.slot is not None:
                     remove_moved(paths, moved.slot, report,
-                                 Removed("damaged", paths.key, checkout.sha, checkout.size))
+                                 Removed("damaged", paths.key, checkout.name, checkout.size))
             continue
         # No marker: a worker renamed it but died before the marker, or is about to
         # write it. Only a free clone lock (no live worker) makes it a leftover.
-        unmarked = lambda sha=checkout.sha: not os.path.exists(paths.ready_marker(sha))  # noqa: E731
-        with locks.rechecked(locks.clone_of(paths, checkout.sha), unmarked) as clone_lock:
+        unmarked = lambda name=checkout.name: not os.path.exists(paths.ready_marker(name))  # noqa: E731
+        with locks.rechecked(locks.clone_of(paths, checkout.name), unmarked) as clone_lock:
             if clone_lock is None:
                 continue
             slot = None
             if not report.dry_run:
-                moved = move_checkout_aside(paths, checkout.sha, "unpublished", clone_lock_held=True)
+                moved = move_checkout_aside(paths, checkout.name, "unpublished", clone_lock_held=True)
                 if moved.slot is None:
                     continue
                 slot = moved.slot
-            remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.sha, checkout.size))
+            remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.name, checkout.size))
 
 
-def drop_dead_clone_record(paths: RepoPaths, sha: str) -> None:
-    """Remove a dead clone's record, keeping its count of worker deaths (state/<sha>.deaths.json),
+def drop_dead_clone_record(paths: RepoPaths, name: str) -> None:
+    """Remove a dead clone's record, keeping its count of worker deaths (state/<name>.deaths.json),
     so that a worker that always dies still ends in WORKER_DIED. Caller holds the clone lock."""
-    record = records.read_json(paths.clone_record(sha), records.CLONE)
+    record = records.read_json(paths.clone_record(name), records.CLONE)
     if record is not None:
         try:
             deaths = max(0, int(record.get("deaths", 0)))
         except (TypeError, ValueError):
             deaths = 0
         # Written first: killed in between, both say the same.
-        records.write_json(paths.deaths_record(sha), {"commit": sha, "deaths": deaths, "at": time.time()})
-    records.remove_quietly(paths.clone_record(sha))
+        records.write_json(paths.deaths_record(name), {"commit": commit_of(name), "deaths": deaths,
+                                                       "at": time.time()})
+    records.remove_quietly(paths.clone_record(name))
 
 
 def forget_old_deaths(paths: RepoPaths, report: GcReport) -> None:
     """Deaths records of commits nobody asked for in DEATHS_MEMORY go (under the clone lock)."""
     if report.dry_run:
         return
-    for sha in paths.deaths_record_shas():
-        def old(sha: str = sha) -> bool:
-            at = (records.read_json(paths.deaths_record(sha), records.DEATHS) or {}).get("at", 0)
+    for name in paths.deaths_record_names():
+        def old(name: str = name) -> bool:
+            at = (records.read_json(paths.deaths_record(name), records.DEATHS) or {}).get("at", 0)
             return not isinstance(at, (int, float)) or time.time() - at > DEATHS_MEMORY
 
         if old():
-            with locks.rechecked(locks.clone_of(paths, sha), old) as clone_lock:
+            with locks.rechecked(locks.clone_of(paths, name), old) as clone_lock:
                 if clone_lock is not None:
-                    records.remove_quietly(paths.deaths_record(sha))
+                    records.remove_quietly(paths.deaths_record(name))
 
 
 def forget_unreachable(root_paths: RootPaths, report: GcReport, now: float) -> None:
@@ -318,28 +320,28 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
     """
     if report.dry_run:
         return
-    for sha in paths.clone_lock_shas():
-        def finished(sha: str = sha) -> bool:
-            return not os.path.lexists(paths.checkout(sha)) and not os.path.exists(paths.failure_record(sha)) \
-                and not os.path.exists(paths.deaths_record(sha))
+    for name in paths.clone_lock_names():
+        def finished(name: str = name) -> bool:
+            return not os.path.lexists(paths.checkout(name)) and not os.path.exists(paths.failure_record(name)) \
+                and not os.path.exists(paths.deaths_record(name))
 
         if not finished():
             continue
-        with locks.rechecked(locks.existing_clone_of(paths, sha), finished) as clone_lock:
+        with locks.rechecked(locks.existing_clone_of(paths, name), finished) as clone_lock:
             if clone_lock is None:
                 continue  # a clone is running (or the file just went, or it is needed again)
-            drop_dead_clone_record(paths, sha)
-            if os.path.exists(paths.deaths_record(sha)):
+            drop_dead_clone_record(paths, name)
+            if os.path.exists(paths.deaths_record(name)):
                 continue  # a dead clone's record just became a deaths record: keep its lock and log
-            records.remove_quietly(paths.clone_log(sha))
-            records.remove_quietly(paths.previous_clone_log(sha))
-            records.remove_quietly(paths.size_record(sha))
-            records.remove_quietly(paths.clone_lock(sha))
+            records.remove_quietly(paths.clone_log(name))
+            records.remove_quietly(paths.previous_clone_log(name))
+            records.remove_quietly(paths.size_record(name))
+            records.remove_quietly(paths.clone_lock(name))
 
 
-def repair_future_last_use(paths: RepoPaths, sha: str, now: float, report: GcReport) -> None:
+def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcReport) -> None:
     """Set a marker's mtime that lies in the future back to now, under its exclusive lock, never waiting."""
-    marker = paths.ready_marker(sha)
+    marker = paths.ready_marker(name)
     if report.dry_run:
         return
     exclusive = locks.checkout_exclusive(marker)
@@ -350,12 +352,13 @@ def repair_future_last_use(paths: RepoPaths, sha: str, now: float, report: GcRep
             was = os.stat(marker).st_mtime
             if was > time.time():
                 os.utime(marker, (now, now))
-                report.clock_repaired.append({"repo": paths.key, "commit": sha, "was": iso(was)})
+                report.clock_repaired.append({"repo": paths.key, "commit": commit_of(name), "name": name,
+                                              "was": iso(was)})
         except OSError:
             pass
 
 
-def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool,
+def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
                    report: GcReport) -> tuple[str | None, Removal | None]:
     """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed)."""
     def recheck(last_use: float) -> str | None:
@@ -363,13 +366,20 @@ def evict_checkout(paths: RepoPaths, sha: str, grace: float, dry_run: bool,
             return USED_MEANWHILE
         return "dry-run" if dry_run else None
 
-    moved = move_checkout_aside(paths, sha, "evicted", recheck)
+    moved = move_checkout_aside(paths, name, "evicted", recheck)
     if moved.kept == "dry-run":
         return None, None
     if moved.slot is None:
         return moved.kept or GONE, None
     checkpoint("gc-after-evict-rename")
     return None, delete(paths, moved.slot, report)
+
+
+def names_of_commit(paths: RepoPaths, sha: str) -> set[str]:
+    """The names of every checkout of the commit the store knows of: published, being made,
+    or only locked (the whole tree's name always)."""
+    known = set(paths.checkout_names()) | set(paths.clone_lock_names()) | set(paths.clone_record_names())
+    return {name for name in known if commit_of(name) == sha} | {sha}
 
 
 def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float,
@@ -389,7 +399,11 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
     with mirror_lock:
         for sha in backend.kept(paths.mirror):
             def unused(sha: str = sha) -> bool:
-                return not os.path.lexists(paths.checkout(sha)) and (paths.key, sha) not in borrowed
+                # Every checkout of the commit counts, whole or sparse: one keep-ref serves them all.
+                names = names_of_commit(paths, sha)
+                return not any(os.path.lexists(paths.checkout(n)) for n in names) and \
+                    not any(locks.clone_running(paths, n) for n in names if n != sha) and \
+                    (paths.key, sha) not in borrowed
 
             if not unused():
                 continue
@@ -481,7 +495,7 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
         return False
     used: set[str] = set()
     try:
-        for sha in sorted(set(backend.kept(paths.mirror)) | set(paths.checkout_shas())):
+        for sha in sorted(set(backend.kept(paths.mirror)) | {commit_of(n) for n in paths.checkout_names()}):
             used.update(backend.lfs_objects(paths.mirror, sha))
     except CheckoutCacheError as exc:
         entry["lfs_skipped"] = exc.detail or exc.code
@@ -505,7 +519,7 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
 
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
            used_within_grace: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
-    """used_within_grace: (repository key, commit) pairs the caller knows were used
+    """used_within_grace: (repository key, checkout name) pairs the caller knows were used
     within the grace window by a clock that cannot jump (serve's monotonic record
     of its own ready answers); they count as used now, whatever the markers say."""
     report = GcReport(dry_run=dry_run)
@@ -534,34 +548,35 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
-        entries = [Entry(repo=info.key, sha=c.sha, size=c.size, held=c.held,
-                         last_used=now if (info.key, c.sha) in used_within_grace else c.last_used)
+        entries = [Entry(repo=info.key, name=c.name, size=c.size, held=c.held,
+                         last_used=now if (info.key, c.name) in used_within_grace else c.last_used)
                    for info in repos for c in info.checkouts if c.ready and c.intact and not c.unreadable]
         for info in repos:
             for c in info.checkouts:
                 if c.ready and c.last_used is not None and c.last_used > now:
-                    repair_future_last_use(info.paths, c.sha, now, report)
+                    repair_future_last_use(info.paths, c.name, now, report)
         plan = plan_eviction(entries, limits, before, now)
         evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry
             try:
-                kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.sha, limits.grace, dry_run,
+                kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.name, limits.grace, dry_run,
                                                    report)
             except OSError as exc:  # one checkout that cannot be moved never stops the others
                 report.unremovable.append({"repo": entry.repo, "path": os.path.relpath(
-                    by_key[entry.repo].paths.checkout(entry.sha), root_paths.root),
-                    "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__), "entry": entry.sha})
+                    by_key[entry.repo].paths.checkout(entry.name), root_paths.root),
+                    "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__), "entry": entry.name})
                 continue
             if kept_why is None:
-                evicted.add((entry.repo, entry.sha))
+                evicted.add((entry.repo, entry.name))
                 freed = entry.size if removal is None else removal.freed
-                report.removed.append(Removed(eviction.reason, entry.repo, entry.sha, freed, eviction.limit))
+                report.removed.append(Removed(eviction.reason, entry.repo, entry.name, freed, eviction.limit))
             elif kept_why != GONE:
-                report.kept.append(KeptOver(entry.repo, entry.sha, kept_why, eviction.limit))
-        report.kept += [KeptOver(k.entry.repo, k.entry.sha, k.why, k.limit) for k in plan.kept]
+                report.kept.append(KeptOver(entry.repo, commit_of(entry.name), kept_why, eviction.limit, entry.name))
+        report.kept += [KeptOver(k.entry.repo, commit_of(k.entry.name), k.why, k.limit, k.entry.name)
+                        for k in plan.kept]
         report.unmet = [attrs.asdict(u) for u in plan.unmet]
-        remaining = [e for e in entries if (e.repo, e.sha) not in evicted]
+        remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)

@@ -163,6 +163,11 @@ class Publisher:
             plan = plan._replace(full=True, why="a listed bundle is missing from the store")
         spec = store_key(self.root_paths, spec)
         paths = self.root_paths.repo(spec.key)
+        if os.path.isdir(paths.mirror) and self.backend.partial_filter(paths.mirror) is not None:
+            # git bundle create needs every object of what it bundles (MONOREPO.md A6).
+            raise CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=(
+                "its mirror is a partial clone (CHECKOUTCACHE_FILTER): bundles are made from a full mirror; "
+                "publish from a node without CHECKOUTCACHE_FILTER"))
         if not store_exists(paths):  # a repository never seen here: nothing is written before it answers
             self.backend.probe(spec.url, False, self._credential(spec), self.config.probe_timeout)
             init_repo_store(self.root_paths, paths, spec)

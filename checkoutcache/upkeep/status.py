@@ -16,7 +16,7 @@ from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import LFS_OFF, LFS_ON
 from checkoutcache.store import records
 from checkoutcache.store.inventory import RepoInfo, inventory
-from checkoutcache.store.layout import RootPaths
+from checkoutcache.store.layout import RootPaths, commit_of
 from checkoutcache.store.ready import lfs_of
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
@@ -47,25 +47,37 @@ def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
 def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     checkouts = []
     for c in info.checkouts:
-        entry = Entry(repo=info.key, sha=c.sha, last_used=c.last_used or 0.0, size=c.size, held=c.held)
+        entry = Entry(repo=info.key, name=c.name, last_used=c.last_used or 0.0, size=c.size, held=c.held)
         marker = c.marker
         checkouts.append({
-            "commit": c.sha, "path": c.path, "ready": c.ready, "intact": c.intact, "size": c.size,
+            "commit": c.sha, "name": c.name, **({"sparse": list(c.sparse)} if c.sparse else {}),
+            "path": c.path, "ready": c.ready, "intact": c.intact, "size": c.size,
             "lfs": lfs_of(marker), "lfs_why": marker.get("lfs_why"),
             "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(idle_seconds(c.last_used, now)),
             "held": c.held, "protected": protection(entry, config.grace, now) if c.ready else None,
             **({"unreadable": c.unreadable} if c.unreadable else {}),
         })
-    clones = [{"commit": c.sha, "pid": c.pid, "alive": c.alive, "started_at": iso(c.started_at),
+    clones = [{"commit": c.sha, "name": c.name, "pid": c.pid, "alive": c.alive, "started_at": iso(c.started_at),
                "progress": c.progress} for c in info.clones]
-    failures = [{"commit": sha, "error": f.code, "message": f.message, "attempts": f.attempts,
-                 "failed_at": iso(f.failed_at), "retry_after": max(0, round(f.retry_at - now)),
-                 "log": info.paths.clone_log(sha)} for sha, f in info.failures.items()]
+    failures = [{"commit": commit_of(name), "name": name, "error": f.code, "message": f.message,
+                 "attempts": f.attempts, "failed_at": iso(f.failed_at), "retry_after": max(0, round(f.retry_at - now)),
+                 "log": info.paths.clone_log(name)} for name, f in info.failures.items()]
     scratch = [{"name": s.name, "pid": s.pid, "commit": s.commit, "owner_alive": s.owner_alive or s.lock_held}
                for s in info.scratch]
     return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": checkouts,
             "clones": clones, "failures": failures, "scratch": scratch, "stuck_in_trash": stuck_in_trash(info),
-            "lfs": lfs_status(info, config, checkouts), "seed": seed_status(info), "problems": info.problems}
+            "lfs": lfs_status(info, config, checkouts), "seed": seed_status(info), "filter": filter_status(info),
+            "problems": info.problems}
+
+
+def filter_status(info: RepoInfo) -> dict | None:
+    """Whether the mirror is a partial clone, when CHECKOUTCACHE_FILTER asked for one
+    (state/mirror-filter.json): the filter, and why it is a full one instead."""
+    record = records.Reader(info.paths.root).read(info.paths.filter_record, records.MIRROR_FILTER)
+    if record is None:
+        return None
+    return {"filter": record.get("filter"), "partial": bool(record.get("partial")), "note": record.get("note"),
+            "at": iso(record.get("at"))}
 
 
 def seed_status(info: RepoInfo) -> dict | None:

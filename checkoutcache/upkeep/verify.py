@@ -17,14 +17,15 @@ import os
 from checkoutcache.git.backend import GitBackend
 from checkoutcache.store import locks, records
 from checkoutcache.store.checkouts import move_checkout_aside, remove_tree
-from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of
 from checkoutcache.store.ready import looks_intact
 
 
-def verify_checkout(paths: RepoPaths, sha: str, backend: GitBackend) -> dict:
-    path = paths.checkout(sha)
+def verify_checkout(paths: RepoPaths, name: str, backend: GitBackend) -> dict:
+    path = paths.checkout(name)
+    sha = commit_of(name)
     problems = []
-    record = records.read_json(paths.ready_marker(sha), records.MARKER)
+    record = records.read_json(paths.ready_marker(name), records.MARKER)
     if record is None:
         problems.append("no ready marker")
     elif not looks_intact(path, record):
@@ -38,23 +39,23 @@ def verify_checkout(paths: RepoPaths, sha: str, backend: GitBackend) -> dict:
         problems.append(f"HEAD is {head[:60]!r}, not the commit")
     elif not problems:
         problems += backend.deep_problems(path, sha)
-    return {"commit": sha, "path": path, "ok": not problems, "problems": problems,
-            "held": locks.checkout_held(paths.ready_marker(sha))}
+    return {"commit": sha, "name": name, "path": path, "ok": not problems, "problems": problems,
+            "held": locks.checkout_held(paths.ready_marker(name))}
 
 
-def marker_identity(paths: RepoPaths, sha: str) -> tuple[int, int] | None:
+def marker_identity(paths: RepoPaths, name: str) -> tuple[int, int] | None:
     try:
-        info = os.stat(paths.ready_marker(sha))
+        info = os.stat(paths.ready_marker(name))
     except OSError:
         return None
     return info.st_dev, info.st_ino
 
 
-def same_marker_as(paths: RepoPaths, sha: str, seen: tuple[int, int] | None):
+def same_marker_as(paths: RepoPaths, name: str, seen: tuple[int, int] | None):
     """A recheck under the marker's exclusive lock: what is moved is the checkout
     verify judged, not one a clone published meanwhile (a new marker)."""
     def recheck(_last_use: float) -> str | None:
-        return None if marker_identity(paths, sha) == seen else "replaced-meanwhile"
+        return None if marker_identity(paths, name) == seen else "replaced-meanwhile"
 
     return recheck
 
@@ -66,17 +67,17 @@ def run_verify(root_paths: RootPaths, backend: GitBackend, key: str | None = Non
         if key is not None and repo_key != key:
             continue
         paths = root_paths.repo(repo_key)
-        for commit in paths.checkout_shas():
-            if sha is not None and commit != sha:
+        for name in paths.checkout_names():
+            if sha is not None and commit_of(name) != sha:
                 continue
-            seen = marker_identity(paths, commit)
-            result = verify_checkout(paths, commit, backend)
+            seen = marker_identity(paths, name)
+            result = verify_checkout(paths, name, backend)
             result["repo"] = repo_key
             if not result["ok"] and remove_broken:
                 # The clone lock (if free) lets an unmarked leftover go too; a running clone keeps it.
-                clone_lock = locks.clone_of(paths, commit)
+                clone_lock = locks.clone_of(paths, name)
                 try:
-                    moved = move_checkout_aside(paths, commit, "broken", same_marker_as(paths, commit, seen),
+                    moved = move_checkout_aside(paths, name, "broken", same_marker_as(paths, name, seen),
                                                 clone_lock_held=clone_lock is not None)
                 finally:
                     if clone_lock is not None:

@@ -25,7 +25,8 @@ def run_cli(*args: str, root: str | None = None, env: dict | None = None, timeou
     return done.returncode, parsed, done.stderr + done.stdout
 
 
-def wait_ready(root: str, repo: str, sha: str, timeout: float = 60, **kw) -> dict:
-    code, answer, err = run_cli("ensure", repo, sha, "--wait", str(timeout), root=root, **kw)
+def wait_ready(root: str, repo: str, sha: str, timeout: float = 60, extra: tuple[str, ...] = (), **kw) -> dict:
+    """ensure --wait, asserting the answer is ready; extra: more ensure options (--sparse DIR)."""
+    code, answer, err = run_cli("ensure", repo, sha, "--wait", str(timeout), *extra, root=root, **kw)
     assert code == 0, (code, answer, err)
     return answer
