@@ -4,9 +4,11 @@
     python benchmarks/monorepo.py [--work DIR] [--keep] [--json-out mono.json]
         # 50,000 files (~200 MB tree), 200 commits of 300 changed files each (~1-2 min to generate)
 
-Groundwork for the product's own variants (full mirror, partial mirror,
-partial mirror + sparse checkout), which will be measured against the anchor
-below on the same repository, daemon and proxy.
+The product's variants (measure_product: a full mirror, a partial mirror, a
+partial mirror with a sparse checkout of the same cone), each a cold root,
+measured through the CLI against the anchor below on the same repository,
+daemon and proxy, in one run: ratios and the issue's bars (BARS), a chart
+with --plot.
 
 The repository (make_monorepo), deterministic from its seed (same seed and
 shape, same commit ids): `git fast-import` is fed a tree of projects under
@@ -412,22 +414,22 @@ def _step(proxy: CountingProxy | None, label: str, args: list[str], env: dict) -
 
 
 def measure_anchor(url: str, dest: str, dirs: list[str], first: str, second: str,
-                   proxy: CountingProxy | None = None, repo: str | None = None) -> dict:
+                   proxy: CountingProxy | None = None, repo: str | None = None, tag: str = "") -> dict:
     """Plain git's sparse review: clone --filter=blob:none --no-checkout, sparse-checkout set --cone,
     checkout of `first`, then of `second`. `url` should go through `proxy` (its labels are the steps);
     `repo` (the upstream's path) adds the cone's own size at `first`."""
     env = clean_env()
     steps = {
-        "clone": _step(proxy, "anchor-clone", ["clone", "-q", "--filter=blob:none", "--no-checkout", url, dest], env),
-        "sparse_set": _step(proxy, "anchor-sparse-set", ["-C", dest, "sparse-checkout", "set", "--cone", *dirs], env),
-        "checkout": _step(proxy, "anchor-checkout", ["-C", dest, "-c", "advice.detachedHead=false", "checkout", "-q",
+        "clone": _step(proxy, f"anchor-clone{tag}", ["clone", "-q", "--filter=blob:none", "--no-checkout", url, dest], env),
+        "sparse_set": _step(proxy, f"anchor-sparse-set{tag}", ["-C", dest, "sparse-checkout", "set", "--cone", *dirs], env),
+        "checkout": _step(proxy, f"anchor-checkout{tag}", ["-C", dest, "-c", "advice.detachedHead=false", "checkout", "-q",
                                                      "--detach", first], env),
     }
     steps["disk_after_first"] = disk_usage(dest)
-    steps["second_checkout"] = _step(proxy, "anchor-second", ["-C", dest, "-c", "advice.detachedHead=false",
+    steps["second_checkout"] = _step(proxy, f"anchor-second{tag}", ["-C", dest, "-c", "advice.detachedHead=false",
                                                               "checkout", "-q", "--detach", second], env)
     steps["disk_after_second"] = disk_usage(dest)
-    steps["status"] = _step(proxy, "anchor-status", ["-C", dest, "status", "--porcelain"], env)
+    steps["status"] = _step(proxy, f"anchor-status{tag}", ["-C", dest, "status", "--porcelain"], env)
     total = [steps[k] for k in ("clone", "sparse_set", "checkout")]
     steps["first_ready"] = {"seconds": round(sum(s["seconds"] for s in total), 3),
                             "bytes": sum(s.get("bytes", 0) for s in total)}
@@ -441,6 +443,115 @@ def measure_full_clone(url: str, dest: str, proxy: CountingProxy | None = None) 
     result = _step(proxy, "full-clone", ["clone", "-q", "--mirror", url, dest], clean_env())
     result["disk"] = disk_usage(dest)["tree_bytes"]  # a bare repository: everything is "tree" here
     return result
+
+
+VARIANTS = {  # name: (CHECKOUTCACHE_FILTER, sparse, more environment)
+    "full mirror": (None, False, {}),
+    "partial mirror": ("blob:none", False, {}),
+    "partial + sparse": ("blob:none", True, {}),
+    # The same without git's check of every fetched object (CHECKOUTCACHE_FSCK, on by
+    # default), which plain git does not run: what that check costs on a tree-heavy fetch.
+    "partial + sparse, fsck off": ("blob:none", True, {"CHECKOUTCACHE_FSCK": "off"}),
+}
+REPO_ROOT = os.path.dirname(HERE)
+
+
+def _ensure(proxy: CountingProxy | None, label: str, root: str, url: str, sha: str, dirs: list[str],
+            filter: str | None, extra_env: dict | None = None) -> dict:
+    """One `checkoutcache ensure --wait` as a review pipeline runs it: timed, its upstream bytes counted."""
+    env = clean_env({"CHECKOUTCACHE_ROOT": root, "PYTHONPATH": REPO_ROOT,
+                     **({"CHECKOUTCACHE_FILTER": filter} if filter else {}), **(extra_env or {})})
+    if proxy is not None:
+        proxy.label = label
+    cmd = [sys.executable, "-m", "checkoutcache", "--json", "ensure", url, sha, "--wait", "1800",
+           *[arg for d in dirs for arg in ("--sparse", d)]]
+    started = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, cwd="/", check=False)
+    seconds = time.monotonic() - started
+    answer = json.loads(done.stdout or b"{}")
+    if done.returncode != 0 or answer.get("state") != "ready":
+        raise RuntimeError(f"ensure failed: {done.stdout[-500:]!r} {done.stderr[-500:]!r}")
+    result = {"seconds": round(seconds, 3), "path": answer["path"]}
+    if proxy is not None:
+        proxy.wait_idle()
+        tally = proxy.tally(label)
+        result.update(bytes=tally["bytes"], connections=tally["connections"], objects=tally["objects"])
+    return result
+
+
+def measure_product(name: str, url: str, root: str, dirs: list[str], first: str, second: str,
+                    proxy: CountingProxy | None = None, tag: str = "") -> dict:
+    """The cache's cold first ready (mirror made, checkout published) and a second commit of the
+    same review (mirror warm), each with its upstream bytes; the disk of one checkout and of the
+    mirror."""
+    filter, sparse, extra_env = VARIANTS[name]
+    cone = dirs if sparse else []
+    label = name.replace(" ", "-").replace("+", "and").replace(",", "") + tag
+    first_ready = _ensure(proxy, f"{label}-first", root, url, first, cone, filter, extra_env)
+    second_ready = _ensure(proxy, f"{label}-second", root, url, second, cone, filter, extra_env)
+    mirror = os.path.join(os.path.dirname(os.path.dirname(first_ready["path"])), "mirror.git")
+    return {"first_ready": first_ready, "second_checkout": second_ready,
+            "checkout_disk": disk_usage(first_ready["path"]), "mirror_disk": disk_usage(mirror)["tree_bytes"]}
+
+
+def ratios(report: dict) -> dict:
+    """The issue's bars, as ratios of figures measured in this one run."""
+    anchor, product = report["anchor"], report["product"]
+    sparse, full = product["partial + sparse"], product["full mirror"]
+    cone_disk = anchor["disk_after_first"]["tree_bytes"]  # the cone as plain git writes it
+    disk = sparse["checkout_disk"]
+    return {
+        "sparse_first_ready_time_vs_anchor": round(sparse["first_ready"]["seconds"] / anchor["first_ready"]["seconds"], 3),
+        "sparse_first_ready_bytes_vs_anchor": round(sparse["first_ready"]["bytes"] / anchor["first_ready"]["bytes"], 3),
+        "sparse_first_ready_bytes_vs_full_mirror": round(sparse["first_ready"]["bytes"] / full["first_ready"]["bytes"], 3),
+        "sparse_checkout_disk_vs_cone": round((disk["tree_bytes"] + disk["git_bytes"]) / cone_disk, 3),
+        "sparse_second_checkout_time_vs_anchor": round(sparse["second_checkout"]["seconds"]
+                                                       / anchor["second_checkout"]["seconds"], 3),
+        "partial_first_ready_time_vs_full_mirror": round(product["partial mirror"]["first_ready"]["seconds"]
+                                                         / full["first_ready"]["seconds"], 3),
+        "sparse_fsck_off_first_ready_time_vs_anchor": round(
+            product["partial + sparse, fsck off"]["first_ready"]["seconds"] / anchor["first_ready"]["seconds"], 3),
+        "anchor_first_ready_bytes_vs_full_mirror": round(anchor["first_ready"]["bytes"] / full["first_ready"]["bytes"],
+                                                         3),
+    }
+
+
+SPARSE_VARIANT = "partial + sparse"
+
+
+def median_run(runs: list[dict], key) -> dict:
+    return sorted(runs, key=key)[len(runs) // 2]
+
+
+BARS = {"sparse_first_ready_time_vs_anchor": 1.2, "sparse_first_ready_bytes_vs_anchor": 1.2,
+        "sparse_first_ready_bytes_vs_full_mirror": 0.2, "sparse_checkout_disk_vs_cone": 1.1}
+
+
+def plot(report: dict, out: str) -> None:
+    """Time to first ready and upstream bytes per variant, the anchor first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["plain git (anchor)", *VARIANTS]
+    runs = [report["anchor"]["first_ready"], *(report["product"][n]["first_ready"] for n in VARIANTS)]
+    # (medians of --repeat runs for the anchor and the sparse variant)
+    seconds = [r["seconds"] for r in runs]
+    mib = [r["bytes"] / 2**20 for r in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    colors = ["#888888", "#c0504d", "#4f81bd", "#9bbb59", "#8064a2"]
+    left.bar(range(len(names)), seconds, color=colors)
+    left.set_title("first ready (s)")
+    right.bar(range(len(names)), mib, color=colors)
+    right.set_title("bytes from the upstream (MiB)")
+    for axis in (left, right):
+        axis.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    repo = report["repo"]
+    fig.suptitle(f"monorepo: {repo['files']} files, {repo['tree_bytes'] / 2**20:.0f} MiB tree, "
+                 f"{repo['commits']['count']} commits; cone {report['anchor']['cone']['files']} files")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -458,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-clone", action="store_true", help="also time a `git clone --mirror`")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--json-out")
+    parser.add_argument("--plot", help="write the chart of first ready time and bytes here (a .png)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="cold runs of the anchor and of the sparse variant (their medians are compared)")
     args = parser.parse_args(argv)
 
     shape = SHAPES["quick" if args.quick else "full"]
@@ -481,9 +595,31 @@ def main(argv: list[str] | None = None) -> int:
         report = {"machine": {"cores": os.cpu_count(), "git": _git("--version").stdout.decode().strip(),
                               "python": platform.python_version()},
                   "repo": repo.describe(), "cone_dirs": dirs, "first": first, "second": second}
-        clone_dir = os.path.join(work, "anchor")
-        shutil.rmtree(clone_dir, ignore_errors=True)
-        report["anchor"] = measure_anchor(url, clone_dir, dirs, first, second, proxy, repo.path)
+        report["product"] = {}
+        for number, name in enumerate(VARIANTS):
+            if name == SPARSE_VARIANT:
+                continue
+            root = os.path.join(work, f"cache-{number}")
+            shutil.rmtree(root, ignore_errors=True)
+            report["product"][name] = measure_product(name, url, root, dirs, first, second, proxy)
+        # The anchor and the sparse variant, the two the time bar compares, alternate --repeat
+        # times (each cold); the run of median first-ready time of each is the one compared.
+        anchors, sparse_runs = [], []
+        for attempt in range(args.repeat):
+            clone_dir = os.path.join(work, f"anchor-{attempt}")
+            shutil.rmtree(clone_dir, ignore_errors=True)
+            anchors.append(measure_anchor(url, clone_dir, dirs, first, second, proxy, repo.path, tag=f"-{attempt}"))
+            root = os.path.join(work, f"cache-sparse-{attempt}")
+            shutil.rmtree(root, ignore_errors=True)
+            sparse_runs.append(measure_product(SPARSE_VARIANT, url, root, dirs, first, second, proxy,
+                                               tag=f"-{attempt}"))
+        report["anchor"] = median_run(anchors, lambda r: r["first_ready"]["seconds"])
+        report["product"][SPARSE_VARIANT] = median_run(sparse_runs, lambda r: r["first_ready"]["seconds"])
+        report["repeats"] = {"anchor_first_ready_seconds": [r["first_ready"]["seconds"] for r in anchors],
+                             "sparse_first_ready_seconds": [r["first_ready"]["seconds"] for r in sparse_runs]}
+        report["ratios"] = ratios(report)
+        report["bars"] = {k: {"bar": v, "ratio": report["ratios"][k], "met": report["ratios"][k] <= v}
+                          for k, v in BARS.items()}
         if args.full_clone:
             mirror = os.path.join(work, "full.git")
             shutil.rmtree(mirror, ignore_errors=True)
@@ -494,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep and not args.work:
             shutil.rmtree(work, ignore_errors=True)
     print_report(report)
+    if args.plot:
+        plot(report, args.plot)
     if args.json_out:
         with open(args.json_out, "w") as handle:
             json.dump(report, handle, indent=2)
@@ -531,6 +669,16 @@ def print_report(report: dict) -> None:
     if "full_clone" in report:
         f = report["full_clone"]
         print(f"  full clone --mirror {f['seconds']:.2f} s, {mib(f.get('bytes', 0))}, disk {mib(f['disk'])}")
+    for name, run in report.get("product", {}).items():
+        first, second, disk = run["first_ready"], run["second_checkout"], run["checkout_disk"]
+        print(f"{name:18} first ready {first['seconds']:7.2f} s {mib(first.get('bytes', 0)):>10}; second "
+              f"{second['seconds']:6.2f} s {mib(second.get('bytes', 0)):>10}; checkout .git "
+              f"{mib(disk['git_bytes'])} + tree {mib(disk['tree_bytes'])}; mirror {mib(run['mirror_disk'])}")
+    for key, bar in report.get("bars", {}).items():
+        print(f"  {key:42} {bar['ratio']:6.3f}  (bar {bar['bar']}: {'met' if bar['met'] else 'MISSED'})")
+    for key, value in report.get("ratios", {}).items():
+        if key not in report.get("bars", {}):
+            print(f"  {key:42} {value:6.3f}")
 
 
 if __name__ == "__main__":

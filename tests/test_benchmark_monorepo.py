@@ -42,7 +42,9 @@ def test_cone_rules_match_git_sparse_checkout(tmp_path):
     written = {line[2:] for line in git("-C", work, "ls-files", "-t").splitlines() if line.startswith("H ")}
     ours = {p for p, _, _ in monorepo.tree_entries(repo.path, repo.commits[-1]) if monorepo.in_cone(p, dirs)}
     assert written == ours
-    listed = git("-C", repo.path, "rev-list", "--objects", "--no-walk", repo.commits[-1], "--",
+    # From the tree: given the commit, pathspecs would limit commits (one that changed nothing
+    # in the cone lists nothing).
+    listed = git("-C", repo.path, "rev-list", "--objects", f"{repo.commits[-1]}^{{tree}}", "--",
                  *monorepo.cone_pathspecs(dirs)).split("\n")
     blobs = {line[41:] for line in listed if line[41:] and git("-C", repo.path, "cat-file", "-t",
                                                                  line[:40]).strip() == "blob"}

@@ -182,6 +182,18 @@ def test_a_partial_mirror_fetches_only_what_checkouts_need_once_and_gc_keeps_it(
         proxy.close()
 
 
+def test_a_cold_partial_sparse_checkout_of_a_commit_that_changed_nothing_in_its_cone(root, served_upstream):
+    """Regression: the cone's missing blobs were listed with pathspecs on the commit, which
+    limit commits: a commit that changed nothing in the cone listed none, and the checkout
+    failed with "could not fetch ... from promisor remote"."""
+    repo, url = served_upstream
+    monorepo(repo)
+    sha = repo.commit({"services/beta/src/file_0.txt": "only beta changes\n"})
+    answer = wait_ready(root, url, sha, env=PARTIAL, extra=("--sparse", "services/alpha"))
+    assert git("status", "--porcelain", cwd=answer["path"]) == ""
+    assert open(os.path.join(answer["path"], "services", "alpha", "src", "file_0.txt")).read() == "alpha 0\n" * 50
+
+
 def test_a_server_that_refuses_filters_gives_a_full_mirror_and_says_so(root, served_upstream):
     repo, url = served_upstream
     sha = monorepo(repo, allow_filter=False)
@@ -261,3 +273,24 @@ def test_the_filter_setting_is_checked(root):
                               env={"CHECKOUTCACHE_FILTER": "tree:0"})
     assert code == 2 and answer["message"].startswith("CHECKOUTCACHE_FILTER: "), answer
     assert Config.from_env({"CHECKOUTCACHE_FILTER": "blob:limit=1m"}).filter == "blob:limit=1m"
+
+
+def test_a_rebuilt_partial_mirror_gets_back_the_blobs_existing_checkouts_read(root, served_upstream):
+    """A partial mirror gone (deleted, or moved aside as unreadable) is made anew by the next
+    clone, which fetches back what existing checkouts borrow: for a partial mirror not only
+    their commits but each one's cone of blobs (from its marker)."""
+    repo, url = served_upstream
+    sha = monorepo(repo)
+    alpha = wait_ready(root, url, sha, env=PARTIAL, extra=("--sparse", "services/alpha"))
+    subprocess.run(["rm", "-rf", only_repo(root).mirror], check=True)
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=alpha["path"], capture_output=True).returncode != 0
+    newer = repo.commit({"services/beta/src/new.txt": "new\n"})
+    beta = wait_ready(root, url, newer, env=PARTIAL, extra=("--sparse", "services/beta"))
+    log = open(only_repo(root).clone_log(os.path.basename(beta["path"]))).read()
+    assert "restoring the objects of 1 existing commit(s)" in log, log[-2000:]
+    assert git("status", "--porcelain", cwd=beta["path"]) == ""
+    assert git("status", "--porcelain", cwd=alpha["path"]) == ""  # its cone's blobs came back with its commit
+    assert not {p for p in mirror_missing(root, sha) if p.startswith("services/alpha/")}
+    assert {p for p in mirror_missing(root, sha) if p.startswith("services/gamma/")}  # still partial
+    code, report, _ = run_cli("verify", root=root)
+    assert code == 0 and report["broken"] == 0

@@ -206,3 +206,38 @@ def test_config_from_env_and_overrides():
 def test_every_error_code_has_a_message_and_next_step():
     for entry in CODES.values():
         assert entry.message and entry.next and entry.kind in ("input", "failure")
+
+
+# ------------------------------------------------------------ cones (sparse checkouts)
+
+def test_a_cone_has_one_spelling_and_its_own_digest():
+    from checkoutcache.cones import cone_digest, parse_cone
+
+    assert parse_cone(None) == parse_cone([]) == ()
+    assert parse_cone(["b/", "a", "a/x/y", "b"]) == ("a", "b")  # sorted, unique, nested ones folded in
+    assert parse_cone(["services/alpha/"]) == parse_cone(["services/alpha", "services/alpha/src"])
+    assert cone_digest(("a", "b")) == cone_digest(parse_cone(["b", "a/"]))
+    assert len({cone_digest(("a",)), cone_digest(("b",)), cone_digest(("a", "b")), cone_digest(("ab",))}) == 4
+    assert parse_cone(["ab", "a"]) == ("a", "ab")  # "ab" is not inside "a"
+
+
+@pytest.mark.parametrize("bad", [["/x"], ["a/../b"], [".."], ["./a"], ["a//b"], [".git"], ["x/.GIT/y"], [""],
+                                 ["/"], ["a\tb"], ["a\x7f"], ["caf\udce9"], "a", [b"a"], [1], ["a" * 1025],
+                                 ["d"] * 257])
+def test_a_bad_cone_is_refused(bad):
+    from checkoutcache.cones import parse_cone
+
+    with pytest.raises(CheckoutCacheError) as err:
+        parse_cone(bad)
+    assert err.value.code == "BAD_ARGUMENT"
+
+
+def test_what_a_cone_holds_is_what_git_cone_mode_checks_out():
+    from checkoutcache.cones import contains, pathspecs
+
+    cone = ("a/b/c", "d")
+    inside = [b"top.txt", b"a/x.txt", b"a/b/y.txt", b"a/b/c/z.txt", b"a/b/c/deep/w", b"d/e/f", b".gitmodules"]
+    outside = [b"a/q/r.txt", b"a/b/cc/z.txt", b"e/f", b"dd/x"]
+    assert all(contains(cone, p) for p in inside) and not any(contains(cone, p) for p in outside)
+    assert contains((), b"any/where")
+    assert pathspecs(cone) == [":(glob)*", ":(glob)a/*", ":(glob)a/b/*", ":(literal)a/b/c/", ":(literal)d/"]

@@ -114,8 +114,9 @@ def submodules_in(backend, tree_dir: str, mirror: str, sha: str, super_url: str,
     if not urls:
         return []
     found = []
+    in_cone = cones.matcher(cone)
     for path, link in sorted(backend.index_gitlinks(tree_dir, keep_fds).items()):
-        if not cones.contains(cone, path):
+        if not in_cone(path):
             continue
         if path not in urls:
             raise failed(path, "(none)", "the commit has a submodule .gitmodules does not name")

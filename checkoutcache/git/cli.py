@@ -325,10 +325,17 @@ class GitCliBackend:
 
     def missing_blobs(self, mirror: str, sha: str, cone: Cone = ()) -> list[str]:
         """The blobs of the commit's tree (of its cone) a partial mirror lacks (never fetched here)."""
-        done = self._run(["-C", mirror, "rev-list", "--objects", "--no-walk", "--missing=print", sha, "--",
-                          *(cones.pathspecs(cone) if cone else [])])
+        done = self._run(self._tree_objects(mirror, sha, cone))
         self._check(done)
         return [line[1:].strip() for line in done.stdout.splitlines() if line.startswith("?")]
+
+    @staticmethod
+    def _tree_objects(mirror: str, sha: str, cone: Cone) -> list[str]:
+        """rev-list listing the objects of the commit's tree (its cone's), missing ones as
+        `?<id>`. From the tree, not the commit: given a commit, pathspecs limit which commits
+        are listed (one that changed nothing in the cone would list nothing at all)."""
+        return ["-C", mirror, "rev-list", "--objects", "--missing=print", f"{sha}^{{tree}}", "--",
+                *(cones.pathspecs(cone) if cone else [])]
 
     def fetch_blobs(self, mirror: str, url: str, oids: list[str], filter: str, credential: Credential | None,
                     on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None:
@@ -388,8 +395,7 @@ class GitCliBackend:
             return done.returncode == 0
         # A cone, or a partial mirror (archive would want blobs it was never meant to have):
         # every object of the checkout is there, and each one inflates.
-        listed = self._run(["-C", mirror, "rev-list", "--objects", "--no-walk", "--missing=print", sha, "--",
-                            *(cones.pathspecs(cone) if cone else [])])
+        listed = self._run(self._tree_objects(mirror, sha, cone))
         if listed.returncode != 0 or any(line.startswith("?") for line in listed.stdout.splitlines()):
             return False
         ids = "".join(line.split(" ", 1)[0] + "\n" for line in listed.stdout.splitlines() if line)
@@ -461,12 +467,15 @@ class GitCliBackend:
         # A commit whose .gitattributes name no LFS filter costs one ls-tree. With a cone,
         # only its files (every .gitattributes that applies to one is in the cone too).
         listed = self._bytes(["-C", mirror, "ls-tree", "-r", "-z", "--full-tree", sha])
+        if b".gitattributes" not in listed:
+            return []  # no attributes anywhere: no LFS file (a 50,000-file tree costs no parse)
+        in_cone = cones.matcher(cone)
         entries = []  # (blob, path) of regular files
         attributes = []
         for entry in filter(None, listed.split(b"\0")):
             meta, _, path = entry.partition(b"\t")
             mode, kind, oid = meta.split()
-            if kind == b"blob" and mode in (b"100644", b"100755") and cones.contains(cone, path):
+            if kind == b"blob" and mode in (b"100644", b"100755") and in_cone(path):
                 entries.append((oid, path))
                 if path == b".gitattributes" or path.endswith(b"/.gitattributes"):
                     attributes.append(oid)
@@ -577,7 +586,10 @@ class GitCliBackend:
         else the mirror lacks objects and the checkout is not published."""
         # git itself compares its index with the tree (paths relative to the tree, so no
         # absolute path is ever too long), as bytes (a path need not be UTF-8).
-        listed = subprocess.run([self.git, "-C", tree_dir, "ls-files", "--deleted", "-z"], capture_output=True,
+        # --sparse: a sparse index is read as it is (its out-of-cone directories are never
+        # files to check), not expanded to every path of the tree (0.1 s on 50,000 files).
+        listed = subprocess.run([self.git, "-C", tree_dir, "ls-files", "--sparse", "--deleted", "-z"],
+                                capture_output=True,
                                 env=git_env(), stdin=subprocess.DEVNULL, cwd="/", pass_fds=keep_fds)
         if listed.returncode != 0:
             stderr = listed.stderr.decode("utf-8", "replace")
