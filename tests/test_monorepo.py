@@ -294,3 +294,30 @@ def test_a_rebuilt_partial_mirror_gets_back_the_blobs_existing_checkouts_read(ro
     assert {p for p in mirror_missing(root, sha) if p.startswith("services/gamma/")}  # still partial
     code, report, _ = run_cli("verify", root=root)
     assert code == 0 and report["broken"] == 0
+
+
+def test_lfs_files_outside_the_cone_are_left_out(root, tmp_path):
+    """An LFS object never uploaded fails a checkout that needs it (LFS_FAILED); a cone without
+    that file needs nothing of LFS at all, as git's own sparse checkout would not smudge it."""
+    from .helpers.lfs import LfsUpstream
+
+    upstream = LfsUpstream(str(tmp_path / "lfs-upstream"))
+    sha = upstream.commit_lfs({"assets/model.bin": b"weights" * 1000}, other={"src/main.py": "print(1)\n"},
+                              upload=False)
+    src = wait_ready(root, upstream.path, sha, extra=("--sparse", "src"))
+    assert "lfs" not in src and worktree_files(src["path"]) == {"src/main.py", ".gitattributes"}
+    code, assets, out = run_cli("ensure", upstream.path, sha, "--sparse", "assets", "--wait", "60", root=root,
+                                env={"CHECKOUTCACHE_BACKOFF": "30s"})
+    assert code == 1 and assets["error"] == "LFS_FAILED", out
+
+
+def test_a_cones_lfs_files_are_downloaded_and_the_others_are_not(root, tmp_path):
+    from .helpers.lfs import LfsUpstream, lfs_oid
+
+    upstream = LfsUpstream(str(tmp_path / "lfs-upstream"))
+    inside, outside = b"inside" * 500, b"outside" * 500
+    sha = upstream.commit_lfs({"game/level.bin": inside, "film/reel.bin": outside})
+    game = wait_ready(root, upstream.path, sha, extra=("--sparse", "game"))
+    assert game["lfs"] == "content" and open(os.path.join(game["path"], "game", "level.bin"), "rb").read() == inside
+    stored = [name for _, _, files in os.walk(only_repo(root).lfs_objects) for name in files]
+    assert stored == [lfs_oid(inside)], stored  # the other cone's object stayed upstream

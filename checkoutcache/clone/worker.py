@@ -669,7 +669,7 @@ class Worker:
             try:
                 self.write_mirror(lambda: self.backend.lfs_fetch(
                     self.paths.mirror, self.url, self.is_local, self.sha, self.paths.lfs_store, self.credential,
-                    self.on_progress, self.log, keep_fds))
+                    self.on_progress, self.log, keep_fds, [p.path for p in missing] if self.cone else None))
             except CheckoutCacheError as exc:
                 if exc.code == "DISK_FULL":
                     raise

@@ -74,6 +74,8 @@ _TRANSPORT_WRAPPER = re.compile(r"could not read from remote repository", re.I)
 # A sparse checkout (cones.py): cone mode and a sparse index (the index then holds one
 # entry per directory outside the cone instead of one per file: MONOREPO.md A3).
 SPARSE_CHECKOUT_CONFIG = {"core.sparseCheckout": "true", "core.sparseCheckoutCone": "true", "index.sparse": "true"}
+# The longest include list of exact paths given to `git lfs fetch` (it goes on argv).
+LFS_INCLUDE_MAX = 128 * 1024
 # What git says when the server ignores --filter (it then sends every object).
 FILTER_REFUSED = "filtering not recognized by server"
 
@@ -523,7 +525,7 @@ class GitCliBackend:
 
     def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
-                  keep_fds: tuple[int, ...] = ()) -> None:
+                  keep_fds: tuple[int, ...] = (), paths: list[bytes] | None = None) -> None:
         # lfs.storage goes to the mirror's own config, not our command line: git-lfs
         # hands its configuration on to the file:// transfer agent, which would look for
         # a local upstream's objects in our store.
@@ -536,7 +538,15 @@ class GitCliBackend:
         # default branch's. Credentials: git-lfs asks git's credential helpers, so the one
         # scoped to the URL's host (git_env) applies.
         pinned = [f"lfs.url={endpoint}"] if endpoint else []
-        pinned += [f"lfs.{name}={value}" for name, value in operator_lfs_filters().items()]
+        filters = operator_lfs_filters()
+        if paths and not filters["fetchinclude"]:
+            # A sparse checkout's LFS files only (paths: those it needs), when they can be said
+            # as one include list; otherwise the commit's, and the check that follows decides.
+            listed = [p.decode("utf-8", "surrogateescape") for p in paths]
+            if not any("," in p or "\\" in p or any(c in p for c in "*?[") for p in listed) \
+                    and sum(len(p) + 1 for p in listed) < LFS_INCLUDE_MAX:
+                filters["fetchinclude"] = ",".join(listed)
+        pinned += [f"lfs.{name}={value}" for name, value in filters.items()]
         cmd = ["-C", mirror, *[arg for pair in pinned for arg in ("-c", pair)],
                "lfs", "fetch", endpoint if is_local and endpoint else url, sha]
         log("$ git " + redact(" ".join(cmd[2:]), secrets))

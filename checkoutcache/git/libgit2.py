@@ -316,7 +316,7 @@ class Pygit2Backend:
 
     def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
-                  keep_fds: tuple[int, ...] = ()) -> None:
+                  keep_fds: tuple[int, ...] = (), paths: list[bytes] | None = None) -> None:
         raise CheckoutCacheError("LFS_FAILED", detail=self.lfs_unsupported())
 
     def lfs_in_tree(self, tree_dir: str) -> bool:
