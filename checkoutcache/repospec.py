@@ -149,6 +149,25 @@ def _check_path_parts(path: str) -> None:
         raise _bad("it contains a '..' path component")
 
 
+def _missing_scheme_hint(raw: str, cwd: str | None) -> str | None:
+    """For what reads as a local path but is not one, and looks like a remote spelled
+    without its scheme (`github.com/org/repo`, `git@github.com/org/repo`): what to give
+    instead. None for anything that exists here or looks like a path."""
+    first, _, rest = raw.partition("/")
+    if not rest or raw.startswith((".", "/", "~")):
+        return None
+    user, at, host = first.rpartition("@")
+    if "." not in host or not _HOST.match(host) or not re.search(r"\.[A-Za-z]{2,}$", host):
+        return None
+    if os.path.lexists(os.path.join(cwd or os.getcwd(), raw)):
+        return None
+    if at:
+        return (f"{_shown(raw)} is not a local path; an ssh address needs a ':' after the host: "
+                f"{user}@{host}:{rest}")
+    return (f"{_shown(raw)} is not a local path; a repository on {host} needs a URL, such as "
+            f"https://{host}/{rest} or git@{host}:{rest}")
+
+
 def _local(path: str, cwd: str | None) -> tuple[str, bool]:
     path = os.path.expanduser(path)
     _check_path_parts(path)
@@ -160,10 +179,21 @@ def _local(path: str, cwd: str | None) -> tuple[str, bool]:
     return real, True
 
 
+# Transports git knows that are not allowed here (UNSAFE_TRANSPORT); any other scheme
+# is a mistake (BAD_REPO, with the allowed scheme it is closest to).
+_REFUSED_SCHEMES = frozenset({"http", "ftp", "ftps", "ext", "fd", "rsync", "git+http", "git+https"})
+
+
 def _url(raw: str, scheme: str) -> tuple[str, bool, Credential | None]:
     scheme = _SCHEME_ALIASES.get(scheme, scheme)
     if scheme not in _SCHEMES:
-        raise CheckoutCacheError("UNSAFE_TRANSPORT", scheme=scheme)
+        if scheme in _REFUSED_SCHEMES:
+            raise CheckoutCacheError("UNSAFE_TRANSPORT", scheme=scheme)
+        import difflib
+
+        close = difflib.get_close_matches(scheme, list(_SCHEMES), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}://?)" if close else ""
+        raise _bad(f"{_shown(scheme, 20)}:// is not a URL scheme git knows{hint}")
     try:
         parts = urllib.parse.urlsplit(raw)
         port = parts.port
@@ -231,6 +261,9 @@ def parse_repo(raw: object, scope: str = DEFAULT_SCOPE, cwd: str | None = None, 
         user = f"{scp.group('user')}@" if scp.group("user") else ""
         url, is_local = f"{user}{scp.group('host').lower()}:{path.rstrip('/')}", False
     else:
+        hint = _missing_scheme_hint(raw, cwd)
+        if hint is not None:
+            raise _bad(hint)
         url, is_local = _local(raw, cwd)
     key = repo_key(scope, identity(url, is_local), lfs, submodules)
     # Stores of layout v1 all had the default settings.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 
+import attrs
 import click
 
 from checkoutcache.answers import EXIT_BAD_INPUT, EXIT_EXEC_FAILED, Answer
@@ -27,6 +28,7 @@ class Context:
         self.root = root
         self.as_json = wants_json(as_json)
         self.config: Config | None = None  # the command's settings, once read (load_config)
+        self.root_checked = False  # gc and status: an unusable root is the caller's mistake (exit 2)
 
     def cache(self) -> Cache:
         # The CLI is a process of our own, single-threaded: clone workers are forked.
@@ -92,7 +94,20 @@ def parse_wait(value: str) -> float:
 def fail(ctx: Context, exc: CheckoutCacheError) -> int:
     answer = Answer.from_error(exc)
     emit_answer(answer, ctx.as_json)
+    if exc.code == "ROOT_UNUSABLE" and ctx.root_checked:
+        return EXIT_BAD_INPUT  # gc and status on a root that is not there: the caller's mistake
     return answer.exit_code
+
+
+def check_root(ctx: Context, write: bool) -> None:
+    """gc and status work on an existing root: a missing or unusable one is ROOT_UNUSABLE,
+    exit 2 (a misspelled CHECKOUTCACHE_ROOT made cron's gc a silent no-op)."""
+    from checkoutcache.store.create import existing_root_problem
+
+    ctx.root_checked = True
+    problem = existing_root_problem(ctx.cache().paths, write)
+    if problem is not None:
+        raise problem
 
 
 SPARSE_HELP = ("A sparse checkout (cone mode) of this directory of the tree, repeatable: only these "
@@ -151,6 +166,7 @@ def gc(ctx: Context, dry_run: bool, **options) -> int:
 
     try:
         config = load_config(ctx, options)
+        check_root(ctx, write=not dry_run)
         report = run_gc(ctx.cache().paths, config, dry_run=dry_run)
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
@@ -173,6 +189,7 @@ def status(ctx: Context, repo: str | None, scope: str, **options) -> int:
 
     try:
         config = load_config(ctx, options)
+        check_root(ctx, write=False)
         key = repo_key_in(ctx, repo, scope)
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
@@ -316,7 +333,8 @@ def bundle_publish(ctx: Context, repos: tuple[str, ...], to: str | None, scope: 
 
 
 @cli.command()
-@click.option("--keep/--no-keep", default=True, help="Keep the demo's directory to look at afterwards.")
+@click.option("--keep/--no-keep", default=False, help="Keep the demo's directory to look at afterwards (it is "
+                                                     "removed by default; the last line says where it was).")
 @pass_context
 def demo(ctx: Context, keep: bool) -> int:
     """Build a small repository locally and show the answers for one of its commits."""
@@ -326,13 +344,24 @@ def demo(ctx: Context, keep: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = global_options_first(list(sys.argv[1:] if argv is None else argv))
     try:
         code = cli.main(args=argv, prog_name="checkoutcache", standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:
-        error = CheckoutCacheError("BAD_ARGUMENT", what=exc.format_message())
-        emit_answer(Answer.from_error(error), _json_requested(argv))
+        usage = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            command = exc.ctx.command_path
+            usage = f"{exc.ctx.get_usage()}; try '{command} --help' for help"
+        if _json_requested(argv):
+            error = CheckoutCacheError("BAD_ARGUMENT", what=exc.format_message())
+            answer = Answer.from_error(error)
+            if usage:
+                answer = attrs.evolve(answer, next=usage.replace("\n", " "))
+            emit_answer(answer, True)
+        else:
+            exc.show()  # click's own: the usage line, the "Try ... -h" hint, the error
         sys.exit(EXIT_BAD_INPUT)
     except Exception as exc:  # a bug: still one answer a program can read, and the trace for a person
         import traceback
@@ -346,6 +375,32 @@ def main(argv: list[str] | None = None) -> None:
 
 def _json_requested(argv: list[str] | None) -> bool:
     return "--json" in (argv if argv is not None else sys.argv[1:]) or not sys.stdout.isatty()
+
+
+GLOBAL_OPTIONS = ("--json", "--root")
+
+
+def global_options_first(argv: list[str]) -> list[str]:
+    """`--json` and `--root DIR` are the group's options; given after the command
+    (`checkoutcache ensure REPO SHA --json`), they are moved before it. Nothing after
+    `--` moves: that is exec's command line."""
+    front, rest, index = [], [], 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            rest += argv[index:]
+            break
+        if arg == "--json":
+            front.append(arg)
+        elif arg == "--root" and index + 1 < len(argv):
+            front += argv[index:index + 2]
+            index += 1
+        elif arg.startswith("--root="):
+            front.append(arg)
+        else:
+            rest.append(arg)
+        index += 1
+    return front + rest
 
 
 if __name__ == "__main__":

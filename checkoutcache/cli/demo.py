@@ -4,7 +4,8 @@ No network, no set-up: a small repository (files, a symlink, an executable,
 three commits) is written with libgit2 into a temporary directory, and the
 cache (in that directory too, unless --root is given) is asked for its
 middle commit three times: at once (cloning), waiting (ready), and again
-(ready at once, from the store).
+(ready at once, from the store). The directory is removed at the end unless
+--keep; either way the last line says where it was.
 """
 
 from __future__ import annotations
@@ -100,9 +101,15 @@ def run_demo(root: str | None, as_json: bool, keep: bool) -> int:
     if not as_json:
         listing = sorted(os.listdir(third.path))
         print(f"the checkout holds: {', '.join(listing)}")
-        print(f"(demo files kept in {base})" if keep else "")
     if not keep:
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+    where = base if root is None else f"{base} (the cache root {cache.root} was yours: it stays)"
+    if as_json:
+        emit_json({"step": "done", "directory": base, "kept": keep, "root": cache.root})
+    elif keep:
+        print(f"the demo's files are in {where}; remove them when done")
+    else:
+        print(f"removed the demo's directory {where} (--keep keeps it to look at)")
     return 0

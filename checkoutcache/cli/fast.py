@@ -1,12 +1,15 @@
-"""The CLI's ready answer, before click, attrs or anything else is imported.
+"""The CLI's `ensure`, before click (and, when ready, attrs) is imported.
 
-`checkoutcache [--root DIR] [--json] ensure REPO COMMIT [--scope NAME] [--sparse DIR]...` is the
-call made on nearly every tool call of every review. When its checkout is
-ready, this module answers it with the standard library and the package's
-small modules only (the same validation, key and marker check as Cache.ensure,
-the same output as the full CLI) and the process exits. Anything else (other
-commands, --wait, bad input, a checkout that is not ready) returns None, and
-the full CLI answers as it always does.
+`checkoutcache [--root DIR] [--json] ensure REPO COMMIT [--scope NAME] [--sparse DIR]...
+[--wait DURATION]` is the call made on nearly every tool call of every review.
+When its checkout is ready, this module answers it with the standard library
+and the package's small modules only (the same validation, key and marker
+check as Cache.ensure, the same output as the full CLI) and the process exits.
+When it is not, and nobody watches a progress bar, the library answers it from
+here too (Cache.ensure, workers forked from this process): a new commit pays
+for the clone, not for click. Anything else (other commands, other options,
+bad input, a terminal that gets a progress bar) returns None, and the full
+CLI answers as it always does.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def ready_answer(argv: list[str]) -> int | None:
     request = _ensure_request(argv)
     if request is None:
         return None
-    root, as_json, repo, commit, scope, sparse = request
+    root, as_json, repo, commit, scope, sparse, wait = request
     from checkoutcache.cones import cone_digest, parse_cone
     from checkoutcache.errors import CheckoutCacheError
     from checkoutcache.repospec import (LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE, SUBMODULES_SETTING_VAR,
@@ -55,7 +58,7 @@ def ready_answer(argv: list[str]) -> int | None:
     except OSError:
         return None  # a marker we may not open: the full CLI says what and where
     if record is None:
-        return None
+        return not_ready(root, as_json, repo, commit, scope, sparse, wait)
     path = paths.checkout(name)
     if as_json or not sys.stdout.isatty():
         answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
@@ -72,9 +75,42 @@ def ready_answer(argv: list[str]) -> int | None:
     return 0
 
 
-def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, list[str]] | None:
-    """(root, as_json, repo, commit, scope, sparse directories) of a plain ensure, else None."""
-    args = list(argv)
+def not_ready(root: str | None, as_json: bool, repo: str, commit: str, scope: str, sparse: list[str],
+              wait: str) -> int | None:
+    """The library's answer for a checkout that is not ready; None to leave it to the full CLI."""
+    if wait not in ("0", "") and sys.stderr.isatty():
+        return None  # a person watches: the full CLI draws the progress bar
+    from checkoutcache.answers import Answer
+    from checkoutcache.cache import Cache
+    from checkoutcache.errors import CheckoutCacheError
+    from checkoutcache.units import parse_duration
+
+    try:
+        seconds = parse_duration(wait or "0", "--wait")
+        cache = Cache(root, fork_workers=True)  # the CLI owns its process: workers fork from it
+        cache.config  # a malformed setting is answered here, naming its variable
+        answer = cache.ensure(repo, commit, wait=seconds, scope=scope, sparse=sparse)
+    except CheckoutCacheError as exc:
+        answer = Answer.from_error(exc)
+    except Exception as exc:  # a bug: one answer a program can read, and the trace for a person (as the full CLI)
+        import traceback
+
+        traceback.print_exc()
+        answer = Answer.from_error(CheckoutCacheError("INTERNAL_ERROR", detail=f"{type(exc).__name__}: {exc}"[:300]))
+    if as_json or not sys.stdout.isatty():
+        sys.stdout.write(json.dumps(answer.to_json(), sort_keys=True) + "\n")
+        sys.stdout.flush()
+    else:
+        from checkoutcache.cli.output import emit_answer
+
+        emit_answer(answer, False)
+    return answer.exit_code
+
+
+def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, list[str], str] | None:
+    """(root, as_json, repo, commit, scope, sparse directories, wait) of a plain ensure, else None.
+    `--json` and `--root DIR` may come before or after `ensure`, as in the full CLI."""
+    args = _global_options_first(list(argv))
     root, as_json = None, False
     while args and args[0] in ("--root", "--json"):
         if args[0] == "--json":
@@ -87,17 +123,36 @@ def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, l
             return None
     if not args or args[0] != "ensure":
         return None
-    scope, positional, sparse, rest = "default", [], [], args[1:]
+    scope, positional, sparse, wait, rest = "default", [], [], "0", args[1:]
     while rest:
         arg = rest.pop(0)
         if arg == "--scope" and rest:
             scope = rest.pop(0)
         elif arg == "--sparse" and rest:
             sparse.append(rest.pop(0))
+        elif arg == "--wait" and rest:
+            wait = rest.pop(0)
         elif arg.startswith("-"):
             return None  # --wait, --help, anything else: the full CLI
         else:
             positional.append(arg)
     if len(positional) != 2:
         return None
-    return root, as_json, positional[0], positional[1], scope, sparse
+    return root, as_json, positional[0], positional[1], scope, sparse, wait
+
+
+def _global_options_first(argv: list[str]) -> list[str]:
+    front, rest, index = [], [], 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            return front + rest + argv[index:]
+        if arg == "--json":
+            front.append(arg)
+        elif arg == "--root" and index + 1 < len(argv):
+            front += argv[index:index + 2]
+            index += 1
+        else:
+            rest.append(arg)
+        index += 1
+    return front + rest

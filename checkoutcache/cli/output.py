@@ -5,6 +5,7 @@ progress bar on stderr while a person waits on a clone."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from checkoutcache.answers import Answer, State
@@ -23,23 +24,45 @@ def emit_json(value: dict) -> None:
 def describe_progress(progress: dict | None) -> str:
     progress = progress or {}
     phase = progress.get("phase", "starting")
-    if progress.get("total_files") and phase == "checking out":
-        return f"{phase} {progress.get('files', 0)}/{progress['total_files']} files"
-    if progress.get("total_objects"):
-        text = f"{phase} {progress.get('objects', 0)}/{progress['total_objects']} objects"
-        if progress.get("bytes"):
-            text += f", {progress['bytes'] / 1048576:.1f} MiB"
-        return text
-    return phase
+    done, total, unit = _counts(progress)
+    if not total:
+        return phase
+    text = f"{phase} {done}/{total}{unit}"
+    if "receiving" in phase and progress.get("bytes"):
+        text += f", {progress['bytes'] / 1048576:.1f} MiB"
+    return text
+
+
+# Where each phase of a clone sits on the bar: (start, end) of its band.
+_BANDS = (("counting", 0.0, 0.05), ("compressing", 0.05, 0.15), ("receiving", 0.15, 0.65),
+          ("resolving", 0.65, 0.75), ("fetching blobs", 0.15, 0.65), ("checking out", 0.75, 1.0))
 
 
 def fraction(progress: dict | None) -> float:
+    """How far along the bar a clone is: each phase of git's fills its own band."""
     progress = progress or {}
-    if progress.get("phase") == "checking out" and progress.get("total_files"):
-        return 0.5 + 0.5 * progress.get("files", 0) / progress["total_files"]
-    if progress.get("total_objects"):
-        return 0.5 * progress.get("objects", 0) / progress["total_objects"]
+    phase = str(progress.get("phase", ""))
+    done, total, _unit = _counts(progress)
+    for name, start, end in _BANDS:
+        if name in phase:
+            return start + (end - start) * (min(done, total) / total if total else 0.0)
     return 0.0
+
+
+def _counts(progress: dict) -> tuple[int, int, str]:
+    """(done, total, unit) of the clone's current phase (a record keeps the counts of phases
+    gone by: only the phase's own are read)."""
+    phase = str(progress.get("phase", ""))
+    if phase == "checking out":
+        keys = ("files", "total_files", " files")
+    elif "receiving" in phase or phase == "fetching blobs":
+        keys = ("objects", "total_objects", " objects")
+    elif "resolving" in phase:
+        keys = ("deltas", "total_deltas", "")
+    else:
+        keys = ("done", "total", "")
+    total = progress.get(keys[1])
+    return (int(progress.get(keys[0]) or 0), int(total), keys[2]) if total else (0, 0, "")
 
 
 def answer_text(answer: Answer) -> str:
@@ -86,25 +109,37 @@ def gc_text(report: dict) -> str:
 
 
 class ProgressBar:
-    """A one-line bar on stderr, redrawn in place; only used when stderr is a terminal."""
+    """A one-line bar on stderr, redrawn in place; only used when stderr is a terminal.
+    It fits the terminal's width as it is at each redraw (a pane resized meanwhile), so it
+    never wraps: a wrapped line cannot be redrawn and scrolls instead."""
 
-    WIDTH = 30
+    MAX_BAR = 30
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
-        self.drawn = False
+        self.drawn = 0
+
+    def columns(self) -> int:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError, AttributeError):
+            return 80
 
     def __call__(self, answer: Answer) -> None:
-        done = int(self.WIDTH * fraction(answer.progress))
-        bar = "#" * done + "-" * (self.WIDTH - done)
-        self.stream.write(f"\r[{bar}] {describe_progress(answer.progress)[:60]:<60}")
+        columns = self.columns() - 1  # the last column would wrap on some terminals
+        width = max(0, min(self.MAX_BAR, columns // 3))
+        done = int(width * fraction(answer.progress))
+        bar = f"[{'#' * done}{'-' * (width - done)}] " if width >= 5 else ""
+        text = (bar + describe_progress(answer.progress))[:max(0, columns)]
+        self.stream.write("\r" + text.ljust(self.drawn) + "\r" + text)
         self.stream.flush()
-        self.drawn = True
+        self.drawn = len(text)
 
     def close(self) -> None:
         if self.drawn:
-            self.stream.write("\r" + " " * (self.WIDTH + 64) + "\r")
+            self.stream.write("\r" + " " * self.drawn + "\r")
             self.stream.flush()
+            self.drawn = 0
 
 
 def verify_text(report: dict) -> str:

@@ -49,7 +49,7 @@ from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_repo
 from checkoutcache.store.beneath import Escape, fd_path, open_dir_beneath, shown
-from checkoutcache.store.inventory import disk_usage
+from checkoutcache.store.sizes import disk_usage
 from checkoutcache.units import format_bytes
 
 # Deeper than this is a cycle (a repository that is its own submodule) or abuse.
@@ -60,9 +60,9 @@ POLICY_REPOS_VAR = "CHECKOUTCACHE_SUBMODULE_REPOS"  # comma-separated patterns; 
 POLICY_LOCAL_VAR = "CHECKOUTCACHE_SUBMODULE_LOCAL"  # "0": no local paths
 
 
-# (key, commit) of every clone this process is running, outermost first: a worker
-# runs its submodules' clones inline, so a chain of them is bounded here across
-# levels, and a repository that is its own submodule is told apart at once.
+# (key, commit) of every clone of this process populating its submodules, outermost
+# first: a worker runs its submodules' clones inline, so a chain of them is bounded
+# here across levels, and a repository that is its own submodule is told apart at once.
 _MAKING: list[tuple[str, str]] = []
 
 
@@ -105,12 +105,13 @@ def failed(path: bytes, url: str, detail: str) -> CheckoutCacheError:
 
 
 def submodules_in(backend, tree_dir: str, mirror: str, sha: str, super_url: str,
-                  keep_fds: tuple[int, ...] = (), cone: Cone = ()) -> list[Submodule]:
+                  keep_fds: tuple[int, ...] = (), cone: Cone = (), urls: dict[bytes, str] | None = None
+                  ) -> list[Submodule]:
     """The submodules git checked out as empty directories in tree_dir (the gitlinks
     of its index), each with its URL from the commit's .gitmodules. A commit without
     a .gitmodules has none (one git execution). In a sparse checkout, only those of
     its cone (git leaves the others out too)."""
-    urls = backend.gitmodules(mirror, sha)
+    urls = urls if urls is not None else backend.gitmodules(mirror, sha)
     if not urls:
         return []
     found = []

@@ -23,7 +23,6 @@ only; see README "Test hooks").
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -33,10 +32,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from checkoutcache.bundles.seed import REBUILD, SeedResult, seed_mirror
-from checkoutcache.bundleuri import bundle_key
 from checkoutcache.clone.decide import next_failure
-from checkoutcache.clone.submodules import Budget, ensure_in_store, making, populate, submodules_in
 from checkoutcache.cones import Cone
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
@@ -62,7 +58,7 @@ from checkoutcache.store.checkouts import (
     remove_tree,
     to_trash,
 )
-from checkoutcache.store.inventory import NO_SIZES, inventory, record_size
+from checkoutcache.store.sizes import record_size
 from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths, RootPaths, commit_of
 from checkoutcache.store.modes import open_created, set_shared_umask
 from checkoutcache.store.liveness import own_identity, pid_namespace
@@ -219,8 +215,7 @@ class Worker:
         self._timed = timer
         self._arm_timer()
         try:
-            with making(self.paths.key, self.sha):
-                self.clone()
+            self.clone()
         except GitKilled as exc:
             if not exc.is_death:
                 return self.fail(exc)
@@ -340,13 +335,17 @@ class Worker:
     def add_submodules(self) -> dict:
         """The commit's submodules, checked out in our scratch tree (clone/submodules.py);
         what the marker records of them ({} for a commit without submodules)."""
+        urls = self.backend.gitmodules(self.paths.mirror, self.sha)
+        if not urls:
+            return {}  # most commits: clone/submodules.py is not even imported
         if self.submodules_setting == SUBMODULES_NONE:
-            # Only whether the commit has submodules, for the answer: nothing else is read.
-            return {"submodules": "none"} if self.backend.gitmodules(self.paths.mirror, self.sha) else {}
+            return {"submodules": "none"}  # only whether the commit has submodules, for the answer
+        from checkoutcache.clone.submodules import submodules_in
+
         tree_fd = os.open(self.scratch.tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             subs = submodules_in(self.backend, self.scratch.tree, self.paths.mirror, self.sha, self.url,
-                                 cone=self.cone)
+                                 cone=self.cone, urls=urls)
             if not subs:
                 return {}
             self.on_progress({"phase": "checking out submodules"})
@@ -360,6 +359,8 @@ class Worker:
         return marker
 
     def populate_submodules(self, tree_fd: int, subs: list) -> list[list[str]]:
+        from checkoutcache.clone.submodules import Budget, ensure_in_store, making, populate, submodules_in
+
         root = self.paths.root
         deadline = time.monotonic() + max(1.0, self.remaining())
         budget = Budget(self.config.max_submodules, self.config.max_submodule_bytes)
@@ -388,7 +389,9 @@ class Worker:
         def submodules_at(where: str, where_fd: int, key: str, url: str, sha: str):
             return submodules_in(self.backend, where, RootPaths(root).repo(key).mirror, sha, url, (where_fd,))
 
-        return populate(tree_fd, subs, deadline, 1, budget, ensure, checkout, submodules_at, self.log)
+        # On the chain of superprojects populating their submodules (a cycle is seen at once).
+        with making(self.paths.key, self.sha):
+            return populate(tree_fd, subs, deadline, 1, budget, ensure, checkout, submodules_at, self.log)
 
     def ensure_mirror(self, keep_fds: tuple[int, ...], rebuild: bool = False) -> bool:
         """Create the mirror if missing (built in our scratch, seeded from bundles when
@@ -525,6 +528,10 @@ class Worker:
         records.remove_quietly(self.paths.seed_record)  # a rebuilt mirror: the old record described another
         if location is None or self.is_local:  # a local upstream is as near as any bundle
             return
+        # Only with a bundle store: its HTTP and S3 clients cost a clone without one 20 ms.
+        from checkoutcache.bundles.seed import REBUILD, SeedResult, seed_mirror
+        from checkoutcache.bundleuri import bundle_key
+
         if skip is not None:
             self.log(f"bundles: not used: {skip}")
             result = SeedResult(False, (), skip, REBUILD, str(location), 0, 0.0)
@@ -553,6 +560,8 @@ class Worker:
         """After a rebuild, fetch back the commits existing checkouts borrow from the
         mirror: our own repository's, and other repositories' whose submodules
         borrow from it (their markers list them)."""
+        from checkoutcache.store.inventory import NO_SIZES, inventory
+
         names = self.paths.checkout_names()
         own = sorted({commit_of(name) for name in names} - {self.sha})
         borrowed = sorted({sha for info in inventory(RootPaths(self.paths.root), sizes=NO_SIZES)
@@ -792,6 +801,8 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     parser = argparse.ArgumentParser(prog="checkoutcache-worker")
     parser.add_argument("--root", required=True)
     parser.add_argument("--key", required=True)

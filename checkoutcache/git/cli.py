@@ -86,6 +86,12 @@ def last_meaningful_line(text: str) -> str:
     errors = [ln for ln in lines if ln.lower().startswith(("fatal:", "error:"))]
     telling = [ln for ln in errors if not _WRAPPERS.search(ln)]
     chosen = (telling or errors or lines or ["(git printed nothing)"])[-1]
+    if chosen.endswith(":") and chosen in lines:
+        # git's sentence goes on on the next line ("unable to connect to HOST:" then
+        # "HOST[0: ADDR]: errno=Connection refused"): the cause is there.
+        after = lines[lines.index(chosen) + 1:lines.index(chosen) + 2]
+        if after and not after[0].lower().startswith(("fatal:", "error:")):
+            chosen = f"{chosen} {after[0]}"
     if _TRANSPORT_WRAPPER.search(chosen):
         causes = [ln for ln in lines[:lines.index(chosen)] if not ln.lower().startswith(("fatal:", "error:"))]
         if causes:
@@ -141,6 +147,8 @@ def parse_progress(line: str) -> dict | None:
             update["bytes"] = int(float(match.group("size")) * _UNITS[match.group("unit")])
     elif phase.endswith("resolving deltas"):
         update.update(deltas=int(match.group("done")), total_deltas=int(match.group("total")))
+    else:  # the server counting and compressing, ...: how far along, for the progress bar
+        update.update(done=int(match.group("done")), total=int(match.group("total")))
     return update
 
 

@@ -49,6 +49,23 @@ def root_error(root: str, exc: OSError) -> CheckoutCacheError:
     return CheckoutCacheError("ROOT_UNUSABLE", root=root, why=f"{where}{exc.strerror or exc}")
 
 
+def existing_root_problem(root_paths: RootPaths, write: bool) -> CheckoutCacheError | None:
+    """Why gc or status cannot work on this root (ROOT_UNUSABLE), or None: it must already be
+    a directory (a misspelled root is a mistake to report, never an empty store to skip) that
+    this user can read (and, for write, change)."""
+    root = root_paths.root
+    if not os.path.lexists(root):
+        return CheckoutCacheError("ROOT_UNUSABLE", root=root, why="there is no such directory (nothing was ever "
+                                                                  "cached there: check --root or CHECKOUTCACHE_ROOT)")
+    if not os.path.isdir(root):
+        return CheckoutCacheError("ROOT_UNUSABLE", root=root, why="it is not a directory")
+    wanted = os.R_OK | os.X_OK | (os.W_OK if write else 0)
+    if not os.access(root, wanted):
+        return CheckoutCacheError("ROOT_UNUSABLE", root=root, why=f"this user may not {'change' if write else 'read'} "
+                                                                  f"it")
+    return None
+
+
 def init_root(root_paths: RootPaths) -> None:
     root = root_paths.root
     try:

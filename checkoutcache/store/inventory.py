@@ -23,6 +23,7 @@ from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of
 from checkoutcache.store.ready import looks_intact
 from checkoutcache.store.records import Failure
 from checkoutcache.store.scratch import ScratchFacts, scratch_facts
+from checkoutcache.store.sizes import record_size
 
 
 @attrs.frozen
@@ -79,42 +80,7 @@ class RepoInfo:
     problems: list[dict] = attrs.field(factory=list, eq=False)
 
 
-def disk_usage(path: str) -> int:
-    """Bytes a directory tree occupies on disk, never following a symlink out."""
-    total = 0
-    stack = [path]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except OSError:  # gone, unreadable, or a path too long (a deep tree): never a reason to fail
-            continue
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            total += info.st_blocks * 512
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-    return total
-
-
 NO_SIZES, RECORDED_SIZES, FRESH_SIZES = "none", "recorded", "fresh"
-
-
-def record_size(paths: RepoPaths, name: str) -> int:
-    """Measure a checkout and record its size with the last use it was measured at."""
-    try:
-        use = os.stat(paths.ready_marker(name)).st_mtime
-    except OSError:
-        use = None
-    size = disk_usage(paths.checkout(name))
-    try:
-        records.write_json(paths.size_record(name), {"bytes": size, "use_at_measure": use})
-    except OSError:
-        pass  # a size not recorded is measured again next time
-    return size
 
 
 def checkout_size(paths: RepoPaths, name: str, last_used: float | None, sizes: str,

@@ -58,7 +58,8 @@ from checkoutcache.store.checkouts import (
     trash_entries,
 )
 from checkoutcache.store.create import make_dirs, root_error
-from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, disk_usage, inventory
+from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
+from checkoutcache.store.sizes import disk_usage
 from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of, entries
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
