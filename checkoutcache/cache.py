@@ -19,7 +19,8 @@ from checkoutcache.cones import Cone, cone_digest, parse_cone
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import (DEFAULT_SCOPE, LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE,
                                     SUBMODULES_SETTING_VAR, RepoSpec, parse_commit, parse_repo)
-from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name, default_root, existing_key
+from checkoutcache.store.create import store_key
+from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name, default_root
 from checkoutcache.store.ready import (SHARED_LOCK_WAIT, lfs_of, open_marker_shared, ready_record, record_use,
                                       submodules_of)
 
@@ -39,10 +40,6 @@ class Want(NamedTuple):
         return checkout_name(self.sha, cone_digest(self.cone) if self.cone else None)
 
 
-def store_key(root_paths: RootPaths, spec: RepoSpec) -> RepoSpec:
-    """The spec with the key of the store to use (store/layout.py existing_key)."""
-    key = existing_key(root_paths, spec.key, spec.legacy_key)
-    return spec if key == spec.key else spec._replace(key=key, legacy_key=None)
 
 
 class Hold:

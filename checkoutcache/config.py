@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import attrs
 
-from checkoutcache.bundleuri import BundleLocation, parse_bundle_uri
+from checkoutcache.bundles.location import BundleLocation, parse_bundle_uri
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_lfs, parse_submodules
 from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size

@@ -54,7 +54,7 @@ class RepoSpec(NamedTuple):
     is_local: bool
     credential: Credential | None = None  # its repr shows no secret
     # The key layout v1 gave this spelling, when it differs from `key`: a store
-    # made under it keeps being used (see cache.py's store_key).
+    # made under it keeps being used (see store/create.py's store_key).
     legacy_key: str | None = None
     # CHECKOUTCACHE_LFS: a store holds checkouts made under one setting only.
     lfs: str = LFS_ON

@@ -6,7 +6,8 @@ above its own.
 Layers, bottom to top (a module may import its own layer and those below):
 
     ground  errors, units, testhooks, credentials
-    base    config, repospec, cones, answers, bundleuri
+    base    config, repospec, cones, answers, bundles.location (what a bundle store
+            location is: pure parsing the settings need; the rest of bundles/ is its layer)
     store < git < bundles < clone < cache < upkeep < serve < cli, client (the API's typed client)
 
 checkoutcache/__init__.py (the public API) and __main__.py are exempt from
@@ -25,7 +26,7 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", PACKAGE)
 
 LAYERS = [
     {"errors", "units", "testhooks", "credentials"},
-    {"config", "repospec", "cones", "answers", "bundleuri"},
+    {"config", "repospec", "cones", "answers", "bundles.location"},
     {"store"}, {"git"}, {"bundles"}, {"clone"}, {"cache"}, {"upkeep"}, {"serve"}, {"cli", "client"},
 ]
 EXEMPT = {PACKAGE, f"{PACKAGE}.__main__"}
@@ -83,7 +84,11 @@ GRAPH = {module: imports_of(module) for module in MODULES}
 def layer_of(module: str) -> int | None:
     if module in EXEMPT:
         return None
-    first = module.split(".")[1]
+    name = module.split(".", 1)[1]
+    for index, members in enumerate(LAYERS):  # a module named in a layer first, then its package's
+        if name in members:
+            return index
+    first = name.split(".")[0]
     for index, members in enumerate(LAYERS):
         if first in members:
             return index

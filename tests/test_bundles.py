@@ -27,7 +27,7 @@ from checkoutcache.bundles.bundlelist import (
     plan_prune,
     render_list,
 )
-from checkoutcache.bundleuri import bundle_key, parse_bundle_uri
+from checkoutcache.bundles.location import bundle_key, parse_bundle_uri
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store import locks
 

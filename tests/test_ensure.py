@@ -153,8 +153,10 @@ def test_demo_runs_without_setup(tmp_path):
     assert code == 0
     steps = [line for line in out.splitlines() if line.startswith("{")]
     import json
-    states = [json.loads(s)["answer"]["state"] for s in steps]
+    records = [json.loads(s) for s in steps]
+    states = [r["answer"]["state"] for r in records if "answer" in r]
     assert states[-1] == "ready" and states[1] == "ready"
+    assert records[-1]["step"] == "done" and not os.path.exists(records[-1]["directory"])  # --no-keep
 
 
 @pytest.mark.parametrize("transport", ["cli", "pygit2"])

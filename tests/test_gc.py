@@ -290,10 +290,12 @@ def test_status_lists_checkouts_clones_failures_and_totals(root, upstream, tmp_p
 
 
 def test_gc_and_status_on_an_empty_root_write_nothing(tmp_path):
-    root = str(tmp_path / "none")
-    assert gc(root)["removed"] == []
-    assert run_cli("status", root=root)[1]["repos"] == []
-    assert not os.path.exists(root)
+    """An empty root directory is an empty store (a missing one is ROOT_UNUSABLE: test_terminal.py)."""
+    root = tmp_path / "empty"
+    root.mkdir()
+    assert gc(str(root))["removed"] == []
+    assert run_cli("status", root=str(root))[1]["repos"] == []
+    assert os.listdir(root) == []
 
 
 @pytest.mark.parametrize("args", [["--max-checkouts", "-1"], ["--max-bytes", "lots"], ["--grace", "soon"],

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from checkoutcache.bundleuri import BUNDLE_SUFFIX, HEADS_SUFFIX, RETIRED_SUFFIX, TMP_PREFIX, parse_object_name
+from checkoutcache.bundles.location import BUNDLE_SUFFIX, HEADS_SUFFIX, RETIRED_SUFFIX, TMP_PREFIX, parse_object_name
 
 MAX_LIST_BYTES = 1 << 20
 MAX_ENTRIES = 1000

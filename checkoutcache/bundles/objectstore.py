@@ -28,7 +28,7 @@ import urllib.parse
 import urllib.request
 from typing import Protocol
 
-from checkoutcache.bundleuri import TMP_PREFIX, BundleLocation
+from checkoutcache.bundles.location import TMP_PREFIX, BundleLocation
 from checkoutcache.credentials import strip_userinfo
 from checkoutcache.testhooks import checkpoint
 

@@ -22,10 +22,10 @@ import time
 from typing import Callable, NamedTuple, TypeVar
 
 from checkoutcache.bundles.bundlelist import MAX_LIST_BYTES, MalformedList, parse_list
-from checkoutcache.bundleuri import LIST_NAME, BundleLocation
+from checkoutcache.bundles.location import LIST_NAME, BundleLocation
 from checkoutcache.bundles.objectstore import StoreError, open_folder
 from checkoutcache.errors import is_disk_full
-from checkoutcache.git.bundles import (
+from checkoutcache.bundles.gitbundle import (
     BundleError,
     bundles_unsupported,
     drop_unreachable,

@@ -119,7 +119,7 @@ def repo_key_in(ctx: Context, repo: str | None, scope: str) -> str | None:
     """The key of REPO's store in this root (None: every repository)."""
     if repo is None:
         return None
-    from checkoutcache.cache import store_key
+    from checkoutcache.store.create import store_key
     from checkoutcache.repospec import parse_repo
 
     cache = ctx.cache()
@@ -299,10 +299,10 @@ def bundle() -> None:
 def bundle_publish(ctx: Context, repos: tuple[str, ...], to: str | None, scope: str, full: bool, **options) -> int:
     """Fetch each REPO's branches and tags and publish them as a git bundle and a
     bundle list (every repository of the root with a mirror, without REPO)."""
-    from checkoutcache.bundleuri import BUNDLE_URI_VAR, parse_bundle_uri
+    from checkoutcache.bundles.location import BUNDLE_URI_VAR, parse_bundle_uri
     from checkoutcache.cli.output import bundle_text, emit_json
     from checkoutcache.repospec import parse_repo
-    from checkoutcache.upkeep.publish import PublishOptions, Publisher, stored_repositories
+    from checkoutcache.bundles.publish import PublishOptions, Publisher, stored_repositories
 
     try:
         publishing = load_settings(PublishSettings, options)

@@ -407,17 +407,11 @@ class Worker:
             to_trash(self.paths, self.paths.mirror, "broken-mirror")
         if os.path.isdir(self.paths.mirror):
             return False
-        build = RepoPaths.scratch_mirror(self.scratch.path)
-        partial = self.partial_filter()
-        self.backend.init_mirror(build, partial)
-        # Not when rebuilding because objects were unreadable: the store may be where
+        # Not seeded when rebuilding because objects were unreadable: the store may be where
         # the damage came from, so the new mirror comes from upstream alone.
-        self.seed(build, keep_fds, skip="rebuilding a mirror whose objects were unreadable" if rebuild else None)
-        if partial is not None:
-            # A bundle's take-in writes an ordinary pack: as a promisor pack it survives gc
-            # (benchmarks/MONOREPO.md A6).
-            mirror.mark_packs_promisor(build)
-        os.rename(build, self.paths.mirror)
+        skip = "rebuilding a mirror whose objects were unreadable" if rebuild else None
+        mirror.install_new_mirror(self.paths, self.backend, self.scratch.path, self.partial_filter(),
+                                  lambda build: self.seed(build, keep_fds, skip=skip))
         self.mirror_is_new = True
         return True
 
@@ -530,7 +524,7 @@ class Worker:
             return
         # Only with a bundle store: its HTTP and S3 clients cost a clone without one 20 ms.
         from checkoutcache.bundles.seed import REBUILD, SeedResult, seed_mirror
-        from checkoutcache.bundleuri import bundle_key
+        from checkoutcache.bundles.location import bundle_key
 
         if skip is not None:
             self.log(f"bundles: not used: {skip}")

@@ -71,7 +71,7 @@ KEEP_PREFIX = "refs/keep/"
 ALL_BRANCHES_AND_TAGS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 # Where review refs land for as long as it takes to keep the commit they hold.
 REVIEW_PREFIX = "refs/review/"
-# What seeding took in from bundles, one namespace per bundle (git/bundles.py).
+# What seeding took in from bundles, one namespace per bundle (bundles/gitbundle.py).
 BUNDLE_REFS = "refs/bundles/"
 
 

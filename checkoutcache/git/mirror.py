@@ -17,6 +17,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from typing import Callable
+
+from checkoutcache.store.layout import RepoPaths
 
 # A leftover younger than this may belong to a git process that is still
 # running outside our lock discipline (an operator's own `git` in the mirror);
@@ -112,3 +115,20 @@ def unmark_promisor_packs(mirror: str) -> None:
 def has_promisor_packs(objects_dir: str) -> bool:
     """Whether a mirror's objects come (in part) from promisor packs: a partial mirror."""
     return any(name.endswith(".promisor") for name in _files(os.path.join(objects_dir, "pack")))
+
+
+def install_new_mirror(paths: RepoPaths, backend, workdir: str, filter: str | None = None,
+                       fill: Callable[[str], None] | None = None) -> None:
+    """The one way a repository's mirror comes to be (a clone's, or `bundle publish`'s):
+    made in workdir (the caller's scratch), filled there (bundles taken in), then renamed
+    into place in one step, so a process killed on the way leaves no mirror, never half of
+    one. A partial one (filter) keeps only promisor packs, whatever the filling wrote."""
+    build = RepoPaths.scratch_mirror(workdir)
+    backend.init_mirror(build, filter)
+    if fill is not None:
+        fill(build)
+    if filter is not None:
+        # A bundle's take-in writes an ordinary pack: as a promisor pack it survives gc
+        # (benchmarks/MONOREPO.md A6).
+        mark_packs_promisor(build)
+    os.rename(build, paths.mirror)

@@ -22,6 +22,7 @@ from checkoutcache.store.layout import (
     ROOT_README,
     RepoPaths,
     RootPaths,
+    existing_key,
 )
 
 
@@ -100,3 +101,8 @@ def init_repo_store(root_paths: RootPaths, paths: RepoPaths, spec: RepoSpec) -> 
 
 def store_exists(paths: RepoPaths) -> bool:
     return os.path.isfile(paths.repo_json) and os.path.isdir(paths.locks_dir)
+
+def store_key(root_paths: RootPaths, spec: RepoSpec) -> RepoSpec:
+    """The spec with the key of the store to use (store/layout.py existing_key)."""
+    key = existing_key(root_paths, spec.key, spec.legacy_key)
+    return spec if key == spec.key else spec._replace(key=key, legacy_key=None)

@@ -1,5 +1,5 @@
 """`checkoutcache bundle publish`: a repository's branches and tags, as git bundles
-in the fleet's shared store (bundleuri.py draws the store's layout).
+in the fleet's shared store (location.py draws the store's layout).
 
 Per repository:
  1. Under locks/mirror.lock (the lock every clone's fetch takes): fetch the
@@ -43,12 +43,11 @@ from checkoutcache.bundles.bundlelist import (
     render_list,
 )
 from checkoutcache.bundles.objectstore import RepositoryFolder, StoreError, open_folder
-from checkoutcache.bundleuri import LIST_NAME, BundleLocation, bundle_key, heads_name, object_name, retired_name
-from checkoutcache.cache import store_key
+from checkoutcache.bundles.location import LIST_NAME, BundleLocation, bundle_key, heads_name, object_name, retired_name
 from checkoutcache.config import Config
 from checkoutcache.credentials import credential_for
 from checkoutcache.errors import CheckoutCacheError, disk_full, is_disk_full
-from checkoutcache.git.bundles import (
+from checkoutcache.bundles.gitbundle import (
     BundleError,
     bundles_unsupported,
     create_bundle,
@@ -56,10 +55,11 @@ from checkoutcache.git.bundles import (
     present,
     published_refs,
 )
+from checkoutcache.git.mirror import install_new_mirror
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
-from checkoutcache.store.create import init_repo_store, store_exists
+from checkoutcache.store.create import init_repo_store, store_exists, store_key
 from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.scratch import create_scratch
 
@@ -200,9 +200,7 @@ class Publisher:
         with locks.mirror_write(paths, timeout=self.config.clone_timeout) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
             if not os.path.isdir(paths.mirror):
-                build = RepoPaths.scratch_mirror(workdir)
-                self.backend.init_mirror(build)
-                os.rename(build, paths.mirror)
+                install_new_mirror(paths, self.backend, workdir)  # a full one: bundles need every object
             fetch_published(paths.mirror, spec.url, self._credential(spec), lambda line: self.log(f"{spec.url}: {line}"),
                             keep_fds, self.config.clone_timeout)
             try:
