@@ -58,7 +58,14 @@ def ready_answer(argv: list[str]) -> int | None:
     except OSError:
         return None  # a marker we may not open: the full CLI says what and where
     if record is None:
-        return not_ready(root, as_json, repo, commit, scope, sparse, wait)
+        handed = hand_to_serve(root_paths, paths.checkout(name), spec, repo, commit, scope, sparse, wait)
+        if handed == READY:
+            try:
+                record = ready_record(paths.ready_marker(name))
+            except OSError:
+                record = None
+        if record is None:  # what serve answered is checked on disk; the library answers the rest
+            return not_ready(root, as_json, repo, commit, scope, sparse, "0" if handed == WAITED else wait)
     path = paths.checkout(name)
     if as_json or not sys.stdout.isatty():
         answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
@@ -73,6 +80,85 @@ def ready_answer(argv: list[str]) -> int | None:
         sys.stdout.write(f"ready {path}\n")
     sys.stdout.flush()
     return 0
+
+
+READY, WAITED, REFUSED = "ready", "waited", "refused"
+# What serve answers for its own reasons (its policy, its load, its stop): the library then
+# answers as if there were no serve.
+_SERVE_REFUSALS = ("SERVER_BUSY", "SHUTTING_DOWN", "UNAUTHORIZED", "NOT_FOUND", "PAYLOAD_TOO_LARGE")
+_MAX_ANSWER = 1 << 20
+
+
+def hand_to_serve(root_paths, path: str, spec, repo: str, commit: str, scope: str, sparse: list[str],
+                  wait: str) -> str:
+    """A new commit, waited for, handed to the serve listening on this root's socket
+    (CHECKOUTCACHE_UNIX_SOCKET, else <root>/checkoutcache.sock): its warm worker server
+    clones it, and this process pays for neither the library's imports nor a worker's.
+
+    Only for a remote repository without a credential of the caller's (serve uses its own),
+    and only a ready answer for the very path this process computed counts, checked on disk
+    by the caller: any socket in the root may be anybody's. READY; WAITED (serve waited and
+    did not get it ready: the disk's state is the answer, at once); REFUSED (no serve, or
+    its policy or load said no: the library does it all)."""
+    from checkoutcache.credentials import CREDENTIAL_VARS, strip_userinfo
+
+    if wait in ("0", "") or spec.is_local or strip_userinfo(repo) != repo or \
+            any(os.environ.get(var) for var in CREDENTIAL_VARS):
+        return REFUSED
+    where = os.environ.get("CHECKOUTCACHE_UNIX_SOCKET") or root_paths.api_socket
+    request = {"repo": repo, "commit": commit, "wait": wait, "scope": scope, **({"sparse": sparse} if sparse else {})}
+    try:
+        from checkoutcache.units import parse_duration
+
+        answered = _post_unix(where, "/v1/ensure", request, parse_duration(wait, "--wait") + 30.0)
+    except Exception:  # no serve there, a dead socket, a malformed answer: none of them is ours to report
+        return REFUSED
+    if answered is None:
+        return REFUSED
+    status, answer = answered
+    if status == 200 and answer.get("state") == "ready" and answer.get("path") == path:
+        return READY
+    if status >= 400 and status != 503 or answer.get("error") in _SERVE_REFUSALS or answer.get("state") == "ready":
+        return REFUSED
+    return WAITED
+
+
+def _post_unix(where: str, endpoint: str, body: dict, timeout: float) -> tuple[int, dict] | None:
+    """One HTTP/1.1 request on a Unix socket, read to the end (Connection: close); None when
+    nothing listens there."""
+    import socket
+
+    try:
+        mode = os.stat(where).st_mode
+    except OSError:
+        return None
+    import stat
+
+    if not stat.S_ISSOCK(mode):
+        return None
+    payload = json.dumps(body).encode()
+    token = os.environ.get("CHECKOUTCACHE_API_TOKEN")
+    head = (f"POST {endpoint} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n"
+            + (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n").encode()
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(0.5)  # a socket nobody accepts on is no serve
+        try:
+            conn.connect(where)
+        except OSError:
+            return None
+        conn.settimeout(timeout)
+        conn.sendall(head + payload)
+        chunks, size = [], 0
+        while size <= _MAX_ANSWER and (chunk := conn.recv(65536)):
+            chunks.append(chunk)
+            size += len(chunk)
+    data = b"".join(chunks)
+    status_line, _, rest = data.partition(b"\r\n")
+    _, _, body_bytes = rest.partition(b"\r\n\r\n")
+    status = int(status_line.split()[1])
+    answer = json.loads(body_bytes)
+    return status, answer if isinstance(answer, dict) else {}
 
 
 def not_ready(root: str | None, as_json: bool, repo: str, commit: str, scope: str, sparse: list[str],

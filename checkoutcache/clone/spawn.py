@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import traceback
 
 import setproctitle
 
@@ -177,6 +176,8 @@ def _become_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config:
 
         code = run_worker(root, paths.key, name, config, credential, deaths, cone)
     except BaseException:
+        import traceback
+
         traceback.print_exc()
     finally:
         os._exit(code)

@@ -7,9 +7,11 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     <root>/
     ├── README                     says which tool maintains this directory
     ├── checkoutcache.sock         the image's API socket (CHECKOUTCACHE_UNIX_SOCKET; any
-    │                              name works): serve's, 0660 in the root's group. Names
-    │                              at this level other than those listed here are never
-    │                              touched by checkoutcache.
+    │                              name works): serve's, 0660 in the root's group. The CLI
+    │                              hands a new commit to the serve listening here (its warm
+    │                              worker server clones it) and checks the answer on disk.
+    │                              Names at this level other than those listed here are
+    │                              never touched by checkoutcache.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
     │   └── .health-<pid>-<n>      a probe file /healthz locks, writes and removes at once
@@ -275,6 +277,12 @@ class RootPaths:
 
     def health_probe(self, token: str) -> str:
         return os.path.join(self.root, "locks", f".health-{token}")
+
+    @property
+    def api_socket(self) -> str:
+        """Where the image's serve listens (CHECKOUTCACHE_UNIX_SOCKET's default there), and
+        where the CLI looks for a serve of this root to hand a new commit to."""
+        return os.path.join(self.root, "checkoutcache.sock")
 
     @property
     def serve_dir(self) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import time
 from typing import Callable, Iterator
@@ -34,7 +33,6 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.modes import open_created
 
-log = logging.getLogger(__name__)
 
 _LOCK_UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
@@ -123,7 +121,9 @@ def lock(path: str, timeout: float, shared: bool = False) -> Lock:
         if held is not None:
             return held
         if not announced:
-            log.debug("waiting for lock %s", path)  # only when contended, never on the fast path
+            import logging  # only when contended: never on the fast path
+
+            logging.getLogger(__name__).debug("waiting for lock %s", path)
             announced = True
         if time.monotonic() >= deadline:
             raise LockTimeout(path)
