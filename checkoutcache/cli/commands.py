@@ -18,6 +18,7 @@ import click
 
 from checkoutcache.answers import EXIT_BAD_INPUT, EXIT_EXEC_FAILED, Answer
 from checkoutcache.cache import Cache
+from checkoutcache.cli.fast import global_options_first
 from checkoutcache.cli.output import ProgressBar, emit_answer, wants_json
 from checkoutcache.config import Config, ServeSettings, PublishSettings
 from checkoutcache.errors import CheckoutCacheError
@@ -344,7 +345,7 @@ def demo(ctx: Context, keep: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = global_options_first(list(sys.argv[1:] if argv is None else argv))
+    argv = global_options_first(list(sys.argv[1:] if argv is None else argv))  # cli/fast.py
     try:
         code = cli.main(args=argv, prog_name="checkoutcache", standalone_mode=False)
     except click.exceptions.Abort:
@@ -377,30 +378,6 @@ def _json_requested(argv: list[str] | None) -> bool:
     return "--json" in (argv if argv is not None else sys.argv[1:]) or not sys.stdout.isatty()
 
 
-GLOBAL_OPTIONS = ("--json", "--root")
-
-
-def global_options_first(argv: list[str]) -> list[str]:
-    """`--json` and `--root DIR` are the group's options; given after the command
-    (`checkoutcache ensure REPO SHA --json`), they are moved before it. Nothing after
-    `--` moves: that is exec's command line."""
-    front, rest, index = [], [], 0
-    while index < len(argv):
-        arg = argv[index]
-        if arg == "--":
-            rest += argv[index:]
-            break
-        if arg == "--json":
-            front.append(arg)
-        elif arg == "--root" and index + 1 < len(argv):
-            front += argv[index:index + 2]
-            index += 1
-        elif arg.startswith("--root="):
-            front.append(arg)
-        else:
-            rest.append(arg)
-        index += 1
-    return front + rest
 
 
 if __name__ == "__main__":

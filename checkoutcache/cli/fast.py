@@ -196,7 +196,7 @@ def not_ready(root: str | None, as_json: bool, repo: str, commit: str, scope: st
 def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, list[str], str] | None:
     """(root, as_json, repo, commit, scope, sparse directories, wait) of a plain ensure, else None.
     `--json` and `--root DIR` may come before or after `ensure`, as in the full CLI."""
-    args = _global_options_first(list(argv))
+    args = global_options_first(list(argv))
     root, as_json = None, False
     while args and args[0] in ("--root", "--json"):
         if args[0] == "--json":
@@ -227,7 +227,10 @@ def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, l
     return root, as_json, positional[0], positional[1], scope, sparse, wait
 
 
-def _global_options_first(argv: list[str]) -> list[str]:
+def global_options_first(argv: list[str]) -> list[str]:
+    """`--json` and `--root DIR` are the group's options; given after the command
+    (`checkoutcache ensure REPO SHA --json`), they are moved before it. Nothing after
+    `--` moves: that is exec's command line."""
     front, rest, index = [], [], 0
     while index < len(argv):
         arg = argv[index]
@@ -238,6 +241,8 @@ def _global_options_first(argv: list[str]) -> list[str]:
         elif arg == "--root" and index + 1 < len(argv):
             front += argv[index:index + 2]
             index += 1
+        elif arg.startswith("--root="):
+            front.append(arg)
         else:
             rest.append(arg)
         index += 1
