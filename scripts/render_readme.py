@@ -1,13 +1,17 @@
-"""Refresh the README's generated tables (settings, error codes) from the code.
+"""Refresh the generated parts of README.md and docs/*.md (settings, error codes,
+the on-disk layout) from the code.
 
-    python scripts/render_readme.py          # rewrite README.md in place
-    python scripts/render_readme.py --check  # exit 1 if README.md is stale
+    python scripts/render_readme.py          # rewrite every stale file in place
+    python scripts/render_readme.py --check  # exit 1, naming them, if any file is stale
 
-Each table sits between `<!-- NAME:start -->` and `<!-- NAME:end -->` markers.
+Each generated part sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`
+markers; NAME is one of TABLES. A marker of any other name is an error, so a
+typo cannot leave a table silently unrefreshed.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import sys
@@ -18,7 +22,13 @@ from checkoutcache.config import Config, PublishSettings, ServeSettings, options
 from checkoutcache.errors import CODES  # noqa: E402
 from checkoutcache.store import layout  # noqa: E402
 
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+TOP = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+MARKER = re.compile(r"<!-- ([A-Za-z0-9_-]+):(start|end) -->")
+
+
+def documents(top: str = TOP) -> list[str]:
+    """Every file that may hold generated parts: the README and the pages under docs/."""
+    return [os.path.join(top, "README.md"), *sorted(glob.glob(os.path.join(top, "docs", "*.md")))]
 
 
 def errors_table() -> str:
@@ -38,16 +48,54 @@ TABLES = {"settings": lambda: options_table(Config), "serve-settings": lambda: o
           "layout": layout_contract}
 
 
+def markers(text: str) -> list[str]:
+    """The names of the generated parts in text; ValueError for an unknown or unpaired marker."""
+    found = MARKER.findall(text)
+    for name, _end in found:
+        if name not in TABLES:
+            raise ValueError(f"unknown generated part {name!r} (known: {', '.join(TABLES)})")
+    names = [name for name, end in found if end == "start"]
+    if sorted(names) != sorted(name for name, end in found if end == "end"):
+        raise ValueError(f"unpaired markers: {sorted(found)}")
+    return names
+
+
 def render(text: str) -> str:
+    markers(text)
     for name, make in TABLES.items():
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", re.S)
         text = pattern.sub(lambda m: m.group(1) + make() + m.group(2), text)
     return text
 
 
+def stale(top: str = TOP) -> list[str]:
+    """The files whose generated parts differ from the code's."""
+    result = []
+    for path in documents(top):
+        with open(path) as handle:
+            current = handle.read()
+        if render(current) != current:
+            result.append(path)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if "--check" in argv:
+        behind = stale()
+        for path in behind:
+            print(f"stale: {os.path.relpath(path, TOP)} (refresh with: python scripts/render_readme.py)",
+                  file=sys.stderr)
+        return 1 if behind else 0
+    for path in documents():
+        with open(path) as handle:
+            current = handle.read()
+        fresh = render(current)
+        if fresh != current:
+            with open(path, "w") as handle:
+                handle.write(fresh)
+            print(f"refreshed {os.path.relpath(path, TOP)}")
+    return 0
+
+
 if __name__ == "__main__":
-    current = open(README).read()
-    fresh = render(current)
-    if "--check" in sys.argv:
-        sys.exit(0 if fresh == current else 1)
-    open(README, "w").write(fresh)
+    sys.exit(main(sys.argv[1:]))
