@@ -1,37 +1,72 @@
-"""The README states the same contract as the code: settings, error codes,
-layout, exit statuses."""
+"""The README and docs/ state the same contract as the code: settings, error
+codes, layout, exit statuses; the generated parts are fresh in every file."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from checkoutcache.config import options_table
 from checkoutcache.errors import CODES
 from checkoutcache.store import layout
 
-README = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+TOP = os.path.join(os.path.dirname(__file__), "..")
+
+
+def read(name: str) -> str:
+    with open(os.path.join(TOP, name)) as handle:
+        return handle.read()
+
+
+README = read("README.md")
+
+
+def render_script():
+    spec = importlib.util.spec_from_file_location("render_readme", os.path.join(TOP, "scripts", "render_readme.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_readme_starts_with_the_two_commands():
     commands = [line for line in README.splitlines()[:6] if line.startswith("pip install")]
     assert len(commands) == 2 and "checkoutcache demo" in commands[0] and "pytest" in commands[1]
-    ci = open(os.path.join(os.path.dirname(__file__), "..", ".ci", "run")).read()
+    ci = read(".ci/run")
     assert "python -m pytest" in ci and ".[test]" in ci
 
 
-def test_readme_has_the_settings_table():
+def test_every_generated_part_is_fresh_in_every_file():
     # Refresh with: python scripts/render_readme.py
+    script = render_script()
+    for path in script.documents(os.path.normpath(TOP)):
+        with open(path) as handle:
+            text = handle.read()
+        assert script.render(text) == text, f"{path} is stale: run python scripts/render_readme.py"
+
+
+def test_every_generated_part_is_in_some_file():
+    script = render_script()
+    placed = set()
+    for path in script.documents(os.path.normpath(TOP)):
+        with open(path) as handle:
+            placed.update(script.markers(handle.read()))
+    assert placed == set(script.TABLES)
+
+
+def test_readme_has_the_settings_table():
     assert options_table() in README
 
 
-def test_readme_lists_every_error_code_and_exit_status():
+def test_the_errors_page_lists_every_error_code_and_exit_status():
+    errors = read("docs/errors.md")
     for code in CODES:
-        assert f"`{code}`" in README
-    for status in ("| 0 |", "| 75 |", "| 1 |", "| 2 |"):
-        assert status in README
+        assert f"`{code}`" in errors
+    for status in ("| 0 |", "| 75 |", "| 1 |", "| 2 |", "| 125 |", "| 126, 127 |"):
+        assert status in errors
 
 
-def test_readme_draws_the_layout_and_locks_from_layout_py():
+def test_the_layout_page_draws_the_layout_and_locks_from_layout_py():
     tree, *rest = layout.__doc__.split("\n\n")[2:]
-    assert tree in README
-    assert any("Locks (flock" in part for part in rest) and all(part.strip() in README for part in rest)
+    page = read("docs/layout.md")
+    assert tree in page
+    assert any("Locks (flock" in part for part in rest) and all(part.strip() in page for part in rest)
