@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from checkoutcache.config import options_table
+from checkoutcache.config import Config, PublishSettings, ServeSettings, options_table
 from checkoutcache.errors import CODES
 from checkoutcache.store import layout
 
@@ -53,8 +53,10 @@ def test_every_generated_part_is_in_some_file():
     assert placed == set(script.TABLES)
 
 
-def test_readme_has_the_settings_table():
-    assert options_table() in README
+def test_the_operations_page_has_the_settings_tables():
+    operations = read("docs/operations.md")
+    for cls in (Config, ServeSettings, PublishSettings):
+        assert options_table(cls) in operations
 
 
 def test_the_errors_page_lists_every_error_code_and_exit_status():
