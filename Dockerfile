@@ -7,7 +7,7 @@
 # With no settings it serves the API on the Unix socket /cache/checkoutcache.sock
 # (the volume's group may use it; no token). For TCP, set CHECKOUTCACHE_LISTEN and a
 # token (CHECKOUTCACHE_API_TOKEN or CHECKOUTCACHE_API_TOKEN_FILE). Every setting is
-# an environment variable (README "Settings"); the README's "Deployment" section
+# an environment variable (docs/operations.md, "Settings"); docs/deployment.md
 # walks through a pod (deploy/kubernetes.yaml) and one host (deploy/compose.yaml).
 FROM python:3.11-slim-bookworm
 
