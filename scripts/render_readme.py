@@ -1,5 +1,5 @@
 """Refresh the generated parts of README.md and docs/*.md (settings, error codes,
-the on-disk layout) from the code.
+the on-disk layout, the bundle store's layout) from the code.
 
     python scripts/render_readme.py          # rewrite every stale file in place
     python scripts/render_readme.py --check  # exit 1, naming them, if any file is stale
@@ -18,6 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from checkoutcache.bundles import location  # noqa: E402
 from checkoutcache.config import Config, PublishSettings, ServeSettings, options_table  # noqa: E402
 from checkoutcache.errors import CODES  # noqa: E402
 from checkoutcache.store import layout  # noqa: E402
@@ -43,9 +44,14 @@ def layout_contract() -> str:
     return "```\n" + "\n\n".join(layout.__doc__.split("\n\n")[2:]).rstrip() + "\n```"
 
 
+def bundle_store_layout() -> str:
+    """The bundle store's tree and what its names mean, from bundles/location.py's docstring."""
+    return "```\n" + "\n\n".join(location.__doc__.split("\n\n")[2:4]).rstrip() + "\n```"
+
+
 TABLES = {"settings": lambda: options_table(Config), "serve-settings": lambda: options_table(ServeSettings),
           "publish-settings": lambda: options_table(PublishSettings), "errors": errors_table,
-          "layout": layout_contract}
+          "layout": layout_contract, "bundle-layout": bundle_store_layout}
 
 
 def markers(text: str) -> list[str]:

@@ -72,3 +72,11 @@ def test_the_layout_page_draws_the_layout_and_locks_from_layout_py():
     page = read("docs/layout.md")
     assert tree in page
     assert any("Locks (flock" in part for part in rest) and all(part.strip() in page for part in rest)
+
+
+def test_the_fleets_page_draws_the_bundle_store_from_location_py():
+    from checkoutcache.bundles import location
+
+    tree, names = location.__doc__.split("\n\n")[2:4]
+    page = read("docs/fleets.md")
+    assert tree in page and names in page
