@@ -24,7 +24,8 @@ from checkoutcache.errors import CODES  # noqa: E402
 from checkoutcache.store import layout  # noqa: E402
 
 TOP = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-MARKER = re.compile(r"<!-- ([A-Za-z0-9_-]+):(start|end) -->")
+# A marker is a line of its own (a page may mention the syntax inline, as this docstring does).
+MARKER = re.compile(r"^<!-- ([A-Za-z0-9_-]+):(start|end) -->$", re.M)
 
 
 def documents(top: str = TOP) -> list[str]:
@@ -69,7 +70,7 @@ def markers(text: str) -> list[str]:
 def render(text: str) -> str:
     markers(text)
     for name, make in TABLES.items():
-        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", re.S)
+        pattern = re.compile(rf"(^<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->$)", re.S | re.M)
         text = pattern.sub(lambda m: m.group(1) + make() + m.group(2), text)
     return text
 
