@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 from checkoutcache.config import Config, PublishSettings, ServeSettings, options_table
 from checkoutcache.errors import CODES
@@ -80,3 +81,60 @@ def test_the_fleets_page_draws_the_bundle_store_from_location_py():
     tree, names = location.__doc__.split("\n\n")[2:4]
     page = read("docs/fleets.md")
     assert tree in page and names in page
+
+
+def pages() -> list[str]:
+    """README.md and every docs/*.md, as paths relative to the top of the tree."""
+    return ["README.md", *sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(TOP, "docs"))
+                                 if n.endswith(".md"))]
+
+
+def prose(text: str) -> str:
+    """text without fenced code blocks and inline code, where a link is only an example."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def links(text: str) -> list[str]:
+    return re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", prose(text))
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a page: lower case, punctuation dropped,
+    spaces as hyphens, a repeated one numbered."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        candidate, number = slug, 0
+        while candidate in found:
+            number += 1
+            candidate = f"{slug}-{number}"
+        found.add(candidate)
+    return found
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {os.path.normpath(target.split("#")[0]) for target in links(README)}
+    missing = [page for page in pages() if page != "README.md" and page not in linked]
+    assert not missing, f"pages the README does not link to: {missing}"
+
+
+def test_every_relative_link_points_at_an_existing_file_and_heading():
+    broken = []
+    for page in pages():
+        for target in links(read(page)):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if not os.path.exists(os.path.join(TOP, resolved)):
+                broken.append(f"{page}: {target} (no such file)")
+            elif anchor and resolved.endswith(".md") and anchor not in anchors(read(resolved)):
+                broken.append(f"{page}: {target} (no such heading in {resolved})")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_readme_is_a_front_page_with_the_exit_statuses_in_brief():
+    for status in ("| 0 |", "| 75 |", "| 1 |", "| 2 |"):
+        assert status in README
+    assert "## A five-minute tour" in README and "## Where to read on" in README
