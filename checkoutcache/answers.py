@@ -1,6 +1,6 @@
 """The answer to `ensure`: one attrs value, one JSON object, one exit status.
 
-Exit statuses are a public contract (README): 0 ready, 75 cloning (EX_TEMPFAIL:
+Exit statuses are a public contract (docs/errors.md): 0 ready, 75 cloning (EX_TEMPFAIL:
 ask again later, or pass --wait), 1 failed, 2 bad input; exec passes its
 command's status through and uses 125 when the command could not run.
 """

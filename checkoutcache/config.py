@@ -1,7 +1,7 @@
 """Every knob in one place: each setting declared once, with its environment
 variable, default, one sentence of help and how it is parsed. The commands'
 options (cli/commands.py: `--name` for every field), the environment a clone
-worker is given, the README's settings tables and the errors about a setting
+worker is given, the settings tables of docs/operations.md and the errors about a setting
 (which name the option or variable) all follow from these declarations, so the
 same settings serve `ensure`, cron's `gc` and a sidecar.
 
@@ -300,7 +300,7 @@ class ServeSettings(Settings):
 
 @attrs.frozen
 class PublishSettings(Settings):
-    """`bundle publish`'s own settings (README "Fleets")."""
+    """`bundle publish`'s own settings (docs/fleets.md)."""
 
     max_increments: int = setting(6, "CHECKOUTCACHE_BUNDLE_MAX_INCREMENTS",
                                   "Increments on one full bundle before the next full one.", _count)
@@ -312,7 +312,7 @@ class PublishSettings(Settings):
 
 
 def options_table(*classes: type) -> str:
-    """A README settings table (of Config unless told), from the same declarations."""
+    """A settings table of docs/operations.md (of Config unless told), from the same declarations."""
     rows = ["| option | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for cls in classes or (Config,):
         for field in attrs.fields(cls):

@@ -4,7 +4,7 @@ Each code has a kind ("input": the caller's arguments are wrong, exit 2, nothing
 was written; "failure": the attempt failed, exit 1, the commit backs off), a
 message template and the next step a caller should take. Every failure path
 picks a code from this table; nothing formats an ad-hoc error string. The codes
-are a public contract (documented in the README): add codes, never rename them.
+are a public contract (documented in docs/errors.md): add codes, never rename them.
 """
 
 from __future__ import annotations

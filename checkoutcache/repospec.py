@@ -62,7 +62,7 @@ class RepoSpec(NamedTuple):
 
 
 def identity(url: str, is_local: bool) -> str:
-    """What makes two spellings one repository (README "One repository, one key"):
+    """What makes two spellings one repository (docs/commands.md "One repository, one key"):
     - a local path or file:// URL: its real path, without a final `/.git`
       (`/srv/up/.git` is `/srv/up`);
     - `user@host:path` is `ssh://user@host/path`;

@@ -1,8 +1,8 @@
 """The command line: `checkoutcache [--root DIR] [--json] COMMAND ...`.
 
 Every command prints one JSON object with --json (or when stdout is not a
-terminal) and short text otherwise. Exit statuses are documented in the
-README: 0 ok/ready, 75 cloning, 1 failed, 2 bad input.
+terminal) and short text otherwise. Exit statuses are documented in
+docs/errors.md: 0 ok/ready, 75 cloning, 1 failed, 2 bad input.
 
 Settings (config.py) are options of every command that reads them, each with
 its environment twin, generated from their one declaration (`settings_options`):
@@ -286,7 +286,7 @@ def serve(ctx: Context, **options) -> int:
 
 @cli.group()
 def bundle() -> None:
-    """Fleet seeding: git bundles of mirrors in a shared store (README "Fleets")."""
+    """Fleet seeding: git bundles of mirrors in a shared store (docs/fleets.md)."""
 
 
 @bundle.command(name="publish")

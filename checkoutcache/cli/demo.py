@@ -5,7 +5,9 @@ three commits) is written with libgit2 into a temporary directory, and the
 cache (in that directory too, unless --root is given) is asked for its
 middle commit three times: at once (cloning), waiting (ready), and again
 (ready at once, from the store). The directory is removed at the end unless
---keep; either way the last line says where it was.
+--keep; either way the last line says where it was. A demo whose checkout did
+not become ready stops before that, exits with the answer's status and leaves
+the directory.
 """
 
 from __future__ import annotations

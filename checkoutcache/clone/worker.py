@@ -17,8 +17,8 @@ On failure it records the code and back-off, removes its scratch and exits; a
 wall-clock limit stops it with TIMEOUT. SIGTERM (serve or a container
 stopping) ends it cleanly with no verdict at all: its git killed, its scratch
 and record removed, nothing counted against the commit; the next ask clones it. Kill points for the fault tests are
-named by the test hook CHECKOUTCACHE_TEST_KILL_AT (read by the worker and gc
-only; see README "Test hooks").
+named by the test hook CHECKOUTCACHE_TEST_KILL_AT (read by the worker, gc and
+`bundle publish` only; see docs/operations.md "Test hooks").
 """
 
 from __future__ import annotations

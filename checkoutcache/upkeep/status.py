@@ -25,7 +25,7 @@ from checkoutcache.upkeep.gc import disk_of
 
 def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
     """The repository's Git LFS state: its setting, what its checkouts hold, the store,
-    and why LFS content is absent when it is (README "Git LFS")."""
+    and why LFS content is absent when it is (docs/repositories.md "Git LFS")."""
     setting = info.meta.get("lfs", LFS_ON)
     if setting == LFS_OFF:
         why = "CHECKOUTCACHE_LFS=off: LFS files are checked out as pointer files"
