@@ -38,7 +38,7 @@ class Answer:
     commit: str | None
     repo: str | None
     path: str | None = None
-    # Ready answers of commits with Git LFS files: "content", "pointers" or "off" (README "Git LFS").
+    # Ready answers of commits with Git LFS files: "content", "pointers" or "off" (docs/repositories.md "Git LFS").
     lfs: str | None = None
     # For a commit with submodules: "included" (their work trees) or "none" (the setting).
     submodules: str | None = None

@@ -218,7 +218,7 @@ class Config(Settings):
     bundle_uri: BundleLocation | None = setting(
         None, "CHECKOUTCACHE_BUNDLE_URI",
         "Seed a new mirror from the bundles at this s3://, https:// or file:// location before fetching "
-        "from upstream (README \"Fleets: seeding from bundles\"); also where `bundle publish` writes.",
+        "from upstream (docs/fleets.md); also where `bundle publish` writes.",
         parse_bundle_uri, "off")
     filter: str | None = setting(None, "CHECKOUTCACHE_FILTER",
                                  "Make new mirrors partial clones with this filter (blob:none: commits and trees "

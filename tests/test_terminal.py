@@ -176,3 +176,11 @@ def test_shell_completion_completes_commands_and_options():
     source = subprocess.run([sys.executable, "-m", "checkoutcache"], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "_CHECKOUTCACHE_COMPLETE": "bash_source"})
     assert "_checkoutcache_completion" in source.stdout
+
+
+@pytest.mark.parametrize("command", [["verify"], ["bundle", "publish", "--to", "file:///nowhere"]])
+def test_verify_and_publishing_every_repository_of_a_missing_root_exit_2(tmp_path, command):
+    missing = str(tmp_path / "no-such-root")
+    code, answer, _ = run_cli(*command, root=missing)
+    assert code == 2 and answer["error"] == "ROOT_UNUSABLE", answer
+    assert not os.path.exists(missing) and not os.path.exists("/nowhere")

@@ -101,8 +101,9 @@ def fail(ctx: Context, exc: CheckoutCacheError) -> int:
 
 
 def check_root(ctx: Context, write: bool) -> None:
-    """gc and status work on an existing root: a missing or unusable one is ROOT_UNUSABLE,
-    exit 2 (a misspelled CHECKOUTCACHE_ROOT made cron's gc a silent no-op)."""
+    """gc, status, verify and `bundle publish` of every repository work on an existing root:
+    a missing or unusable one is ROOT_UNUSABLE, exit 2 (a misspelled CHECKOUTCACHE_ROOT made
+    cron's gc a silent no-op)."""
     from checkoutcache.store.create import existing_root_problem
 
     ctx.root_checked = True
@@ -217,6 +218,7 @@ def verify(ctx: Context, repo: str | None, commit: str | None, scope: str, remov
 
     try:
         config = load_config(ctx, options)
+        check_root(ctx, write=remove_broken)
         key = repo_key_in(ctx, repo, scope)
         sha = parse_commit(commit) if commit is not None else None
     except CheckoutCacheError as exc:
@@ -321,6 +323,10 @@ def bundle_publish(ctx: Context, repos: tuple[str, ...], to: str | None, scope: 
         return fail(ctx, exc)
     root_paths = ctx.cache().paths
     if not repos:
+        try:  # every repository of the root: a root that is not there is a mistake, not an empty run
+            check_root(ctx, write=True)
+        except CheckoutCacheError as exc:
+            return fail(ctx, exc)
         specs = stored_repositories(root_paths)
     publisher = Publisher(root_paths, location, config, options,
                           log=(lambda line: None) if ctx.as_json else (lambda line: click.echo(line, err=True)))

@@ -76,6 +76,24 @@ def run_demo(root: str | None, as_json: bool, keep: bool) -> int:
     cache = Cache(root or os.path.join(base, "cache"))
     commit = shas[1]
 
+    try:
+        code = _tell(cache, upstream, commit, shas, as_json)
+    finally:  # whatever happened, the directory goes unless kept, and the last line says where it was
+        if not keep:
+            import shutil
+
+            shutil.rmtree(base, ignore_errors=True)
+        where = base if root is None else f"{base} (the cache root {cache.root} was yours: it stays)"
+        if as_json:
+            emit_json({"step": "done", "directory": base, "kept": keep, "root": cache.root})
+        elif keep:
+            print(f"the demo's files are in {where}; remove them when done")
+        else:
+            print(f"removed the demo's directory {where} (--keep keeps it to look at)")
+    return code
+
+
+def _tell(cache: Cache, upstream: str, commit: str, shas: list[str], as_json: bool) -> int:
     def show(step: str, answer, seconds: float) -> None:
         if as_json:
             emit_json({"step": step, "seconds": round(seconds, 4), "answer": answer.to_json()})
@@ -101,17 +119,5 @@ def run_demo(root: str | None, as_json: bool, keep: bool) -> int:
     if third.state != "ready":
         return third.exit_code
     if not as_json:
-        listing = sorted(os.listdir(third.path))
-        print(f"the checkout holds: {', '.join(listing)}")
-    if not keep:
-        import shutil
-
-        shutil.rmtree(base, ignore_errors=True)
-    where = base if root is None else f"{base} (the cache root {cache.root} was yours: it stays)"
-    if as_json:
-        emit_json({"step": "done", "directory": base, "kept": keep, "root": cache.root})
-    elif keep:
-        print(f"the demo's files are in {where}; remove them when done")
-    else:
-        print(f"removed the demo's directory {where} (--keep keeps it to look at)")
+        print(f"the checkout holds: {', '.join(sorted(os.listdir(third.path)))}")
     return 0

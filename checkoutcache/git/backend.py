@@ -60,7 +60,7 @@ def partial_mirror_config(filter: str) -> dict[str, str]:
 PROMISOR_CHECKOUT_CONFIG = {"remote.origin.promisor": "true"}
 CHECKOUT_CONFIG = {k: v for k, v in SAFE_CONFIG.items() if k not in ("protocol.ext.allow", "safe.directory")}
 CHECKOUT_CONFIG.update({"core.symlinks": "true", "core.filemode": "true"})
-# The one filter a checkout runs (README "Git LFS"): git-lfs's, and only when the
+# The one filter a checkout runs (docs/repositories.md "Git LFS"): git-lfs's, and only when the
 # commit has LFS files and git-lfs is installed; the store (lfs.storage) and the
 # endpoint (lfs.url) are added per repository by lfs_checkout_config.
 LFS_FILTER = {"filter.lfs.process": "git-lfs filter-process", "filter.lfs.required": "true"}
@@ -200,7 +200,7 @@ class GitBackend(Protocol):
     def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
                  lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = (),
                  cone: tuple[str, ...] = ()) -> None: ...
-    # Git LFS (README "Git LFS"): why LFS content cannot be had (None: it can), the
+    # Git LFS (docs/repositories.md "Git LFS"): why LFS content cannot be had (None: it can), the
     # oids a commit's LFS files name, their download into the store, and whether a
     # checked-out tree has LFS files (for the answer when their content is absent).
     def lfs_unsupported(self) -> str | None: ...
