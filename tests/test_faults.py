@@ -136,6 +136,7 @@ def test_a_worker_that_keeps_dying_backs_off_instead_of_looping(root, upstream, 
     assert len(set(assert_died_at(kill_log, "before-checkout", at_least=3))) == 3
 
 
+@pytest.mark.slow
 def test_a_git_child_killed_by_the_oom_killer_is_a_worker_death(root, upstream, fake_git, tmp_path):
     """Regression: a git child SIGKILLed (what the OOM killer does) failed the clone with
     CLONE_FAILED "(git printed nothing)" and a doubling back-off, as if the commit were bad.
@@ -157,6 +158,7 @@ def test_a_git_child_killed_by_the_oom_killer_is_a_worker_death(root, upstream, 
     assert code == 1 and answer["error"] == "CLONE_FAILED" and "SIGSEGV" in answer["message"], answer
 
 
+@pytest.mark.slow
 def test_a_server_flooding_warnings_before_gits_error_still_has_its_error_said(root, upstream, fake_git):
     """Regression: a server's warnings used up the log's cap and the lines kept of git's output,
     and the clone failed with "(git printed nothing)": git's own error lines are kept apart."""
@@ -173,6 +175,7 @@ def test_a_server_flooding_warnings_before_gits_error_still_has_its_error_said(r
     assert "fatal: the server said no (the real cause)" in log
 
 
+@pytest.mark.slow
 def test_a_git_that_crashes_on_a_10000_deep_tree_says_so(root, daemon):
     """Regression: a 10,000-deep tree failed with "(git printed nothing)": git crashes on it
     (SIGSEGV) after the server's warnings about it; the answer says which git and how."""
@@ -190,6 +193,7 @@ def test_a_git_that_crashes_on_a_10000_deep_tree_says_so(root, daemon):
         "message"], answer
 
 
+@pytest.mark.slow
 def test_gc_killed_between_rename_and_delete(root, store_with_bystander, kill_log):
     upstream, bystander, before = store_with_bystander
     victim = wait_ready(root, upstream.path, upstream.shas[1])["path"]
@@ -203,6 +207,7 @@ def test_gc_killed_between_rename_and_delete(root, store_with_bystander, kill_lo
     assert_recovered(root, upstream, upstream.shas[1], bystander, before)
 
 
+@pytest.mark.slow
 def test_gc_killed_during_a_mirror_repack(root, store_with_bystander, kill_log):
     upstream, bystander, before = store_with_bystander
     victim = wait_ready(root, upstream.path, upstream.shas[2])["path"]
@@ -344,6 +349,7 @@ def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
 
 # ---------------------------------------------------------------- a damaged store
 
+@pytest.mark.slow
 def test_stale_git_locks_from_a_killed_fetch_do_not_block_the_next(root, store_with_bystander):
     upstream, bystander, before = store_with_bystander
     mirror = only_repo(root).mirror
@@ -356,6 +362,7 @@ def test_stale_git_locks_from_a_killed_fetch_do_not_block_the_next(root, store_w
 
 
 @pytest.mark.parametrize("damage", ["missing HEAD", "truncated pack", "mirror deleted"])
+@pytest.mark.slow
 def test_a_damaged_mirror_is_rebuilt_and_checkouts_keep_working(root, store_with_bystander, damage):
     upstream, bystander, before = store_with_bystander
     mirror = only_repo(root).mirror
@@ -378,6 +385,7 @@ def test_a_damaged_mirror_is_rebuilt_and_checkouts_keep_working(root, store_with
     assert run_cli("verify", root=root)[0] == 0
 
 
+@pytest.mark.slow
 def test_a_mirror_missing_a_blob_never_publishes_a_checkout_without_that_file(root, store_with_bystander):
     """Regression: `git checkout` exits 0 when it cannot read a blob (it only prints an
     error), so a checkout lacking that file was published as ready."""
@@ -432,6 +440,7 @@ def test_a_checkout_that_lost_its_marker_is_not_served_and_gc_removes_it(root, u
     assert_checkout_matches(answer["path"], upstream.path, sha)
 
 
+@pytest.mark.slow
 def test_verify_finds_a_deep_damage_and_removes_it(root, store_with_bystander):
     upstream, bystander, before = store_with_bystander
     path = wait_ready(root, upstream.path, upstream.shas[2])["path"]
@@ -671,6 +680,7 @@ def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path, mon
     assert len(checked) >= ASKERS, "answers were checked"
 
 
+@pytest.mark.slow
 def test_worker_deaths_are_still_counted_after_gc(root, upstream):
     """gc tidies a dead clone's record away but keeps its count of deaths: a commit whose worker is
     always killed still ends in WORKER_DIED instead of restarting three times per gc interval."""
