@@ -77,21 +77,40 @@ def _system_tmp_entries() -> set[str]:
         return set()
 
 
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return int(next(line for line in handle if line.startswith("PPid:")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def _session_head() -> int:
+    """The process this session's pytest processes descend from: ours, or under pytest-xdist
+    (a worker sets PYTEST_XDIST_WORKER) the controller that started us and our sibling workers."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return _parent_of(os.getpid()) or os.getpid()
+    return os.getpid()
+
+
 def _other_pytest_sessions() -> list[int]:
-    """Other pytest processes on this machine (not ours, not our children): they may write to /tmp too."""
-    mine, found = os.getpid(), []
+    """Other pytest processes on this machine (neither this session's, pytest-xdist workers
+    included, nor their children): they may write to /tmp too."""
+    head, found = _session_head(), []
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == mine:
+        if not name.isdigit() or int(name) in (head, os.getpid()):
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as handle:
                 cmdline = handle.read()
-            with open(f"/proc/{name}/status") as handle:
-                parent = int(next(line for line in handle if line.startswith("PPid:")).split()[1])
-        except (OSError, StopIteration, ValueError):
+        except OSError:
             continue
-        if b"pytest" in cmdline and parent != mine:
-            found.append(int(name))
+        if b"pytest" not in cmdline:
+            continue
+        parent = _parent_of(int(name))
+        if parent is None or parent in (head, os.getpid()) or _parent_of(parent) == head:
+            continue  # a worker of this session, or a child of ours or of a worker
+        found.append(int(name))
     return found
 
 
@@ -140,12 +159,16 @@ def kill_log(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def container_image() -> str:
-    """The project's image built from this tree (once per session); skips where podman cannot run it."""
+def container_image(tmp_path_factory) -> str:
+    """The project's image built from this tree (once per session, whatever the number of
+    pytest-xdist workers); skips where podman cannot run it."""
     reason = podman_unusable()
     if reason is not None:
         pytest.skip(reason)
-    return build_image()
+    base = tmp_path_factory.getbasetemp()
+    # Every worker's base is a folder of the session's own (popen-gw0, ...): the lock goes there.
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return build_image(once_in=str(shared))
 
 
 @pytest.fixture

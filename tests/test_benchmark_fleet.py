@@ -50,6 +50,7 @@ TWO_PACKS = (pkt(b"packfile\n") + sideband(pack(3)) + b"0000"
 @pytest.mark.parametrize("stream,counts", [(V2_FETCH, [1234]), (V0_FETCH, [70000]), (V0_RAW, [5]),
                                            (TWO_PACKS, [3, 2 ** 32 - 1]),
                                            (pkt(b"a" * 40 + b" refs/heads/main\n") + b"0000", [])])
+@pytest.mark.slow
 def test_pack_headers_whole_and_cut_at_every_byte(stream, counts):
     whole = countingproxy.PackHeaders()
     whole.feed(stream)

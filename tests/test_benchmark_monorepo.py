@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from .helpers import daemons  # noqa: F401 - puts benchmarks/ on the path
 
 import monorepo  # noqa: E402  (benchmarks/monorepo.py)
@@ -53,6 +55,7 @@ def test_cone_rules_match_git_sparse_checkout(tmp_path):
     assert size["files"] == len(ours) and size["bytes"] > 0
 
 
+@pytest.mark.slow
 def test_anchor_end_to_end(tmp_path):
     assert monorepo.main(["--files", "300", "--commits", "8", "--changes", "10", "--quick",
                           "--work", str(tmp_path), "--json-out", str(tmp_path / "r.json")]) == 0

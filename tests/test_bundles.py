@@ -113,6 +113,7 @@ def published(tmp_path, served_upstream):
 
 # ---------------------------------------------------------------- the issue's regression
 
+@pytest.mark.slow
 def test_a_cold_node_seeded_from_bundles_fetches_only_the_difference_from_upstream(tmp_path, published):
     repo, url, store, _, newest = published
     seeded, unseeded = str(tmp_path / "node-seeded"), str(tmp_path / "node-plain")
@@ -131,6 +132,7 @@ def test_a_cold_node_seeded_from_bundles_fetches_only_the_difference_from_upstre
     assert git("for-each-ref", "--format=%(refname)", "refs/bundles/", cwd=only_repo(seeded).mirror)
 
 
+@pytest.mark.slow
 def test_bundle_refs_go_once_the_mirror_has_fetched_from_upstream(tmp_path, published):
     """Regression: refs/bundles/* survived every gc, holding the whole bundled history in
     every seeded mirror for ever. Once the mirror has fetched from upstream they go, and the
@@ -149,6 +151,7 @@ def test_bundle_refs_go_once_the_mirror_has_fetched_from_upstream(tmp_path, publ
     assert_checkout_matches(older["path"], repo.path, in_bundles)
 
 
+@pytest.mark.slow
 def test_a_commit_the_bundles_hold_needs_no_objects_from_upstream(tmp_path, published):
     repo, url, store, in_bundles, _ = published
     node = str(tmp_path / "node")
@@ -159,6 +162,7 @@ def test_a_commit_the_bundles_hold_needs_no_objects_from_upstream(tmp_path, publ
 
 # ---------------------------------------------------------------- S3 (moto in server mode)
 
+@pytest.mark.slow
 def test_four_cold_nodes_seed_from_s3_at_once_and_no_credential_reaches_the_root(tmp_path, served_upstream, s3,
                                                                               bucket):
     repo, url = served_upstream
@@ -190,6 +194,7 @@ def test_four_cold_nodes_seed_from_s3_at_once_and_no_credential_reaches_the_root
     assert not grep_tree(publisher, AWS_TEST_SECRET.encode())
 
 
+@pytest.mark.slow
 def test_an_s3_upload_that_fails_is_aborted_and_a_killed_publishers_by_the_next(tmp_path, served_upstream, s3,
                                                                              bucket, kill_log):
     """Regression: a publisher killed during an S3 multipart upload left the upload open for
@@ -215,6 +220,7 @@ def test_an_s3_upload_that_fails_is_aborted_and_a_killed_publishers_by_the_next(
     assert report["action"] == "full" and uploads() == [], report
 
 
+@pytest.mark.slow
 def test_the_s3_store_down_costs_speed_only(tmp_path, served_upstream):
     repo, url = served_upstream
     down = MotoS3(str(tmp_path))
@@ -230,6 +236,7 @@ def test_the_s3_store_down_costs_speed_only(tmp_path, served_upstream):
         assert "bundles: the store did not answer" in handle.read()
 
 
+@pytest.mark.slow
 def test_publishing_to_a_store_that_is_down_fails_with_a_code(tmp_path, served_upstream):
     _, url = served_upstream
     down = MotoS3(str(tmp_path))
@@ -245,6 +252,7 @@ def test_publishing_to_a_store_that_is_down_fails_with_a_code(tmp_path, served_u
 # ---------------------------------------------------------------- damaged stores
 
 @pytest.mark.parametrize("damage", ["increment removed", "increment truncated", "full removed", "full truncated"])
+@pytest.mark.slow
 def test_a_bundle_removed_or_corrupt_after_the_list_was_written(tmp_path, published, damage):
     repo, url, store, _, newest = published
     folder = store_dir(store)
@@ -269,6 +277,7 @@ def test_a_bundle_removed_or_corrupt_after_the_list_was_written(tmp_path, publis
 @pytest.mark.parametrize("listing", ["", "[bundle]\n\tversion = 1\n[bundle \"x\"]\n\turi = https://elsewhere.example/x"
                                          ".bundle\n\tcreationToken = 5\n[bundle \"y\"]\n\turi = ../other/1-abcdef12.bundle"
                                          "\n\tcreationToken = 6\n", "not a list at all ]]]\n"])
+@pytest.mark.slow
 def test_a_list_that_is_empty_malformed_or_names_other_places_is_not_followed(tmp_path, served_upstream, listing):
     repo, url = served_upstream
     store = tmp_path / "store"
@@ -335,6 +344,7 @@ class _StoreOverHttps(_Https):
         super().__init__(workdir, Handler)
 
 
+@pytest.mark.slow
 def test_a_node_seeds_from_an_https_store_and_refuses_a_redirect_to_http(tmp_path, published):
     repo, url, store, _, newest = published
     server = _StoreOverHttps(store[len("file://"):], str(tmp_path))
@@ -366,6 +376,7 @@ def test_an_unusable_bundle_location_is_bad_input_and_writes_nothing(tmp_path, s
     assert not os.path.exists(root)
 
 
+@pytest.mark.slow
 def test_publishing_needs_a_writable_store_and_a_remote_repository(tmp_path, served_upstream, upstream):
     _, url = served_upstream
     root = str(tmp_path / "root")
@@ -386,6 +397,7 @@ def test_a_bundle_location_opens_no_transport_for_repositories(tmp_path):
 
 # ---------------------------------------------------------------- publishing
 
+@pytest.mark.slow
 def test_publish_chains_increments_then_starts_anew_and_prunes_what_no_list_names(tmp_path, served_upstream):
     repo, url = served_upstream
     store = f"file://{tmp_path / 'store'}"
@@ -412,6 +424,7 @@ def test_publish_chains_increments_then_starts_anew_and_prunes_what_no_list_name
     assert seed_record(node)["upstream"]["objects"] == 0
 
 
+@pytest.mark.slow
 def test_publish_without_repo_publishes_every_mirror_of_the_root(tmp_path, served_upstream):
     repo, url = served_upstream
     publisher = str(tmp_path / "publisher")
@@ -425,6 +438,7 @@ def test_publish_without_repo_publishes_every_mirror_of_the_root(tmp_path, serve
     assert code == 0
 
 
+@pytest.mark.slow
 def test_two_publishers_at_once_leave_a_list_whose_bundles_all_seed(tmp_path, served_upstream):
     repo, url = served_upstream
     store = f"file://{tmp_path / 'store'}"
@@ -458,6 +472,7 @@ def test_two_publishers_at_once_leave_a_list_whose_bundles_all_seed(tmp_path, se
 
 # ---------------------------------------------------------------- the other transport, kills, metrics
 
+@pytest.mark.slow
 def test_the_libgit2_transport_fetches_the_difference_after_seeding(tmp_path, published):
     repo, url, store, _, newest = published
     node = str(tmp_path / "node")
@@ -467,6 +482,7 @@ def test_the_libgit2_transport_fetches_the_difference_after_seeding(tmp_path, pu
     assert record["seeded"] and 0 < record["upstream"]["objects"] < mirror_objects(node) * 0.5, record
 
 
+@pytest.mark.slow
 def test_without_the_git_cli_a_node_clones_from_upstream_and_says_why(tmp_path, published):
     repo, url, store, _, newest = published
     empty = tmp_path / "bin-without-git"
@@ -481,6 +497,7 @@ def test_without_the_git_cli_a_node_clones_from_upstream_and_says_why(tmp_path, 
     assert not record["seeded"] and "git CLI" in record["why"] and record["reason"] == "no-git", record
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_seeding_leaves_no_mirror_and_the_next_one_seeds(tmp_path, published, kill_log):
     repo, url, store, _, newest = published
     node = str(tmp_path / "node")
@@ -498,6 +515,7 @@ def test_a_worker_killed_while_seeding_leaves_no_mirror_and_the_next_one_seeds(t
     assert seed_record(node)["seeded"]
 
 
+@pytest.mark.slow
 def test_serve_metrics_say_which_mirrors_were_seeded(tmp_path, published):
     repo, url, store, _, newest = published
     root = str(tmp_path / "node")
@@ -587,6 +605,7 @@ def test_a_bad_location_names_the_setting():
     assert caught.value.code == "BAD_ARGUMENT" and "CHECKOUTCACHE_BUNDLE_URI" in caught.value.message
 
 
+@pytest.mark.slow
 def test_a_mirror_rebuilt_for_unreadable_objects_is_not_seeded_again(tmp_path, published):
     repo, url, store, in_bundles, _ = published
     node = str(tmp_path / "node")
@@ -644,6 +663,7 @@ class _DrippingHttps(_Https):
         super().__init__(workdir, Handler)
 
 
+@pytest.mark.slow
 def test_a_store_that_drips_a_bundle_costs_its_own_budget_never_the_clone_timeout(tmp_path, served_upstream,
                                                                                   fake_git):
     """Regression: a slow store spent half the clone timeout, and a clone whose fetch needs
@@ -703,6 +723,7 @@ def test_a_bundle_lacking_its_history_leaves_nothing_in_the_mirror(tmp_path, ser
 
 
 @pytest.mark.parametrize("transport", ["cli", "pygit2"])
+@pytest.mark.slow
 def test_a_commit_a_bundle_planted_without_its_history_is_fetched_from_upstream(tmp_path, served_upstream,
                                                                                transport):
     """Regression: a bundle whose refs are sound but whose pack also carries commit X (tree and
@@ -812,6 +833,7 @@ def test_a_branch_deleted_upstream_leaves_the_next_bundles(tmp_path, served_upst
     assert "refs/heads/main" in heads and "leaked" not in heads
 
 
+@pytest.mark.slow
 def test_a_busy_mirror_fails_one_repository_and_the_others_are_published(tmp_path, daemon):
     """Regression: a held mirror lock (a clone running) aborted the whole run with INTERNAL_ERROR."""
     from checkoutcache.store.layout import RootPaths
@@ -839,6 +861,7 @@ def test_a_busy_mirror_fails_one_repository_and_the_others_are_published(tmp_pat
     assert reports[urls[1]]["action"] == "up to date", reports
 
 
+@pytest.mark.slow
 def test_an_s3_endpoint_on_plain_http_is_refused_unless_allowed(tmp_path, served_upstream, s3, bucket):
     repo, url = served_upstream
     store = f"s3://{bucket}/fleet"
@@ -852,6 +875,7 @@ def test_an_s3_endpoint_on_plain_http_is_refused_unless_allowed(tmp_path, served
     assert code == 1 and answer["published"][0]["error"] == "BUNDLE_STORE_FAILED", out
 
 
+@pytest.mark.slow
 def test_a_branch_replaced_by_a_deeper_one_between_bundles_seeds_a_sound_mirror(tmp_path, served_upstream):
     """Regression (found by review): `foo` in the full bundle and `foo/bar` in the
     increment clashed under one refs/bundles/; git updated the other refs, the pack was

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 from freezegun import freeze_time
 
 from checkoutcache.upkeep.eviction import (
@@ -40,6 +41,7 @@ def test_a_last_use_in_the_future_counts_as_now():
     assert [(e.entry.name, e.reason) for e in plan.evict] == [(past.name, AGE)]
 
 
+@pytest.mark.slow
 def test_gc_repairs_a_marker_from_the_future_and_evicts_it_later(root, upstream):
     path = wait_ready(root, upstream.path, upstream.shas[0])["path"]
     marker = os.path.join(path, ".git", "checkoutcache-ready")

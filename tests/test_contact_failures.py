@@ -73,6 +73,7 @@ def untrusted_https(tmp_path):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.slow
 def test_a_certificate_git_does_not_trust_is_a_recorded_unreachable(root, untrusted_https, transport):
     server, connections = untrusted_https
     url = server.url("127.0.0.1", "x")
@@ -234,6 +235,7 @@ def big_served(daemon, request):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.slow
 def test_a_fetch_cut_after_the_first_contact_is_a_recorded_failure(root, daemon, big_served, transport):
     upstream, name, sha = big_served
     proxy = CuttingProxy(daemon.port, whole=1, cut_after=8192)

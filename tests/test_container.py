@@ -78,6 +78,7 @@ FORMS = {
 
 
 @pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.slow
 def test_the_healthcheck_finds_serve_in_every_listen_form(root, tmp_path, form):
     """Regression: docker-healthcheck reported unhealthy when CHECKOUTCACHE_LISTEN was `:PORT`."""
     if "v6" in form and not ipv6_loopback():

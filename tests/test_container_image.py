@@ -15,7 +15,7 @@ import pytest
 
 from .helpers import GitDaemon, Upstream
 
-pytestmark = pytest.mark.container
+pytestmark = [pytest.mark.container, pytest.mark.slow]  # each builds on the image and runs containers
 
 ENSURE_BY_SOCKET = ("import json, sys\nfrom checkoutcache.client import Client\n"
                     "print(json.dumps(Client.from_env().ensure(sys.argv[1], sys.argv[2], wait=120).to_json()))")

@@ -42,6 +42,7 @@ def env_for(server: GitHttpsServer, **extra: str) -> dict:
     return env
 
 
+@pytest.mark.slow
 def test_an_environment_token_reaches_only_the_listed_host(root, https_server, tmp_path):
     sha = https_server.upstream.shas[0]
     env = env_for(https_server, CHECKOUTCACHE_GIT_PASSWORD=TOKEN,
@@ -78,6 +79,7 @@ def test_a_redirect_to_another_host_never_carries_the_credential(root, https_ser
     assert https_server.authorizations_to("127.0.0.1") == []
 
 
+@pytest.mark.slow
 def test_a_credential_helper_in_the_operator_config_is_used_and_rotated(root, https_server, tmp_path):
     token_file = tmp_path / "rotating-token"
     token_file.write_text("first-token-1111")
@@ -99,6 +101,7 @@ def test_a_credential_helper_in_the_operator_config_is_used_and_rotated(root, ht
         assert grep_tree(root, secret) == []
 
 
+@pytest.mark.slow
 def test_no_token_in_any_argv_during_a_clone(root, https_server):
     url = https_server.url(f"bot:{TOKEN}@localhost", "repo")
     seen: list[tuple[int, str]] = []

@@ -38,7 +38,7 @@ from .helpers.containers import podman
 from .helpers.gate import GatedProxy
 from .helpers.pod import ManifestPod
 
-pytestmark = pytest.mark.container
+pytestmark = [pytest.mark.container, pytest.mark.slow]  # each builds on the image and runs containers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REVIEWER = open(os.path.join(HERE, "helpers", "reviewer.py")).read()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from .helpers import Upstream, assert_checkout_matches, git, make_idle, only_repo, run_cli, wait_ready
 from .helpers.disk import fill, free_bytes, small_filesystem
 
@@ -18,6 +20,7 @@ def big_history(path: str, commits: int, size: int) -> Upstream:
     return upstream
 
 
+@pytest.mark.slow
 def test_a_repack_on_a_tight_disk_is_skipped_with_its_reason_and_nothing_fills(tmp_path):
     """Regression: gc's mirror repack took the last 5.8 MiB, left a 14 MiB tmp_pack_* behind,
     reviews in their grace window got ENOSPC in their own checkouts, and the next gc answered
@@ -48,6 +51,7 @@ def test_a_repack_on_a_tight_disk_is_skipped_with_its_reason_and_nothing_fills(t
         assert_checkout_matches(paths[3], upstream.path, upstream.shas[3])
 
 
+@pytest.mark.slow
 def test_a_failed_repack_removes_its_temporary_packs(root, upstream, fake_git):
     paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
     make_idle(paths[0], 3600)
@@ -65,6 +69,7 @@ def test_a_failed_repack_removes_its_temporary_packs(root, upstream, fake_git):
     assert not [n for n in os.listdir(pack_dir) if n.startswith(("tmp_", ".tmp-"))]
 
 
+@pytest.mark.slow
 def test_a_keep_file_a_killed_fetch_left_is_removed_and_its_pack_repacked(root, upstream):
     """Regression: a worker killed with its git right after index-pack leaves pack-*.keep,
     and that pack then survived every gc."""
@@ -87,6 +92,7 @@ def test_a_keep_file_a_killed_fetch_left_is_removed_and_its_pack_repacked(root, 
     assert [n for n in os.listdir(pack_dir) if n.endswith(".keep")] == []
 
 
+@pytest.mark.slow
 def test_an_ensure_on_a_full_disk_answers_disk_full_and_writes_nothing(tmp_path):
     """Regression: `ensure` on a full disk answered INTERNAL_ERROR (a record write it did not
     guard); a checkout that ran out of disk answered CLONE_FAILED "an object is unreadable"."""

@@ -110,6 +110,7 @@ def test_a_dead_owner_never_answers_cloning(root, upstream, kill_log):
     assert kill_log.read_text().splitlines() == [line.strip()], "only the first owner was killed"
 
 
+@pytest.mark.slow
 def test_clone_over_its_time_limit_fails_with_timeout(root, served_upstream, fake_git):
     upstream, url = served_upstream
     env = {"CHECKOUTCACHE_CLONE_TIMEOUT": "1", "CHECKOUTCACHE_BACKOFF": "60",

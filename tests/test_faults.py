@@ -5,9 +5,11 @@ every fault to its test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import re
 import stat
 import subprocess
 import sys
@@ -134,6 +136,7 @@ def test_a_worker_that_keeps_dying_backs_off_instead_of_looping(root, upstream, 
     assert len(set(assert_died_at(kill_log, "before-checkout", at_least=3))) == 3
 
 
+@pytest.mark.slow
 def test_a_git_child_killed_by_the_oom_killer_is_a_worker_death(root, upstream, fake_git, tmp_path):
     """Regression: a git child SIGKILLed (what the OOM killer does) failed the clone with
     CLONE_FAILED "(git printed nothing)" and a doubling back-off, as if the commit were bad.
@@ -155,6 +158,7 @@ def test_a_git_child_killed_by_the_oom_killer_is_a_worker_death(root, upstream, 
     assert code == 1 and answer["error"] == "CLONE_FAILED" and "SIGSEGV" in answer["message"], answer
 
 
+@pytest.mark.slow
 def test_a_server_flooding_warnings_before_gits_error_still_has_its_error_said(root, upstream, fake_git):
     """Regression: a server's warnings used up the log's cap and the lines kept of git's output,
     and the clone failed with "(git printed nothing)": git's own error lines are kept apart."""
@@ -171,6 +175,7 @@ def test_a_server_flooding_warnings_before_gits_error_still_has_its_error_said(r
     assert "fatal: the server said no (the real cause)" in log
 
 
+@pytest.mark.slow
 def test_a_git_that_crashes_on_a_10000_deep_tree_says_so(root, daemon):
     """Regression: a 10,000-deep tree failed with "(git printed nothing)": git crashes on it
     (SIGSEGV) after the server's warnings about it; the answer says which git and how."""
@@ -188,6 +193,7 @@ def test_a_git_that_crashes_on_a_10000_deep_tree_says_so(root, daemon):
         "message"], answer
 
 
+@pytest.mark.slow
 def test_gc_killed_between_rename_and_delete(root, store_with_bystander, kill_log):
     upstream, bystander, before = store_with_bystander
     victim = wait_ready(root, upstream.path, upstream.shas[1])["path"]
@@ -201,6 +207,7 @@ def test_gc_killed_between_rename_and_delete(root, store_with_bystander, kill_lo
     assert_recovered(root, upstream, upstream.shas[1], bystander, before)
 
 
+@pytest.mark.slow
 def test_gc_killed_during_a_mirror_repack(root, store_with_bystander, kill_log):
     upstream, bystander, before = store_with_bystander
     victim = wait_ready(root, upstream.path, upstream.shas[2])["path"]
@@ -214,19 +221,40 @@ def test_gc_killed_during_a_mirror_repack(root, store_with_bystander, kill_log):
     assert git("fsck", "--connectivity-only", cwd=only_repo(root).mirror) == ""
 
 
+def workers_of(store, sha: str) -> list[int]:
+    """The pids of the commit's clone attempts, oldest first, from its clone log ("clone of SHA ... by pid N")."""
+    lines = []
+    for log in (store.previous_clone_log(sha), store.clone_log(sha)):
+        if os.path.exists(log):
+            lines += open(log).read().splitlines()
+    return [int(match.group(1)) for match in
+            (re.search(rf"clone of {sha}\b.* by pid (\d+)", line) for line in lines) if match]
+
+
+def clones_alive(root: str) -> bool:
+    code, status, out = run_cli("status", root=root)
+    assert code == 0, out
+    return any(clone["alive"] for repo in status["repos"] for clone in repo["clones"])
+
+
+RANDOM_ROUNDS = 40
+
+
 @pytest.mark.slow
-def test_random_kills_of_clones_and_gcs(root, tmp_path):
-    """Many clones and gcs, SIGKILLed at random steps and random instants, then everything still works."""
+def test_random_kills_of_clones_and_gcs(root, tmp_path, kill_log):
+    """Many clones and gcs, SIGKILLed at random steps and random instants, then everything still works.
+
+    The schedule is a seeded number of rounds (never as many as fit in some seconds). A commit whose
+    workers the schedule killed three times in a row rightly fails with WORKER_DIED (that is the
+    back-off against a worker that keeps dying): it is accepted only when the kill log holds the
+    pids of that commit's last three workers, and after its back-off the commit must be served."""
     upstream = Upstream(str(tmp_path / "many"))
     for number in range(8):
         upstream.commit({f"f{number}.txt": f"{number}\n" * 100, "README.md": f"{number}\n"})
     rng = random.Random(1234)
     steps = WORKER_STEPS + ["gc-after-evict-rename", "gc-during-repack", None, None]
-    deadline = time.monotonic() + 20
     procs = []
-    rounds = 0
-    while time.monotonic() < deadline and rounds < 40:
-        rounds += 1
+    for _ in range(RANDOM_ROUNDS):
         step = rng.choice(steps)
         env = dict(os.environ, **SHORT_BACKOFF, **({"CHECKOUTCACHE_TEST_KILL_AT": step} if step else {}))
         if rng.random() < 0.3:
@@ -242,11 +270,25 @@ def test_random_kills_of_clones_and_gcs(root, tmp_path):
         time.sleep(rng.uniform(0, 0.2))
     for proc in procs:
         proc.wait(60)
+    # The workers the schedule started run on after their callers (each finishes or is killed at its step).
+    wait_until(lambda: not clones_alive(root), 120, "the schedule's clone workers to end")
+    killed = kills(kill_log)
+    assert {step for step, _ in killed} & set(WORKER_STEPS), f"no worker was killed: {killed}"
+    for _, pid in killed:
+        wait_until(lambda: not pid_alive(pid), 10, f"killed pid {pid} to be gone")
+    killed_pids = {pid for step, pid in killed if step in WORKER_STEPS}
     store = only_repo(root)
     wait_until(lambda: all(past_back_off(store.failure_record(sha)) for sha in upstream.shas), 10,
                "the (short) back-off of any run of deaths to pass")
     for sha in upstream.shas:
-        answer = wait_ready(root, upstream.path, sha, timeout=120)
+        code, answer, out = run_cli("ensure", upstream.path, sha, "--wait", "120", root=root, env=SHORT_BACKOFF)
+        if code == 1 and answer and answer["error"] == "WORKER_DIED":
+            last_three = workers_of(store, sha)[-3:]
+            assert len(last_three) == 3 and set(last_three) <= killed_pids, \
+                f"WORKER_DIED for {sha} without three kills of its workers in a row: {last_three}, {killed}"
+            wait_until(lambda: past_back_off(store.failure_record(sha)), 10, "the back-off to pass")
+            code, answer, out = run_cli("ensure", upstream.path, sha, "--wait", "120", root=root)
+        assert code == 0, (code, answer, out)
         assert_checkout_matches(answer["path"], upstream.path, sha)
     code, report, _ = run_cli("gc", root=root)
     assert code == 0
@@ -307,6 +349,7 @@ def test_disk_full_fails_cleanly_and_gc_makes_room(tmp_path):
 
 # ---------------------------------------------------------------- a damaged store
 
+@pytest.mark.slow
 def test_stale_git_locks_from_a_killed_fetch_do_not_block_the_next(root, store_with_bystander):
     upstream, bystander, before = store_with_bystander
     mirror = only_repo(root).mirror
@@ -319,6 +362,7 @@ def test_stale_git_locks_from_a_killed_fetch_do_not_block_the_next(root, store_w
 
 
 @pytest.mark.parametrize("damage", ["missing HEAD", "truncated pack", "mirror deleted"])
+@pytest.mark.slow
 def test_a_damaged_mirror_is_rebuilt_and_checkouts_keep_working(root, store_with_bystander, damage):
     upstream, bystander, before = store_with_bystander
     mirror = only_repo(root).mirror
@@ -341,6 +385,7 @@ def test_a_damaged_mirror_is_rebuilt_and_checkouts_keep_working(root, store_with
     assert run_cli("verify", root=root)[0] == 0
 
 
+@pytest.mark.slow
 def test_a_mirror_missing_a_blob_never_publishes_a_checkout_without_that_file(root, store_with_bystander):
     """Regression: `git checkout` exits 0 when it cannot read a blob (it only prints an
     error), so a checkout lacking that file was published as ready."""
@@ -395,6 +440,7 @@ def test_a_checkout_that_lost_its_marker_is_not_served_and_gc_removes_it(root, u
     assert_checkout_matches(answer["path"], upstream.path, sha)
 
 
+@pytest.mark.slow
 def test_verify_finds_a_deep_damage_and_removes_it(root, store_with_bystander):
     upstream, bystander, before = store_with_bystander
     path = wait_ready(root, upstream.path, upstream.shas[2])["path"]
@@ -505,51 +551,136 @@ def test_nothing_is_world_writable_even_with_umask_zero(root, upstream):
 
 # ---------------------------------------------------------------- load
 
+class AskGate:
+    """Askers pass through together; the driver shuts the gate to act while no ask is in flight."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._inside = 0
+        self._shut = False
+
+    @contextlib.contextmanager
+    def ask(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._shut)
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shut(self):
+        with self._cond:
+            self._shut = True
+            self._cond.wait_for(lambda: self._inside == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shut = False
+                self._cond.notify_all()
+
+
+ASKERS = 8
+LOAD_GRACE = 3600  # seconds: no answer can be checked this late, however loaded the machine
+EVICTIONS = 12  # checkouts gc evicts while askers ask, at least
+RECLONES = 4  # asks that found their commit evicted and had it cloned again, at least
+MAX_ROUNDS = 60  # a bound on the driver's rounds, should the events above never come (then it fails)
+
+
 @pytest.mark.slow
-def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path):
+def test_many_askers_under_tight_gc_never_get_a_missing_path(root, tmp_path, monkeypatch):
+    """Askers (CLI processes) ask for six commits while gc runs back to back at a limit of one, and
+    between rounds a driver makes every checkout look unused for two windows, so gc evicts them
+    while the askers ask for them again: each answer's use races gc's eviction. Whatever wins, an
+    answered path is used inside its grace window (an hour: it cannot end during the test, whatever
+    the load), so it must be there and hold its commit. The driver ages markers only while no ask
+    is in flight (an ask's use is never undone by the test), and goes on until gc has evicted
+    EVICTIONS checkouts and asks have met evicted commits RECLONES times: events, not time."""
     upstream = Upstream(str(tmp_path / "load"))
+    tree = {f"src/part_{i % 10}/file_{i}.txt": f"{i}\n" * 20 for i in range(200)}  # deleting takes a while
     for number in range(6):
-        upstream.commit({f"f{number}.txt": "x" * 1000, "README.md": f"{number}\n"})
-    grace = 1.0
-    stop = time.monotonic() + 10
+        upstream.commit({**tree, f"f{number}.txt": "x" * 1000, "README.md": f"{number}\n"})
+    journal = tmp_path / "clones.jsonl"
+    monkeypatch.setenv("CHECKOUTCACHE_CLONE_JOURNAL", str(journal))
+    gate = AskGate()
+    done = threading.Event()
     problems: list[str] = []
-    answers = [0]
-    gc_loop = subprocess.Popen(["bash", "-c", f"end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do "
-                                              f"{sys.executable} -m checkoutcache --root {root} gc --max-checkouts 1 "
-                                              f"--grace {grace} >/dev/null || echo GCFAIL; done"],
-                               stdout=subprocess.PIPE, text=True)
+    checked: list[str] = []  # one entry per answer whose path was checked inside its window
+    gc_reports: list[dict] = []
 
     def asker(index: int) -> None:
         rng = random.Random(index)
-        while time.monotonic() < stop:
-            sha = rng.choice(upstream.shas)
-            asked = time.time()  # the answer's use (the marker's touch) comes later than this
-            done = subprocess.run([sys.executable, "-m", "checkoutcache", "--root", root, "ensure", upstream.path,
-                                   sha, "--wait", "30"], capture_output=True, text=True)
-            if done.returncode != 0:
-                problems.append(f"exit {done.returncode}: {done.stdout[-200:]} {done.stderr[-300:]}")
-                continue
-            path = json.loads(done.stdout)["path"]
-            time.sleep(rng.uniform(0, grace / 4))
-            present = os.path.isfile(os.path.join(path, "README.md"))
-            # Judged only when certainly inside the grace window of the use: on a loaded machine the
-            # CLI may take longer than the grace window to exit after answering.
-            if time.time() - asked < grace:
-                if not present:
-                    problems.append(f"{path} vanished inside the grace window")
-                answers[0] += 1
+        while not done.is_set():
+            with gate.ask():
+                number = rng.randrange(len(upstream.shas))
+                code, answer, out = run_cli("ensure", upstream.path, upstream.shas[number], "--wait", "300",
+                                            root=root)
+                if code != 0:
+                    problems.append(f"exit {code}: {out[-500:]}")
+                    continue
+                time.sleep(rng.uniform(0, 0.25))  # the review works: gc has time to evict under it
+                try:
+                    with open(os.path.join(answer["path"], "README.md")) as handle:
+                        content = handle.read()
+                except OSError as exc:
+                    problems.append(f"{answer['path']} vanished inside the grace window: {exc}")
+                    continue
+                if content != f"{number}\n":
+                    problems.append(f"{answer['path']} holds README {content!r}, not commit {number}'s")
+                checked.append(answer["path"])
 
-    threads = [threading.Thread(target=asker, args=(i,)) for i in range(8)]
+    def gc_loop() -> None:
+        while not done.is_set():
+            code, report, out = run_cli("gc", "--max-checkouts", "1", "--grace", str(LOAD_GRACE), root=root)
+            if code != 0:
+                problems.append(f"gc exited {code}: {out[-500:]}")
+                return
+            gc_reports.append(report)
+
+    def evictions() -> int:
+        return sum(1 for report in gc_reports for r in report["removed"] if r["reason"] == "lru")
+
+    def reclones() -> int:
+        published = [json.loads(line)["commit"] for line in open(journal) if '"published"' in line] \
+            if journal.exists() else []
+        return len(published) - len(set(published))
+
+    threads = [threading.Thread(target=asker, args=(i,)) for i in range(ASKERS)]
+    threads.append(threading.Thread(target=gc_loop))
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(120)
-    out, _ = gc_loop.communicate(timeout=60)
+    rounds = 0
+    try:
+        wait_until(lambda: len(checked) >= ASKERS or problems, 300, "the first answers")
+        store = only_repo(root)
+        while (evictions() < EVICTIONS or reclones() < RECLONES) and rounds < MAX_ROUNDS and not problems:
+            rounds += 1
+            with gate.shut():  # no ask in flight: aging a marker undoes nobody's use
+                for name in store.checkout_names():
+                    try:
+                        make_idle(store.checkout(name), 2 * LOAD_GRACE)
+                    except FileNotFoundError:
+                        pass  # gc evicted it meanwhile
+            # Let asks and gc race: a gc run that starts after the aging ends, and asks meanwhile.
+            runs, asks = len(gc_reports), len(checked)
+            wait_until(lambda: (len(gc_reports) >= runs + 2 and len(checked) >= asks + ASKERS) or problems, 300,
+                       "a gc run and asks after the aging")
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(600)
     assert problems == []
-    assert "GCFAIL" not in out
-    assert answers[0] > 20, "answers judged inside their grace window"
+    assert all(not thread.is_alive() for thread in threads)
+    assert evictions() >= EVICTIONS, f"gc evicted {evictions()} checkouts in {rounds} rounds"
+    assert reclones() >= RECLONES, f"asks met evicted commits {reclones()} times in {rounds} rounds"
+    assert len(checked) >= ASKERS, "answers were checked"
 
 
+@pytest.mark.slow
 def test_worker_deaths_are_still_counted_after_gc(root, upstream):
     """gc tidies a dead clone's record away but keeps its count of deaths: a commit whose worker is
     always killed still ends in WORKER_DIED instead of restarting three times per gc interval."""

@@ -54,6 +54,7 @@ def three_idle_shared(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_lru_order_follows_the_sequence_of_ensures(root, three_ready):
     upstream, paths = three_ready
     for index, path in enumerate(paths):
@@ -67,6 +68,7 @@ def test_lru_order_follows_the_sequence_of_ensures(root, three_ready):
     assert report["bytes_freed"] > 0
 
 
+@pytest.mark.slow
 def test_a_checkout_used_a_moment_ago_survives_max_checkouts_zero(root, three_ready):
     upstream, paths = three_ready
     for path in paths[1:]:
@@ -78,6 +80,7 @@ def test_a_checkout_used_a_moment_ago_survives_max_checkouts_zero(root, three_re
     assert report["unmet"] == [{"limit": "max-checkouts", "target": 0, "actual": 1}]
 
 
+@pytest.mark.slow
 def test_dry_run_changes_nothing(root, three_ready):
     upstream, paths = three_ready
     for path in paths:
@@ -90,6 +93,7 @@ def test_dry_run_changes_nothing(root, three_ready):
     assert len(refs.split()) == 3
 
 
+@pytest.mark.slow
 def test_an_exec_held_checkout_survives_until_the_command_ends(root, three_ready, tmp_path):
     upstream, paths = three_ready
     flag, release = tmp_path / "started", tmp_path / "release"
@@ -122,6 +126,7 @@ def test_exec_passes_exit_status_and_runs_in_the_checkout(root, upstream):
     assert code == 125 and "BAD_COMMIT" in out
 
 
+@pytest.mark.slow
 def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready, kill_log):
     upstream, paths = three_ready
     make_idle(paths[0], 3600)
@@ -167,6 +172,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_dead_scratch_is_reaped_and_live_scratch_kept(root, upstream):
     wait_ready(root, upstream.path, upstream.shas[0])
     store = only_repo(root)
@@ -199,6 +205,7 @@ def test_dead_scratch_is_reaped_and_live_scratch_kept(root, upstream):
     assert [r["name"] for r in report["removed"] if r["reason"] == "dead-scratch"] == [os.path.basename(live_path)]
 
 
+@pytest.mark.slow
 def test_mirror_maintenance_drops_refs_and_never_breaks_a_checkout(root, three_ready):
     upstream, paths = three_ready
     for path in paths[:2]:
@@ -216,6 +223,7 @@ def test_mirror_maintenance_drops_refs_and_never_breaks_a_checkout(root, three_r
     assert git("fsck", "--connectivity-only", cwd=paths[2]) == ""
 
 
+@pytest.mark.slow
 def test_a_repack_stays_due_after_refs_were_dropped_by_an_earlier_run(root, three_ready):
     """Keep-refs dropped by a gc that was not yet due to repack leave the repack pending: a later
     gc repacks once the interval has passed, though it drops nothing itself. (The old rule
@@ -259,6 +267,7 @@ def test_a_repack_stays_due_after_refs_were_dropped_by_an_earlier_run(root, thre
     assert entry["refs_dropped"] == 0 and entry["repacked"] is False, entry
 
 
+@pytest.mark.slow
 def test_overlapping_gcs_never_run_together(root, three_ready):
     from checkoutcache.store import locks
 
@@ -267,6 +276,7 @@ def test_overlapping_gcs_never_run_together(root, three_ready):
     assert report["skipped"] == "another gc is running" and report["removed"] == []
 
 
+@pytest.mark.slow
 def test_status_lists_checkouts_clones_failures_and_totals(root, upstream, tmp_path):
     wait_ready(root, upstream.path, upstream.shas[0])
     missing = "2" * 40
@@ -300,6 +310,7 @@ def test_gc_and_status_on_an_empty_root_write_nothing(tmp_path):
 
 @pytest.mark.parametrize("args", [["--max-checkouts", "-1"], ["--max-bytes", "lots"], ["--grace", "soon"],
                                   ["--min-free", "150%"], ["--max-age", "1y"]])
+@pytest.mark.slow
 def test_gc_bad_limits_are_bad_input(three_idle_shared, args):
     root = three_idle_shared
     before = store_snapshot(root)
@@ -308,6 +319,7 @@ def test_gc_bad_limits_are_bad_input(three_idle_shared, args):
     assert len(only_repo(root).checkout_names()) == 3 and store_snapshot(root) == before
 
 
+@pytest.mark.slow
 def test_limits_come_from_the_environment(root, three_ready):
     upstream, paths = three_ready
     for path in paths:
@@ -316,6 +328,7 @@ def test_limits_come_from_the_environment(root, three_ready):
     assert [r["name"] for r in report["removed"] if r["reason"] == "lru"] == [upstream.shas[0]]
 
 
+@pytest.mark.slow
 def test_cron_script_runs_gc_with_the_environments_limits(root, three_ready, tmp_path):
     upstream, paths = three_ready
     for path in paths:

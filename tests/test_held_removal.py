@@ -83,6 +83,7 @@ def gc(root: str, *args: str) -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_gc_never_removes_a_damaged_checkout_an_exec_holds(root, upstream, tmp_path, execs):
     sha = upstream.shas[1]
     path = wait_ready(root, upstream.path, sha)["path"]
@@ -107,6 +108,7 @@ def test_gc_never_removes_a_damaged_checkout_an_exec_holds(root, upstream, tmp_p
     assert_checkout_matches(path, upstream.path, sha)
 
 
+@pytest.mark.slow
 def test_verify_remove_broken_keeps_a_broken_checkout_an_exec_holds(root, upstream, tmp_path, execs):
     sha = upstream.shas[2]
     path = wait_ready(root, upstream.path, sha)["path"]

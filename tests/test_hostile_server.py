@@ -33,6 +33,7 @@ def flooding_daemon(tmp_path):
     served.stop()
 
 
+@pytest.mark.slow
 def test_a_flood_of_remote_output_is_capped_in_the_log(root, flooding_daemon):
     upstream = Upstream(os.path.join(flooding_daemon.base, "flood"))
     sha = upstream.standard_history()[0]

@@ -102,6 +102,7 @@ def trash_of(root: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("deep", [True, False], ids=["deep-and-many", "read-only-only"])
+@pytest.mark.slow
 def test_gc_removes_any_tree_and_goes_on(root, tmp_path, upstream, deep):
     hostile = str(tmp_path / "hostile")
     files = ["top.txt"]
@@ -130,6 +131,7 @@ def test_gc_removes_any_tree_and_goes_on(root, tmp_path, upstream, deep):
     assert gc(root)[0] == 0
 
 
+@pytest.mark.slow
 def test_what_gc_cannot_remove_is_reported_retried_and_does_not_stop_it(root, tmp_path, upstream):
     victim = wait_ready(root, upstream.path, upstream.shas[1])["path"]
     age(victim, 3600)
@@ -164,6 +166,7 @@ def test_what_gc_cannot_remove_is_reported_retried_and_does_not_stop_it(root, tm
     assert run_cli("status", root=root)[1]["repos"][0]["stuck_in_trash"] == []
 
 
+@pytest.mark.slow
 def test_a_checkout_that_cannot_be_moved_does_not_stop_gc(root, tmp_path, upstream):
     stuck = wait_ready(root, upstream.path, upstream.shas[0])["path"]
     other_repo = tmp_path / "other"

@@ -46,6 +46,7 @@ def scratch_names(paths: RepoPaths) -> list[str]:
     return sorted(os.listdir(paths.scratch_dir))
 
 
+@pytest.mark.slow
 def test_equal_pids_in_two_namespaces_never_touch_each_others_clone(root, served_upstream):
     upstream, url = served_upstream
     wait_ready(root, url, upstream.shas[0])  # the mirror exists; the next clones only fetch

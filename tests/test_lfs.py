@@ -63,6 +63,7 @@ def lfs_upstream(tmp_path) -> LfsUpstream:
     return LfsUpstream(str(tmp_path / "upstream"))
 
 
+@pytest.mark.slow
 def test_each_object_is_downloaded_once_across_checkouts_of_several_commits(root, lfs_server):
     up = lfs_server.upstream
     first = up.commit_lfs({"a.bin": A, "b.bin": B}, {"README": "one\n"})
@@ -133,6 +134,7 @@ def test_without_git_lfs_checkouts_hold_pointers_and_say_so(root, lfs_upstream, 
     assert lfs["checkouts"]["pointers"] == 1 and status["repos"][0]["checkouts"][0]["lfs"] == "pointers"
 
 
+@pytest.mark.slow
 def test_a_commit_without_lfs_files_says_nothing_of_lfs(root, lfs_upstream, tmp_path):
     sha = lfs_upstream.commit({"README": "plain\n"})
     assert "lfs" not in wait_ready(root, lfs_upstream.path, sha)
@@ -141,6 +143,7 @@ def test_a_commit_without_lfs_files_says_nothing_of_lfs(root, lfs_upstream, tmp_
     assert "lfs" not in wait_ready(root, other.path, sha, env={"PATH": path_without_git_lfs(tmp_path)})
 
 
+@pytest.mark.slow
 def test_lfs_off_checks_out_pointers_at_another_path(root, lfs_upstream):
     sha = lfs_upstream.commit_lfs({"a.bin": A})
     default = wait_ready(root, lfs_upstream.path, sha)
@@ -164,6 +167,7 @@ def test_the_pygit2_transport_checks_out_pointers_and_says_so(root, lfs_upstream
     assert read(os.path.join(answer["path"], "a.bin")).decode() == pointer(A)
 
 
+@pytest.mark.slow
 def test_gc_drops_the_objects_only_evicted_checkouts_used(root, lfs_upstream):
     old = lfs_upstream.commit_lfs({"a.bin": A, "b.bin": B})
     new = lfs_upstream.commit_lfs({"a.bin": C})                           # c (as a.bin), b
@@ -182,6 +186,7 @@ def test_gc_drops_the_objects_only_evicted_checkouts_used(root, lfs_upstream):
     assert code == 0 and read(os.path.join(answer["path"], "b.bin")) == B
 
 
+@pytest.mark.slow
 def test_a_repositorys_lfsconfig_never_redirects_the_download(root, daemon):
     """The LFS endpoint comes from the repository URL, pinned on our command line: an
     .lfsconfig pointing elsewhere (here a plain-http listener) is never contacted."""
@@ -236,6 +241,7 @@ def test_a_submodules_lfs_files_hold_their_content_too(root, lfs_upstream, tmp_p
     assert git_status(os.path.join(answer["path"], "s")) == ""
 
 
+@pytest.mark.slow
 def test_which_files_are_lfs_is_what_the_attributes_say(root, lfs_upstream):
     """Regression: a text file shaped like an LFS pointer that no `filter=lfs` attribute routes
     failed the whole checkout with LFS_FAILED (plain git checks it out as it is); and LFS files
@@ -258,6 +264,7 @@ def test_which_files_are_lfs_is_what_the_attributes_say(root, lfs_upstream):
     assert read(os.path.join(answer["path"], "sub", "x.dat")) == B
 
 
+@pytest.mark.slow
 def test_a_default_branchs_lfsconfig_cannot_exclude_what_a_checkout_needs(root, lfs_server, tmp_path):
     """Regression: on a protocol v0 server (no fetch by unadvertised id, so all refs are
     fetched and the mirror's HEAD resolves) `git lfs fetch` obeyed the default branch's

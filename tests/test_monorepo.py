@@ -68,6 +68,7 @@ def mirror_missing(root: str, sha: str) -> set[str]:
     return {line.split("\t", 1)[1] for line in listing if line.split()[2] in missing}
 
 
+@pytest.mark.slow
 def test_a_sparse_checkout_holds_its_cone_and_one_checkout_serves_each_cone(root, tmp_path, served_upstream):
     repo, url = served_upstream
     sha = monorepo(repo)
@@ -142,6 +143,7 @@ def test_a_cone_that_is_not_utf8_or_not_a_list_is_refused_by_cli_and_api(root, t
         running.stop()
 
 
+@pytest.mark.slow
 def test_a_partial_mirror_fetches_only_what_checkouts_need_once_and_gc_keeps_it(root, daemon, served_upstream):
     repo, url = served_upstream
     sha = monorepo(repo)
@@ -236,6 +238,7 @@ def test_submodules_outside_the_cone_are_left_out(root, daemon):
     assert open(os.path.join(vendor["path"], "vendor", "lib", "lib.txt")).read() == "library\n"
 
 
+@pytest.mark.slow
 def test_bundles_come_from_full_mirrors_and_seed_partial_ones_that_survive_gc(tmp_path, served_upstream):
     """A bundle's take-in writes an ordinary pack: unmarked in a partial mirror, gc then drops
     objects later promisor commits reach (benchmarks/MONOREPO.md A6)."""
@@ -275,6 +278,7 @@ def test_the_filter_setting_is_checked(root):
     assert Config.from_env({"CHECKOUTCACHE_FILTER": "blob:limit=1m"}).filter == "blob:limit=1m"
 
 
+@pytest.mark.slow
 def test_a_rebuilt_partial_mirror_gets_back_the_blobs_existing_checkouts_read(root, served_upstream):
     """A partial mirror gone (deleted, or moved aside as unreadable) is made anew by the next
     clone, which fetches back what existing checkouts borrow: for a partial mirror not only

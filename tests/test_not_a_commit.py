@@ -13,6 +13,7 @@ from .helpers import git, run_cli
 
 @pytest.mark.parametrize("transport", ["cli", "pygit2"])
 @pytest.mark.parametrize("kind", ["tag", "tree", "blob"])
+@pytest.mark.slow
 def test_an_id_that_is_not_a_commit_is_an_input_error(root, upstream, transport, kind):
     target = upstream.shas[1]
     git("tag", "-a", "v1", "-m", "release", target, cwd=upstream.path)

@@ -75,6 +75,7 @@ NOT_EXPRESSIBLE = [positive_data_acceptance]
 @schema.parametrize()
 @settings(max_examples=30, derandomize=True, deadline=None,
           suppress_health_check=list(HealthCheck))
+@pytest.mark.slow
 def test_the_fuzzer_finds_no_undocumented_answer(case, fuzzed_serve):
     case.call_and_validate(base_url=f"http://127.0.0.1:{fuzzed_serve.port}",
                            headers={"Authorization": f"Bearer {TOKEN}"}, excluded_checks=NOT_EXPRESSIBLE)

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from checkoutcache import Cache
 
 PROBE = """
@@ -58,6 +60,7 @@ def test_cli_import_budgets(root, upstream):
     assert not slow & NEVER_ON_THE_SLOW_PATH and len(slow) <= SLOW_BUDGET, (len(slow), slow & NEVER_ON_THE_SLOW_PATH)
 
 
+@pytest.mark.slow
 def test_the_fast_ready_answer_is_the_full_clis_answer(root, upstream):
     """cli/fast.py answers a plain ensure of a ready checkout; the full CLI (reached
     here with --wait 0) must say the same, for every scope and output form."""

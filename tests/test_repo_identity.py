@@ -44,6 +44,7 @@ def clones_of(root: str) -> list[str]:
     return [key for key in RootPaths(root).repo_keys()]
 
 
+@pytest.mark.slow
 def test_url_variants_share_one_store_and_one_clone(root, daemon):
     upstream = served_bare(daemon, "variants")
     sha = upstream.shas[0]

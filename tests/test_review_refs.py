@@ -62,6 +62,7 @@ def test_without_review_refs_the_commit_is_unknown(root, pull_request):
     assert code == 1 and answer["error"] == "UNKNOWN_COMMIT"
 
 
+@pytest.mark.slow
 def test_review_refs_are_fetched_newest_first_in_batches_up_to_a_cap(root, daemon, tmp_path):
     """Regression: the fallback fetched every refs/pull/* for one commit (100k refs: 224 s and
     300k objects). Now newest first, a batch at a time, stopping at the batch that has it, and

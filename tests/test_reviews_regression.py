@@ -1,10 +1,18 @@
 """The outage this product exists to prevent, as a regression test.
 
 Six reviews of one repository at once, each asking for its own commit on
-every tool call, while gc runs every few hundred milliseconds with a limit of
-3 checkouts and a short grace window. No review may lose its checkout while
-inside the grace window, no running clone may be deleted, each commit is
-cloned once, and once the reviews stop, gc brings the store back to its limit.
+every tool call, while gc runs back to back with a limit of 3 checkouts. No
+review may lose its checkout while inside the grace window, every call is a
+use (it renews the window), no running clone may be deleted, each commit is
+cloned once, gc keeps what the window protects over its limit and says so,
+and once the reviews are over and their window has passed, gc brings the
+store back to its limit, least recently used first.
+
+Nothing here depends on the machine's speed: reviews make a number of calls
+(not calls for some seconds), gc runs until it has met all six checkouts
+three times (not for some seconds), and the grace window (an hour) is longer
+than any test can take, so every answer is inside it whatever the load; the
+window's end is made by moving the last uses back, not by waiting.
 """
 
 from __future__ import annotations
@@ -12,7 +20,6 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
 
@@ -20,11 +27,15 @@ import pytest
 
 from checkoutcache import Cache
 
-from .helpers import Upstream, git, marker, only_repo, run_cli, wait_until
+from .helpers import Upstream, git, marker, only_repo, run_cli
 
 REVIEWS = 6
-GRACE = 3.0
-REVIEW_SECONDS = 8.0
+LIMIT = 3
+GRACE = 3600  # seconds: no call of a review can be this far from its previous one
+CALLS = 6  # tool calls per review at least
+GC_RUNS_OVER_THE_LIMIT = 3  # gc runs that start once all six checkouts are ready
+MAX_CALLS = 500  # a bound, in case gc stops before it met the six (then the test fails saying so)
+CLOCK_SLACK = 0.05  # a file's mtime comes from the kernel's coarse clock, a few ms behind time.time()
 
 
 @pytest.mark.slow
@@ -32,21 +43,44 @@ def test_six_concurrent_reviews_with_gc_at_a_limit_of_three(root, tmp_path):
     upstream = Upstream(str(tmp_path / "upstream"))
     for number in range(REVIEWS):
         upstream.commit({f"file-{number}.txt": f"content {number}\n" * 50, "README.md": f"v{number}\n"})
-    stop_gc = time.time() + REVIEW_SECONDS + 2
-    gc_loop = subprocess.Popen(
-        ["bash", "-c", f"while [ $(date +%s) -lt {int(stop_gc)} ]; do {sys.executable} -m checkoutcache "
-                       f"--root {root} --json gc --max-checkouts 3 --grace {GRACE} >> {tmp_path}/gc.log; "
-                       f"sleep 0.3; done"])
+    cache = Cache(root)
     problems: list[str] = []
     calls = [0] * REVIEWS
-    cache = Cache(root)
+    first_ready = threading.Semaphore(0)  # released once per review, at its first ready answer
+    released = [False] * REVIEWS
+    all_ready = threading.Event()
+    gc_met_all_six = threading.Event()
+    reviews_over = threading.Event()
+    gc_runs: list[tuple[bool, int, dict | None, str]] = []  # (started with all six ready, exit, report, output)
+
+    def gc_loop() -> None:
+        while not reviews_over.is_set():
+            with_all_six = all_ready.is_set()
+            code, report, out = run_cli("gc", "--max-checkouts", str(LIMIT), "--grace", str(GRACE), root=root)
+            gc_runs.append((with_all_six, code, report, out))
+            if code != 0:
+                problems.append(f"gc exited {code}: {out[-500:]}")
+                gc_met_all_six.set()  # the reviews need not wait for runs that will not come
+                return
+            if sum(1 for run in gc_runs if run[0]) >= GC_RUNS_OVER_THE_LIMIT:
+                gc_met_all_six.set()
 
     def review(index: int) -> None:
+        try:
+            ask_and_use(index)
+        finally:
+            if not released[index]:  # no first answer will come: the main thread stops waiting for it
+                first_ready.release()
+
+    def ask_and_use(index: int) -> None:
         rng = random.Random(index)
         sha = upstream.shas[index]
-        end = time.time() + REVIEW_SECONDS
-        while time.time() < end:
-            answer = cache.ensure(upstream.path, sha, wait=60)  # a tool call
+        while calls[index] < CALLS or not gc_met_all_six.is_set():
+            if calls[index] >= MAX_CALLS:
+                problems.append(f"review {index}: gc never met all six checkouts in {MAX_CALLS} calls")
+                return
+            asked = time.time()
+            answer = cache.ensure(upstream.path, sha, wait=300)  # a tool call
             calls[index] += 1
             if answer.state != "ready":
                 problems.append(f"review {index}: {answer}")
@@ -56,29 +90,65 @@ def test_six_concurrent_reviews_with_gc_at_a_limit_of_three(root, tmp_path):
                     handle.read()
                 if calls[index] % 3 == 0:
                     git("log", "-1", "--format=%H", cwd=answer.path)
+                last_use = os.stat(marker(answer.path)).st_mtime
             except (OSError, subprocess.CalledProcessError) as exc:
                 problems.append(f"review {index} lost its checkout: {exc}")
                 return
-            time.sleep(rng.uniform(0.1, 1.0))  # thinking, well inside the grace window
+            if last_use < asked - CLOCK_SLACK:
+                problems.append(f"review {index}: call {calls[index]} was not recorded as a use "
+                                f"(last use {last_use}, asked at {asked})")
+                return
+            if not released[index]:
+                released[index] = True
+                first_ready.release()
+            time.sleep(rng.uniform(0.02, 0.2))  # thinking
 
+    gc_thread = threading.Thread(target=gc_loop)
+    gc_thread.start()
     threads = [threading.Thread(target=review, args=(i,)) for i in range(REVIEWS)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(120)
-    gc_loop.wait(60)
+    try:
+        for _ in range(REVIEWS):
+            if not first_ready.acquire(timeout=600):
+                break
+        else:
+            all_ready.set()
+        for thread in threads:
+            thread.join(600)
+    finally:
+        all_ready.set()
+        gc_met_all_six.set()  # lets any review still waiting end (the asserts say why)
+        reviews_over.set()
+        gc_thread.join(600)
     assert problems == []
-    assert min(calls) >= 5
+    assert min(calls) >= CALLS, calls
+
+    # gc met the six checkouts, all inside the window, over its limit of three: it removed none of
+    # them and reported each as kept over the limit because of the window.
+    over_the_limit = [report for with_all_six, _, report, _ in gc_runs if with_all_six]
+    assert len(over_the_limit) >= GC_RUNS_OVER_THE_LIMIT, gc_runs
+    for report in over_the_limit:
+        assert [r for r in report["removed"] if r["reason"] in ("lru", "age")] == [], report
+        kept = report["kept_over_limit"]
+        assert sorted((k["commit"], k["why"]) for k in kept) == sorted((sha, "grace") for sha in upstream.shas), report
+        assert report["unmet"] == [{"limit": "max-checkouts", "target": LIMIT, "actual": REVIEWS}], report
 
     store = only_repo(root)
+    assert sorted(store.checkout_names()) == sorted(upstream.shas)
     for sha in upstream.shas:  # one clone per commit: nothing was evicted under a review
         assert open(store.clone_log(sha)).read().count("clone of") == 1
-    reports = [line for line in open(tmp_path / "gc.log") if line.strip()]
-    assert any('"grace"' in line for line in reports), "gc reported what the grace window kept"
 
-    # The reviews are over: once their grace has passed, gc trims to the limit.
-    last_use = max(os.stat(marker(store.checkout(sha))).st_mtime for sha in store.checkout_names())
-    wait_until(lambda: time.time() > last_use + GRACE + 0.1, GRACE + 30, "the last review's grace to pass")
-    code, report, _ = run_cli("gc", "--max-checkouts", "3", "--grace", str(GRACE), root=root)
-    assert code == 0 and report["unmet"] == []
-    assert len(store.checkout_names()) == 3
+    # The reviews are over: their window passes (every last use moved back by it, their order
+    # kept), and gc trims to the limit, the least recently used first.
+    last_use = {}
+    for sha in upstream.shas:
+        path = marker(store.checkout(sha))
+        used = os.stat(path).st_mtime
+        last_use[sha] = used
+        os.utime(path, (used - GRACE - 60, used - GRACE - 60))
+    code, report, out = run_cli("gc", "--max-checkouts", str(LIMIT), "--grace", str(GRACE), root=root)
+    assert code == 0 and report["unmet"] == [], out
+    least_recent = sorted(upstream.shas, key=last_use.get)[:REVIEWS - LIMIT]
+    assert sorted(r["name"] for r in report["removed"] if r["reason"] == "lru") == sorted(least_recent), report
+    assert sorted(store.checkout_names()) == sorted(set(upstream.shas) - set(least_recent))

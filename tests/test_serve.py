@@ -121,6 +121,7 @@ def test_a_hold_expires_after_its_ttl(server, root, upstream):
     assert [r["reason"] for r in report["removed"]] == ["lru"]
 
 
+@pytest.mark.slow
 def test_sixty_four_concurrent_clients_while_a_slow_clone_runs(root, tmp_path, upstream, fake_git):
     ready_sha, slow_sha = upstream.shas[0], upstream.shas[2]
     wait_ready(root, upstream.path, ready_sha)
@@ -155,6 +156,7 @@ def test_sixty_four_concurrent_clients_while_a_slow_clone_runs(root, tmp_path, u
         running.stop()
 
 
+@pytest.mark.slow
 def test_sigterm_answers_waiting_requests_at_once_and_lets_the_clone_finish(root, tmp_path, upstream, fake_git):
     running = Server(root, tmp_path, "--gc-interval", "0", env=fake_git('case "$*" in *" checkout "*) sleep 3;; esac'))
     answers = []

@@ -173,6 +173,7 @@ def test_odd_paths_never_grow_the_metrics(serve):
     assert 'endpoint="other"' in metrics
 
 
+@pytest.mark.slow
 def test_api_policy_on_local_paths_scopes_and_status(root, tmp_path, upstream, served_upstream):
     running = Serve(root, tmp_path)  # the defaults: no local paths through the API
     try:

@@ -78,6 +78,7 @@ def journal_lines(running: Serve) -> list[dict]:
 
 # ------------------------------------------------------------ the parser is the server's
 
+@pytest.mark.slow
 def test_malformed_requests_are_answered_never_as_a_crash_or_html(serve, upstream):
     """Regression: `Content-Length: ²`, a 5,000-digit length, 60,000-deep JSON and a lone surrogate
     answered 503 INTERNAL_ERROR; too many or too long headers an HTML 431; a bad HTTP version, an
@@ -109,6 +110,7 @@ def test_malformed_requests_are_answered_never_as_a_crash_or_html(serve, upstrea
     assert "Traceback" not in serve.log()
 
 
+@pytest.mark.slow
 def test_a_refused_requests_body_is_never_read_as_the_next_request(serve):
     """Regression: the body of a request refused with 401 or 403 was parsed as the next request
     on the connection: an inner request passed the Origin and Host checks, and the project's own
@@ -127,6 +129,7 @@ def test_a_refused_requests_body_is_never_read_as_the_next_request(serve):
 
 # ------------------------------------------------------------ floods
 
+@pytest.mark.slow
 def test_idle_and_header_flooding_connections_cannot_starve_health_or_ready_answers(serve, upstream):
     """Regression: 72 unauthenticated sockets sending one byte each kept /healthz at 503
     SERVER_BUSY, and 24 connections of unfinished header lines pinned 150 MB."""
@@ -166,6 +169,7 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_requests_waiting_on_clones_never_take_what_ready_answers_need(root, tmp_path, upstream, fake_git):
     ready_sha, slow_sha = upstream.shas[0], upstream.shas[2]
     wait_ready(root, upstream.path, ready_sha)
@@ -247,6 +251,7 @@ def test_concurrent_holds_never_answer_internal_error(serve, upstream):
 
 # ------------------------------------------------------------ listeners
 
+@pytest.mark.slow
 def test_a_wildcard_listener_serves_real_clients(root, tmp_path, upstream):
     """Regression: `--listen 0.0.0.0:P --allow-remote` refused every real client with 403: only a
     literal `Host: 0.0.0.0:P` passed."""
@@ -263,6 +268,7 @@ def test_a_wildcard_listener_serves_real_clients(root, tmp_path, upstream):
         running.stop()
 
 
+@pytest.mark.slow
 def test_the_health_port_serves_probes_and_metrics_and_nothing_else(root, tmp_path, upstream):
     """A kubelet cannot reach /healthz on a loopback listener or a socket: --health-listen serves
     /healthz, /readyz and /metrics (no token) on its own port, the API stays on the socket."""
@@ -280,6 +286,7 @@ def test_the_health_port_serves_probes_and_metrics_and_nothing_else(root, tmp_pa
         running.stop()
 
 
+@pytest.mark.slow
 def test_readiness_says_when_scheduled_gc_keeps_failing(root, tmp_path):
     """#19: a gc that fails on every interval (here a full disk at its start) made no probe fail:
     /readyz is 503 after three failures in a row, and says why; /healthz stays 200 (alive)."""
@@ -311,6 +318,7 @@ def test_a_malformed_journal_line_never_stops_the_metrics(serve, upstream):
 
 # ------------------------------------------------------------ credentials in argv
 
+@pytest.mark.slow
 def test_a_raw_at_in_a_url_password_leaves_nothing_of_it_in_argv(root, tmp_path):
     """Regression: `https://bot:se@cret-part@host/repo` left `cret-part@host` in the CLI's retitled
     argv (userinfo was cut at the first '@')."""
@@ -340,6 +348,7 @@ def test_a_raw_at_in_a_url_password_leaves_nothing_of_it_in_argv(root, tmp_path)
 
 # ------------------------------------------------------------ logs, settings, metrics
 
+@pytest.mark.slow
 def test_access_refusals_clones_and_gc_are_logged_as_json_without_secrets(serve, upstream):
     client = serve.client()
     assert client.ensure(upstream.path, upstream.shas[0], wait=60).state == "ready"
@@ -362,6 +371,7 @@ def test_access_refusals_clones_and_gc_are_logged_as_json_without_secrets(serve,
     assert TOKEN not in serve.log() and "wrong-token-wrong-token" not in serve.log()
 
 
+@pytest.mark.slow
 def test_every_setting_is_an_option_with_its_environment_twin_and_the_docs_say_so(root, tmp_path):
     """Regression: the README's settings table (now in docs/operations.md) named six options
     no command accepted, and CHECKOUTCACHE_LISTEN was read only by the container's entrypoint."""

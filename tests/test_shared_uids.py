@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -29,12 +30,23 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is 
                                 reason="a second uid needs root (CI runs as root) and setpriv")
 
 
+def made_once(exists: list[str], make: list[str]) -> None:
+    """Run make unless exists succeeds. Another process (a pytest-xdist worker, another session)
+    may make the same group or user at the same moment, or hold the lock on /etc/passwd: then
+    ours fails, and what counts is that it exists afterwards."""
+    for _ in range(100):
+        if subprocess.run(exists, capture_output=True).returncode == 0:
+            return
+        if subprocess.run(make, capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{make} did not make what {exists} looks for")
+
+
 @pytest.fixture(scope="module")
 def second_user():
-    if subprocess.run(["getent", "group", GROUP], capture_output=True).returncode != 0:
-        subprocess.run(["groupadd", GROUP], check=True)
-    if subprocess.run(["id", USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "-M", "-N", "-g", GROUP, "-s", "/bin/sh", USER], check=True)
+    made_once(["getent", "group", GROUP], ["groupadd", GROUP])
+    made_once(["id", USER], ["useradd", "-M", "-N", "-g", GROUP, "-s", "/bin/sh", USER])
     return USER
 
 
@@ -73,6 +85,7 @@ def cli(root: str, *args: str, user: str | None = None, umask: str = "002",
     return done.returncode, answer, done.stderr + done.stdout
 
 
+@pytest.mark.slow
 def test_two_uids_in_one_group_ensure_exec_gc_and_status(second_user, shared_root, served_upstream):
     upstream, url = served_upstream
     first, second = upstream.shas[0], upstream.shas[1]
@@ -113,6 +126,7 @@ def test_a_use_that_cannot_be_recorded_is_still_a_ready_answer(second_user, shar
     assert code == 0 and answer == {"state": "ready", "commit": sha, "repo": url, "path": path}, out
 
 
+@pytest.mark.slow
 def test_a_store_made_under_umask_022_is_shared_by_construction(second_user, shared_root, served_upstream):
     """Regression: a sidecar with no umask set (a container image's 022) wrote 0644 files and
     0755 directories; every `status` and `gc` of another uid of the group answered INTERNAL_ERROR
@@ -136,6 +150,7 @@ def test_a_store_made_under_umask_022_is_shared_by_construction(second_user, sha
     assert_checkout_matches(answer["path"], upstream.path, second)
 
 
+@pytest.mark.slow
 def test_an_entry_a_peer_made_unreadable_costs_that_entry_never_the_run(second_user, shared_root, served_upstream):
     """A peer's `chmod 600` of its marker and of a record, `chmod 000` of a checkout's .git, and
     a record that fits no schema: status and gc of another uid (here root without any

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from .helpers import make_idle, only_repo, run_cli, wait_ready
 
 
@@ -13,6 +15,7 @@ def checkout_sizes(report: dict) -> dict[str, int]:
     return {c["commit"]: c["size"] for r in report["repos"] for c in r["checkouts"]}
 
 
+@pytest.mark.slow
 def test_a_size_is_recorded_at_publish_and_measured_again_only_after_a_use(root, upstream):
     sha = upstream.shas[0]
     path = wait_ready(root, upstream.path, sha)["path"]
@@ -33,6 +36,7 @@ def test_a_size_is_recorded_at_publish_and_measured_again_only_after_a_use(root,
     assert checkout_sizes(run_cli("status", root=root)[1])[sha] == report["totals_after"]["bytes"]
 
 
+@pytest.mark.slow
 def test_a_missing_or_damaged_size_record_is_measured_again(root, upstream):
     sha = upstream.shas[1]
     wait_ready(root, upstream.path, sha)

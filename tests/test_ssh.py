@@ -66,6 +66,7 @@ def ssh_url(port: int, path: str) -> str:
     return f"ssh://root@127.0.0.1:{port}{path}"
 
 
+@pytest.mark.slow
 def test_the_operators_key_and_known_hosts_reach_git(root, sshd, upstream):
     port, key, known_hosts = sshd
     env = {"CHECKOUTCACHE_SSH_KEY_FILE": str(key), "CHECKOUTCACHE_SSH_KNOWN_HOSTS_FILE": str(known_hosts)}
@@ -87,6 +88,7 @@ def test_a_host_the_known_hosts_file_does_not_vouch_for_is_refused(root, sshd, u
     assert "host key" in answer["message"].lower(), answer
 
 
+@pytest.mark.slow
 def test_an_operators_core_ssh_command_is_used_when_no_ssh_file_is_set(root, sshd, upstream, tmp_path):
     """Regression: GIT_SSH_COMMAND was always set, so an operator's core.sshCommand never applied."""
     port, key, known_hosts = sshd

@@ -58,6 +58,7 @@ def assert_nothing_recorded(root: str, sha: str) -> None:
 
 
 @pytest.mark.parametrize("transport", ["cli", "pygit2"])
+@pytest.mark.slow
 def test_a_stop_ends_a_clone_that_cannot_finish_cleanly_and_the_next_start_clones_it(root, tmp_path, gated,
                                                                                       transport):
     """Regression: the clone in flight died with the container's PID namespace (a death counted
@@ -141,6 +142,7 @@ def state_of(pid: int) -> str | None:
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+@pytest.mark.slow
 def test_serve_as_pid_1_reaps_every_clone_worker(root, tmp_path, gated):
     """Regression: with the image's entrypoint overridden (serve as PID 1), three clones left
     three zombies. Here serve is its PID namespace's init; the workers, reparented to it (seen

@@ -156,6 +156,7 @@ def test_beneath_refuses_symlinks_dotdot_and_absolute_paths(tmp_path):
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_submodule_path_that_is_not_utf8_is_checked_out_at_its_own_bytes(root, daemon):
     inner, _ = served(daemon, "inner")
     inner_sha = inner.commit({"f.txt": "content\n"})
@@ -192,6 +193,7 @@ def fan_out(daemon, width: int, depth: int) -> tuple[str, str]:
     return url, below
 
 
+@pytest.mark.slow
 def test_a_fan_out_of_submodules_is_bounded_per_commit(root, daemon):
     url, sha = fan_out(daemon, width=4, depth=2)  # 4 + 16 nested checkouts
     code, answer, _ = run_cli("ensure", url, sha, "--wait", "120", root=root + "-few",
@@ -221,6 +223,7 @@ def test_submodule_commits_are_made_ready_in_the_superprojects_worker(root, daem
     assert len(pids) == 1, pids  # the superproject's clone and the leaf's, in one process
 
 
+@pytest.mark.slow
 def test_a_chain_of_submodules_deeper_than_the_bound_fails(root, daemon):
     """Each level a distinct commit of one repository, whose submodule is the level below:
     bounded across the clones run inline, not only within one tree."""

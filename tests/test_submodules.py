@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from .helpers import Serve, Upstream, git, run_cli
 
 
@@ -54,6 +56,7 @@ def test_a_submodule_is_checked_out_from_its_own_store(root, daemon):
     assert len(os.listdir(os.path.join(root, "repos"))) == 2
 
 
+@pytest.mark.slow
 def test_nested_submodules_and_a_url_that_changes_between_commits(root, daemon):
     inner, _ = served(daemon, "inner")
     inner_sha = inner.commit({"inner.txt": "deep\n"})
@@ -93,6 +96,7 @@ def test_a_submodule_that_cannot_be_fetched_fails_the_checkout(root, daemon, tmp
     assert not pwned.exists()
 
 
+@pytest.mark.slow
 def test_without_submodules_the_checkout_says_so_at_a_path_of_its_own(root, daemon):
     sub, _ = served(daemon, "sub")
     sub_sha = sub.commit({"lib.txt": "v1\n"})
@@ -109,6 +113,7 @@ def test_without_submodules_the_checkout_says_so_at_a_path_of_its_own(root, daem
     assert code == 0 and by_option == flat  # the option is the setting's twin
 
 
+@pytest.mark.slow
 def test_gc_keeps_the_objects_a_checkout_borrows_from_a_submodule(root, daemon):
     sub, sub_url = served(daemon, "sub")
     sub_sha = sub.commit({"lib.txt": "kept\n"})

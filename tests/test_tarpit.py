@@ -40,6 +40,7 @@ def tarpit():
 
 
 @pytest.mark.parametrize("transport", ["cli", "pygit2"])
+@pytest.mark.slow
 def test_a_server_that_never_answers_is_a_recorded_unreachable(root, tarpit, transport):
     url, held = tarpit
     env = {"CHECKOUTCACHE_PROBE_TIMEOUT": "2s", "CHECKOUTCACHE_BACKOFF": "60", "CHECKOUTCACHE_TRANSPORT": transport}

@@ -2,8 +2,9 @@
 the deployment runs it (a sidecar and review containers sharing a volume).
 
 This module owns: whether podman can run the image on this machine (else the
-reason to skip), building the image once per session (podman's layer cache
-makes a rebuild after a Python change take seconds), and every container and
+reason to skip), building the image once per session, pytest-xdist's workers
+included (a file lock; podman's layer cache makes a rebuild after a Python
+change take seconds), and every container and
 volume a test makes. A `Containers` removes all of them in `cleanup()`, which
 the `containers` fixture calls even when the test fails; names carry this
 process's pid, so tests of two sessions on one machine never meet.
@@ -21,6 +22,7 @@ Facts of this machine that shape it (see ../shared/tools/container-base):
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import re
@@ -67,12 +69,29 @@ def podman_unusable() -> str | None:
 
 
 @functools.cache
-def build_image(tag: str = IMAGE, context: str = REPO_ROOT) -> str:
-    """The image built from the work tree, once per session (layers cached across sessions); its tag."""
+def build_image(tag: str = IMAGE, context: str = REPO_ROOT, once_in: str | None = None) -> str:
+    """The image built from the work tree, once per session (layers cached across sessions); its tag.
+
+    once_in: a directory every process of the test session shares (pytest-xdist's workers): the
+    first to get its file lock builds, the others wait on the lock and take that build, so two
+    workers never build the same tag at once."""
+    if once_in is None:
+        _build(tag, context)
+        return tag
+    with open(os.path.join(once_in, "image.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if the build fails
+        built = os.path.join(once_in, "image.built")
+        if not os.path.exists(built) or open(built).read() != f"{tag} {context}":
+            _build(tag, context)
+            with open(built, "w") as handle:
+                handle.write(f"{tag} {context}")
+    return tag
+
+
+def _build(tag: str, context: str) -> None:
     # --format docker: the OCI format drops HEALTHCHECK (with a warning), and the two formats
     # do not share cached layers.
     podman("build", "--format", "docker", "--network", "host", "-t", tag, context, timeout=900)
-    return tag
 
 
 @dataclass(frozen=True)
