@@ -56,6 +56,7 @@ def on_a_terminal(args: list[str], columns: int = 80, env: dict | None = None, w
     return proc.wait(10), b"".join(chunks).decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_the_progress_bar_fits_an_80_column_pane_and_never_scrolls(root, daemon, served_upstream):
     """Regression: the bar was 94 columns wide and scrolled 215 lines in an 80-column pane."""
     repo, url = served_upstream
@@ -155,6 +156,7 @@ def test_an_unreachable_repository_says_why(root):
     assert code == 1 and answer["error"] == "UNREACHABLE" and "Connection refused" in answer["message"], answer
 
 
+@pytest.mark.slow
 def test_the_demo_says_where_its_directory_was_and_removes_it_unless_kept(tmp_path):
     done = subprocess.run([sys.executable, "-m", "checkoutcache", "demo"], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
