@@ -58,7 +58,8 @@ def _on_off(value: Any) -> str:
     return text
 
 
-_FILTER = re.compile(r"blob:none|blob:limit=[0-9]{1,12}[kmg]?")
+# The partial-clone filters a mirror may have (git/cli.py holds a mirror's recorded one to it too).
+FILTER_SPEC = re.compile(r"blob:none|blob:limit=[0-9]{1,12}[kmg]?")
 
 
 def _filter(value: Any) -> str | None:
@@ -66,7 +67,7 @@ def _filter(value: Any) -> str | None:
     text = str(value).strip().lower()
     if text in ("off", "none", ""):
         return None
-    if not _FILTER.fullmatch(text):
+    if not FILTER_SPEC.fullmatch(text):
         raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not a filter this cache uses: "
                                                       f"blob:none, blob:limit=SIZE (e.g. 1m) or off")
     return text

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from .helpers import assert_checkout_matches, free_port, run_cli, wait_until
+from .helpers import assert_checkout_matches, free_port, only_repo, run_cli, wait_until
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif(not os.path.exists(SSHD) or os.geteuid() != 0,
@@ -102,12 +102,63 @@ def test_an_operators_core_ssh_command_is_used_when_no_ssh_file_is_set(root, ssh
 
 
 def test_our_default_ssh_command_never_prompts():
-    """Without any ssh setting, git's system level (our file) says batch mode."""
-    from checkoutcache.git.env import SSH_DEFAULT, SYSTEM_CONFIG
+    """Without any ssh setting, every network git runs ssh in batch mode."""
+    from checkoutcache.git.env import SSH_DEFAULT, git_env
 
-    done = subprocess.run(["git", "config", "--file", SYSTEM_CONFIG, "core.sshCommand"], capture_output=True,
-                          text=True, check=True)
-    assert done.stdout.strip() == SSH_DEFAULT and "BatchMode=yes" in SSH_DEFAULT
+    assert git_env(url="ssh://host/repo")["GIT_SSH_COMMAND"] == SSH_DEFAULT and "BatchMode=yes" in SSH_DEFAULT
+
+
+@pytest.mark.slow
+def test_an_ssh_command_planted_in_a_mirrors_config_never_runs(root, sshd, upstream, tmp_path):
+    """Regression (review): a group member's core.sshCommand in a mirror's config (the
+    repository's level) beat the operator's and our default, and ran as whoever fetched."""
+    port, key, known_hosts = sshd
+    operator = tmp_path / "operator.gitconfig"
+    operator.write_text(f"[core]\n\tsshCommand = ssh -o BatchMode=yes -i {key} -o IdentitiesOnly=yes "
+                        f"-o UserKnownHostsFile={known_hosts}\n")
+    env = {"CHECKOUTCACHE_GIT_CONFIG": str(operator)}
+    url = ssh_url(port, upstream.path)
+    code, answer, err = run_cli("ensure", url, upstream.shas[0], "--wait", "60", root=root, env=env)
+    assert code == 0, (answer, err)
+    mark = tmp_path / "planted-ran"
+    planted = tmp_path / "planted-ssh"
+    planted.write_text(f"#!/bin/sh\necho \"$*\" >> {mark}\nexec ssh \"$@\"\n")
+    planted.chmod(0o755)
+    mirror = only_repo(root).mirror
+    with open(os.path.join(mirror, "config"), "a") as handle:
+        handle.write(f"[core]\n\tsshCommand = {planted} -o BatchMode=yes -i {key} "
+                     f"-o UserKnownHostsFile={known_hosts}\n")
+    new = upstream.commit({"NEW.txt": "new\n"}, message="new")  # a commit the mirror lacks: a fetch
+    code, answer, err = run_cli("ensure", url, new, "--wait", "60", root=root, env=env)
+    assert code == 0, (answer, err)
+    assert not mark.exists(), mark.read_text()
+
+
+@pytest.mark.slow
+def test_key_and_known_hosts_paths_with_blanks_and_percent_signs_work(root, sshd, upstream, tmp_path):
+    """Regression (review): ssh splits UserKnownHostsFile at blanks and expands %-tokens in
+    both paths: such a path failed with "Host key verification failed"."""
+    port, key, known_hosts = sshd
+    folder = tmp_path / "ops files %d 100%"
+    folder.mkdir()
+    shutil.copy(key, folder / "client key")
+    os.chmod(folder / "client key", 0o600)
+    shutil.copy(known_hosts, folder / "known hosts")
+    env = {"CHECKOUTCACHE_SSH_KEY_FILE": str(folder / "client key"),
+           "CHECKOUTCACHE_SSH_KNOWN_HOSTS_FILE": str(folder / "known hosts")}
+    code, answer, err = run_cli("ensure", ssh_url(port, upstream.path), upstream.shas[0], "--wait", "60",
+                                root=root, env=env)
+    assert code == 0, (answer, err)
+    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[0])
+
+
+def test_a_path_ssh_cannot_be_given_is_bad_argument(root, upstream, tmp_path):
+    quoted = tmp_path / 'a"b'
+    quoted.write_text("key")
+    code, answer, err = run_cli("ensure", "ssh://root@127.0.0.1:1/repo", upstream.shas[0], root=root,
+                                env={"CHECKOUTCACHE_SSH_KEY_FILE": str(quoted)})
+    assert code == 2 and answer["error"] == "BAD_ARGUMENT" and "double quote" in answer["message"], (answer, err)
+    assert os.listdir(root) == [] if os.path.isdir(root) else True
 
 
 @pytest.mark.parametrize("variable", ["CHECKOUTCACHE_SSH_KEY_FILE", "CHECKOUTCACHE_SSH_KNOWN_HOSTS_FILE"])

@@ -23,6 +23,7 @@ import threading
 
 from checkoutcache import cones
 from checkoutcache.cones import Cone
+from checkoutcache.config import FILTER_SPEC
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
@@ -203,6 +204,16 @@ class RunningProcesses:
 RUNNING = RunningProcesses()
 
 
+def one_time_promisor_remote(url: str, filter: str) -> tuple[str, list[str]]:
+    """A promisor remote for one fetch into a partial mirror, named and defined on the command
+    line alone: its name is new each time, so no `remote.<name>.*` a group member wrote into
+    the mirror's config (a URL to fetch from instead, an `uploadpack` or `vcs` that runs a
+    command) can apply. The mirror's own `origin` stays URL-less, so nothing fetches lazily."""
+    name = f"checkoutcache-{os.urandom(8).hex()}"
+    return name, ["-c", f"remote.{name}.url={url}", "-c", f"remote.{name}.promisor=true",
+                  "-c", f"remote.{name}.partialclonefilter={filter}"]
+
+
 def write_git_config(git_dir: str, entries: dict[str, str]) -> None:
     """Append `section.key = value` entries to a config file we just created."""
     sections: dict[str, list[str]] = {}
@@ -326,7 +337,12 @@ class GitCliBackend:
         """The filter of a partial mirror (CHECKOUTCACHE_FILTER when it was made), None for a full one."""
         done = self._run(["config", "--file", os.path.join(mirror, "config"), "--get",
                           "remote.origin.partialclonefilter"])
-        return done.stdout.strip() or None if done.returncode == 0 else None
+        filter = done.stdout.strip() if done.returncode == 0 else ""
+        if not filter:
+            return None
+        # The file is the group's to write: only a filter we could have written counts (it
+        # goes on git's command line); any other value is a blob:none mirror's, the strictest.
+        return filter if FILTER_SPEC.fullmatch(filter) else "blob:none"
 
     def make_full(self, mirror: str) -> None:
         """A new partial mirror whose server ignored the filter holds every object: a full one."""
@@ -354,8 +370,9 @@ class GitCliBackend:
         secrets = secrets_of(credential)
         # noop negotiation: with our commits offered as haves, the server takes the blobs
         # for reachable from them and sends none (benchmarks/MONOREPO.md A2).
-        cmd = ["-C", mirror, "-c", f"remote.origin.url={url}", "-c", "fetch.negotiationAlgorithm=noop", "fetch",
-               "--no-tags", "--no-write-fetch-head", "--progress", f"--filter={filter}", "--stdin", "origin"]
+        remote, remote_config = one_time_promisor_remote(url, filter)
+        cmd = ["-C", mirror, *remote_config, "-c", "fetch.negotiationAlgorithm=noop", "fetch",
+               "--no-tags", "--no-write-fetch-head", "--progress", f"--filter={filter}", "--stdin", remote]
         log(f"$ git {redact(' '.join(cmd[2:]), secrets)} ({len(oids)} blob(s))")
         code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets,
                                     keep_fds, stdin="".join(oid + "\n" for oid in oids).encode())
@@ -452,10 +469,9 @@ class GitCliBackend:
         if filter is None:
             cmd = ["-C", mirror, "fetch", "--no-tags", "--no-write-fetch-head", "--progress", "--", url, *refspecs]
         else:
-            # Through the URL-less promisor remote `origin`, its URL given for this fetch only: the
-            # mirror's config never names a URL, so nothing can ever fetch lazily from it.
-            cmd = ["-C", mirror, "-c", f"remote.origin.url={url}", "fetch", "--no-tags", "--no-write-fetch-head",
-                   "--progress", f"--filter={filter}", "origin", *refspecs]
+            remote, remote_config = one_time_promisor_remote(url, filter)
+            cmd = ["-C", mirror, *remote_config, "fetch", "--no-tags", "--no-write-fetch-head",
+                   "--progress", f"--filter={filter}", remote, *refspecs]
         log("$ git " + redact(" ".join(cmd[2:]), secrets))
         code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets, keep_fds)
         if code != 0:

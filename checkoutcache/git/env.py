@@ -13,13 +13,20 @@
   (core.hooksPath), fsmonitor. No checkout reads the file, so no filter of its
   runs; the one filter a checkout runs is git-lfs's, enabled by our own config
   (git/backend.py LFS_FILTER) only for commits with LFS files.
-- Nothing can prompt: GIT_TERMINAL_PROMPT=0 and ssh in batch mode.
+- A mirror's own config is the group's to write (docs/security.md): what a
+  fetch would run or send a credential to is never taken from it. The ssh
+  command, the credential helpers (the list is reset, then the operator's and
+  ours are given), askpass, git's proxy command and the alternate-refs command
+  are set above the repository's level (environment or command-line config,
+  which win); a partial mirror fetches through a remote defined on the
+  command line alone (git/cli.py one_time_promisor_remote).
+- Nothing can prompt: GIT_TERMINAL_PROMPT=0, no askpass, ssh in batch mode.
 - ssh: the operator may name a private key and a known_hosts file
   (CHECKOUTCACHE_SSH_KEY_FILE, CHECKOUTCACHE_SSH_KNOWN_HOSTS_FILE): ssh then
   uses that key alone and refuses any host that file does not vouch for.
-  With neither, an operator's core.sshCommand (in CHECKOUTCACHE_GIT_CONFIG)
-  applies: our default ssh command sits at git's system level, the lowest it
-  reads (git/system.gitconfig), never in GIT_SSH_COMMAND, which would win.
+  With neither, the operator's core.sshCommand (in CHECKOUTCACHE_GIT_CONFIG)
+  applies, else our default (batch mode, a connect timeout); whichever it
+  is, it goes in GIT_SSH_COMMAND, which beats any config.
 - Only safe transports: GIT_ALLOW_PROTOCOL also binds redirects and submodules.
 - No lazy fetch (GIT_NO_LAZY_FETCH): a partial mirror (CHECKOUTCACHE_FILTER)
   gets the blobs a checkout needs in one fetch of ours, never one by one.
@@ -30,8 +37,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
+import subprocess
 
 from checkoutcache.credentials import CREDENTIAL_VARS, Credential, git_auth
 from checkoutcache.errors import CheckoutCacheError
@@ -39,9 +48,9 @@ from checkoutcache.errors import CheckoutCacheError
 OPERATOR_CONFIG_VAR = "CHECKOUTCACHE_GIT_CONFIG"
 SSH_KEY_FILE_VAR = "CHECKOUTCACHE_SSH_KEY_FILE"
 SSH_KNOWN_HOSTS_VAR = "CHECKOUTCACHE_SSH_KNOWN_HOSTS_FILE"
-# The same command as system.gitconfig's core.sshCommand (a test keeps them equal).
+# Never prompt; give up on a host that does not answer. An operator's own core.sshCommand
+# replaces it (keep BatchMode=yes in it).
 SSH_DEFAULT = "ssh -o BatchMode=yes -o ConnectTimeout=30"
-SYSTEM_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "system.gitconfig")
 SAFE_CONFIG = {
     "core.fsmonitor": "false",
     "core.autocrlf": "false",
@@ -52,6 +61,8 @@ SAFE_CONFIG = {
     "maintenance.auto": "false",
     "fetch.writeCommitGraph": "false",
     "protocol.ext.allow": "never",
+    # Run by a fetch for each alternate object store: never a command of a config's.
+    "core.alternateRefsCommand": "true",
     # Callers of several uids share the store (one group): git must work in a mirror
     # or checkout another member made. Only our own store's repositories are ever
     # opened, and the settings above override what a repository's config says.
@@ -86,26 +97,71 @@ def git_env(base: dict[str, str] | None = None, credential: Credential | None = 
         # No lazy fetch, ever (git 2.39.4+; a partial mirror's promisor remote has no URL
         # anyway): a partial mirror's missing blobs come only from our batch fetch.
         "GIT_NO_LAZY_FETCH": "1",
-        "GIT_CONFIG_SYSTEM": SYSTEM_CONFIG,
+        "GIT_CONFIG_SYSTEM": os.devnull,
         "GIT_CONFIG_GLOBAL": operator_config or os.devnull,
+        # Set but empty, each beats its config key (core.askPass, core.gitProxy) and runs nothing.
+        "GIT_ASKPASS": "",
+        "SSH_ASKPASS": "",
+        "GIT_PROXY_COMMAND": "",
         "LC_ALL": "C",
         "LANGUAGE": "C",
     })
-    if url is not None:
-        ssh = ssh_command(base)
-        if ssh is not None:
-            env["GIT_SSH_COMMAND"] = ssh
-    config = dict(SAFE_CONFIG)
+    config = list(SAFE_CONFIG.items())
     if (url is not None or takes_objects) and base.get(FSCK_VAR, "on") != "off":
-        config.update(FSCK_CONFIG)
+        config += FSCK_CONFIG.items()
+    if url is not None:
+        operator = operator_settings(operator_config)
+        env["GIT_SSH_COMMAND"] = ssh_command(base) or operator.ssh_command or SSH_DEFAULT
+        # An empty helper empties the list gathered so far (a repository's helpers, which
+        # would be given the credential to store); the operator's follow, then ours.
+        config += [("credential.helper", ""), *operator.credential_helpers]
     auth_config, auth_env = git_auth(credential, url)
-    config.update(auth_config)
+    config += auth_config.items()
     env.update(auth_env)
     env["GIT_CONFIG_COUNT"] = str(len(config))
-    for index, (key, value) in enumerate(config.items()):
+    for index, (key, value) in enumerate(config):
         env[f"GIT_CONFIG_KEY_{index}"] = key
         env[f"GIT_CONFIG_VALUE_{index}"] = value
     return env
+
+
+class OperatorSettings:
+    """What the operator's git config says of the two things we must restate above a
+    repository's level: its ssh command and its credential helpers, in their order."""
+
+    def __init__(self, ssh_command: str | None = None, credential_helpers: tuple[tuple[str, str], ...] = ()):
+        self.ssh_command = ssh_command
+        self.credential_helpers = credential_helpers
+
+
+NO_OPERATOR_SETTINGS = OperatorSettings()
+
+
+def operator_settings(path: str | None) -> OperatorSettings:
+    if not path:
+        return NO_OPERATOR_SETTINGS
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return NO_OPERATOR_SETTINGS  # git reads no file there either
+    return _read_operator_settings(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_operator_settings(path: str, _mtime_ns: int, _size: int) -> OperatorSettings:
+    # git's own reading (includes, quoting, `credential.<url>.helper`), once per version of the file.
+    done = subprocess.run(["git", "config", "--file", path, "--includes", "--null", "--get-regexp",
+                           r"^(credential\..*helper|core\.sshcommand)$"],
+                          capture_output=True, env={"PATH": os.environ.get("PATH", os.defpath),
+                                                    "GIT_CONFIG_NOSYSTEM": "1", "HOME": os.devnull}, cwd="/")
+    ssh, helpers = None, []
+    for entry in done.stdout.decode(errors="surrogateescape").split("\0"):
+        key, _, value = entry.partition("\n")
+        if key == "core.sshcommand":
+            ssh = value or None
+        elif key.startswith("credential."):
+            helpers.append((key, value))
+    return OperatorSettings(ssh, tuple(helpers))
 
 
 def ssh_command(base: dict[str, str]) -> str | None:
@@ -120,10 +176,22 @@ def ssh_command(base: dict[str, str]) -> str | None:
         if path is not None and not (os.path.isabs(path) and os.path.isfile(path) and os.access(path, os.R_OK)):
             raise CheckoutCacheError("BAD_ARGUMENT", what=f"{var}={path[:200]!r} is not a readable file "
                                                           f"(give an absolute path this user can read)")
+        if path is not None and any(char in path for char in '"\\\n\r\t'):
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{var}={path[:200]!r}: ssh cannot be given a path with a "
+                                                          f"double quote, backslash or control character")
     if key is not None:
         # Only this key: not whatever an agent or ~/.ssh offers first.
-        parts += ["-i", shlex.quote(key), "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none"]
+        # -o, not -i: -i drops a path it cannot stat before expanding %%.
+        parts += ["-o", shlex.quote(f'IdentityFile="{_ssh_path(key)}"'), "-o", "IdentitiesOnly=yes",
+                  "-o", "IdentityAgent=none"]
     if known is not None:
-        parts += ["-o", shlex.quote(f"UserKnownHostsFile={known}"), "-o", "GlobalKnownHostsFile=/dev/null",
-                  "-o", "StrictHostKeyChecking=yes"]
+        # ssh splits an option's value at blanks unless it is in double quotes.
+        parts += ["-o", shlex.quote(f'UserKnownHostsFile="{_ssh_path(known)}"'),
+                  "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes"]
     return " ".join(parts)
+
+
+def _ssh_path(path: str) -> str:
+    """A path as ssh reads it in -i and UserKnownHostsFile, where it expands %-tokens (%d is
+    the home directory): %% is a literal %. The caller refused paths ssh cannot quote."""
+    return path.replace("%", "%%")

@@ -1,0 +1,82 @@
+"""A group member writes a mirror's config (the store is the group's to write,
+docs/security.md): what a fetch runs, where it fetches from and whom it gives
+a credential to must never come from that file. Each test plants settings
+that would run a command leaving a mark, or a helper that would record the
+credential, then makes the cache fetch into that mirror, against real
+servers (git daemon, an HTTPS server with Basic authentication)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from .helpers import Upstream, git, only_repo, run_cli, wait_ready
+from .test_credentials_hosts import TOKEN, env_for, https_server  # noqa: F401 - the fixture
+from .test_monorepo import PARTIAL, monorepo, worktree_files
+
+
+def marking_script(tmp_path, mark) -> str:
+    """A program that leaves `mark` whenever anything runs it (with any arguments)."""
+    script = tmp_path / "planted.sh"
+    script.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {mark}\nexit 1\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(script)
+
+
+def plant(mirror: str, text: str) -> None:
+    with open(os.path.join(mirror, "config"), "a") as handle:
+        handle.write(text)
+
+
+def test_a_partial_mirrors_config_names_neither_what_a_fetch_runs_nor_where_it_fetches(root, tmp_path,
+                                                                                      served_upstream):
+    """Regression (review): a partial mirror fetched through the remote `origin`, read from the
+    mirror's config: a planted `uploadpack` ran as whoever fetched, a planted `url` was fetched from."""
+    repo, url = served_upstream
+    first = monorepo(repo)
+    wait_ready(root, url, first, env=PARTIAL, extra=("--sparse", "services/alpha"))
+    mirror = only_repo(root).mirror
+    mark = tmp_path / "planted-ran"
+    script = marking_script(tmp_path, mark)
+    elsewhere = Upstream(str(tmp_path / "elsewhere"))
+    elsewhere.commit({"README.md": "not the upstream\n"})
+    plant(mirror, f'[remote "origin"]\n\tuploadpack = {script}\n\turl = {elsewhere.path}\n'
+                  f'[core]\n\tgitProxy = {script}\n\taskPass = {script}\n\talternateRefsCommand = {script}\n')
+    with open(os.path.join(mirror, "objects", "info", "alternates"), "a") as handle:
+        handle.write(os.path.join(elsewhere.path, ".git", "objects") + "\n")
+
+    # A new commit (a filtered fetch) and a new cone of the first (the cone's blobs fetched).
+    second = repo.commit({"services/alpha/NEW.txt": "new\n"}, message="second")
+    alpha = wait_ready(root, url, second, env=PARTIAL, extra=("--sparse", "services/alpha"))
+    beta = wait_ready(root, url, first, env=PARTIAL, extra=("--sparse", "services/beta"))
+    assert not mark.exists(), mark.read_text()
+    assert "services/alpha/NEW.txt" in worktree_files(alpha["path"])
+    assert {f"services/beta/src/file_{n}.txt" for n in range(5)} <= worktree_files(beta["path"])
+    assert git("rev-parse", "HEAD", cwd=alpha["path"]) == second
+    # The mirror's own config is left as it was: nothing was registered in it.
+    assert "checkoutcache-" not in open(os.path.join(mirror, "config")).read()
+
+
+def test_a_mirrors_config_gets_no_credential_and_runs_no_askpass(root, tmp_path, https_server):  # noqa: F811
+    """Regression (review): a credential helper planted in a mirror's config was asked first and,
+    once the fetch succeeded, given the username and password to store."""
+    sha = https_server.upstream.shas[0]
+    env = env_for(https_server, CHECKOUTCACHE_GIT_PASSWORD=TOKEN,
+                  CHECKOUTCACHE_GIT_HOSTS=f"localhost:{https_server.port}")
+    code, answer, err = run_cli("ensure", https_server.url("localhost", "repo"), sha, "--wait", "60",
+                                root=root, env=env)
+    assert code == 0, (answer, err)
+    mirror = only_repo(root).mirror
+    leak = tmp_path / "leaked"
+    mark = tmp_path / "planted-ran"
+    script = marking_script(tmp_path, mark)
+    plant(mirror, f'[credential]\n\thelper = "!f() {{ cat >> {leak}; }}; f"\n'
+                  f'[credential "https://localhost:{https_server.port}"]\n\thelper = "!f() {{ cat >> {leak}; }}; f"\n'
+                  f'[core]\n\taskPass = {script}\n')
+    new = https_server.upstream.commit({"NEW.txt": "new\n"}, message="new")
+    code, answer, err = run_cli("ensure", https_server.url("localhost", "repo"), new, "--wait", "60",
+                                root=root, env=env)
+    assert code == 0, (answer, err)
+    assert https_server.authorizations_to("localhost"), "the fetch used the credential"
+    assert not leak.exists(), leak.read_text()
+    assert not mark.exists(), mark.read_text()
