@@ -6,12 +6,23 @@ serve) and the CLI does the work itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
+import time
+
+import pytest
+
+from checkoutcache.cli.fast import HANDOFF_SLACK
 
 from .helpers import TOKEN, Serve, assert_checkout_matches, run_cli, wait_until
+from .helpers.gate import GatedProxy
 from .helpers.store import only_repo
 
 
@@ -93,3 +104,120 @@ def test_a_socket_that_lies_is_never_believed(root, served_upstream):
         assert_checkout_matches(answer["path"], repo.path, repo.shas[2])
     finally:
         listener.close()
+
+
+FAKE_SERVE = r"""
+import os, socket, sys, time
+where, record, mode = sys.argv[1:4]
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(where)
+os.chmod(where, 0o777)
+listener.listen(8)
+open(record + ".listening", "w").close()
+while True:
+    conn, _ = listener.accept()
+    conn.settimeout(2)
+    try:
+        data = conn.recv(65536)
+    except OSError:
+        data = b""
+    with open(record, "ab") as handle:
+        handle.write(data)
+    if mode == "trickle":  # a status line, then a byte now and then, never the end
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        while True:
+            time.sleep(0.5)
+            try:
+                conn.sendall(b"X")
+            except OSError:
+                break
+    conn.close()
+"""
+
+
+@contextlib.contextmanager
+def fake_serve(mode: str, uid: int | None = None):
+    """A stranger's server on a socket the CLI is pointed at, as another uid or as ours;
+    yields (socket path, file of what it received). Its folder is one any uid can reach."""
+    folder = tempfile.mkdtemp(prefix="checkoutcache-sock-", dir="/tmp")  # short: a socket path is at most 107 bytes
+    os.chmod(folder, 0o777)
+    where, record = os.path.join(folder, "serve.sock"), os.path.join(folder, "received")
+    command = [sys.executable, "-c", FAKE_SERVE, where, record, mode]
+    if uid is not None:
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+    proc = subprocess.Popen(command)
+    try:
+        wait_until(lambda: proc.poll() is None and os.path.exists(record + ".listening"), 20,
+                   "the fake serve to listen")
+        yield where, record
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(folder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a server as another uid")
+def test_a_socket_of_another_uid_is_sent_nothing(root, tmp_path, served_upstream):
+    """Regression (review): a group member moved the root's socket away and listened there
+    itself; the CLI sent it the API token (and believed its "cloning")."""
+    repo, url = served_upstream
+    os.makedirs(root, exist_ok=True)
+    with fake_serve("record", uid=54321) as (where, record):
+        code, answer, out = run_cli("ensure", url, repo.shas[0], "--wait", "60", root=root,
+                                    env={"CHECKOUTCACHE_API_TOKEN": TOKEN, "CHECKOUTCACHE_UNIX_SOCKET": where})
+        assert code == 0 and answer["state"] == "ready", out  # the CLI made it itself
+        assert_checkout_matches(answer["path"], repo.path, repo.shas[0])
+        received = open(record, "rb").read() if os.path.exists(record) else b""
+        assert received == b"", received  # not a byte: neither the request nor the token
+
+
+@pytest.mark.slow
+def test_a_socket_that_trickles_its_answer_never_holds_the_cli_past_its_bound(root, tmp_path, served_upstream):
+    """Regression (review): the time limit applied to each read, not to the answer: a peer
+    sending a byte now and then held `ensure --wait 1s` for as long as it liked."""
+    repo, url = served_upstream
+    os.makedirs(root, exist_ok=True)
+    with fake_serve("trickle") as (where, record):
+        started = time.monotonic()
+        code, answer, out = run_cli("ensure", url, repo.shas[0], "--wait", "1", root=root, timeout=60,
+                                    env={"CHECKOUTCACHE_UNIX_SOCKET": where})
+        took = time.monotonic() - started
+        assert os.path.getsize(record) > 0, "the CLI never asked the socket"
+        assert answer["state"] in ("ready", "cloning"), out
+        assert took < 1 + HANDOFF_SLACK + 10, took
+
+
+@pytest.mark.slow
+def test_serves_cap_on_waiting_does_not_cut_the_clis_wait_short(root, tmp_path, daemon, served_upstream):
+    """Regression (review): serve waits at most CHECKOUTCACHE_MAX_WAIT and then answers
+    `cloning`; the CLI printed that, though its own --wait had most of its time left."""
+    repo, url = served_upstream
+    proxy = GatedProxy(daemon.port)
+    url = proxy.url(url.rsplit("/", 1)[1])
+    os.makedirs(root, exist_ok=True)
+    running = Serve(root, tmp_path, "--log-format", "json", "--gc-interval", "0",
+                    env={"CHECKOUTCACHE_MAX_WAIT": "1s"}, unix=os.path.join(root, "checkoutcache.sock"))
+    try:
+        # A warm mirror (no first contact), then a new commit whose fetch is held at the gate.
+        code, _, out = run_cli("ensure", url, repo.shas[0], "--wait", "120", root=root,
+                               env={"CHECKOUTCACHE_UNIX_SOCKET": str(tmp_path / "none.sock")})
+        assert code == 0, out
+        new = repo.commit({"NEW.txt": "new\n"}, message="new")
+        proxy.shut()
+        result = {}
+        asking = threading.Thread(target=lambda: result.update(answer=run_cli(
+            "ensure", url, new, "--wait", "120", root=root, env={"CHECKOUTCACHE_API_TOKEN": TOKEN})))
+        asking.start()
+        # serve answered (cloning, at its cap) while the clone is held at the gate; then it goes on.
+        wait_until(lambda: any(e.get("endpoint") == "/v1/ensure" for e in journal_events(running)), 30,
+                   "serve's capped answer")
+        time.sleep(1)  # had the CLI taken that answer, it would have printed it by now
+        assert asking.is_alive(), result
+        proxy.open()
+        asking.join(120)
+        code, answer, out = result["answer"]
+        assert code == 0 and answer["state"] == "ready", out
+        assert_checkout_matches(answer["path"], repo.path, new)
+    finally:
+        proxy.open()
+        running.stop()

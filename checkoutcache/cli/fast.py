@@ -58,6 +58,9 @@ def ready_answer(argv: list[str]) -> int | None:
     except OSError:
         return None  # a marker we may not open: the full CLI says what and where
     if record is None:
+        import time
+
+        started = time.monotonic()
         handed = hand_to_serve(root_paths, paths.checkout(name), spec, repo, commit, scope, sparse, wait)
         if handed == READY:
             try:
@@ -65,7 +68,8 @@ def ready_answer(argv: list[str]) -> int | None:
             except OSError:
                 record = None
         if record is None:  # what serve answered is checked on disk; the library answers the rest
-            return not_ready(root, as_json, repo, commit, scope, sparse, "0" if handed == WAITED else wait)
+            return not_ready(root, as_json, repo, commit, scope, sparse,
+                             rest_of_wait(wait, time.monotonic() - started) if handed != REFUSED_AT_ONCE else wait)
     path = paths.checkout(name)
     if as_json or not sys.stdout.isatty():
         answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
@@ -82,11 +86,13 @@ def ready_answer(argv: list[str]) -> int | None:
     return 0
 
 
-READY, WAITED, REFUSED = "ready", "waited", "refused"
+READY, WAITED, REFUSED, REFUSED_AT_ONCE = "ready", "waited", "refused", "refused at once"
 # What serve answers for its own reasons (its policy, its load, its stop): the library then
 # answers as if there were no serve.
 _SERVE_REFUSALS = ("SERVER_BUSY", "SHUTTING_DOWN", "UNAUTHORIZED", "NOT_FOUND", "PAYLOAD_TOO_LARGE")
 _MAX_ANSWER = 1 << 20
+# serve answers when its wait ends (or at its own cap, sooner); this is for the answer's trip.
+HANDOFF_SLACK = 5.0
 
 
 def hand_to_serve(root_paths, path: str, spec, repo: str, commit: str, scope: str, sparse: list[str],
@@ -97,24 +103,27 @@ def hand_to_serve(root_paths, path: str, spec, repo: str, commit: str, scope: st
 
     Only for a remote repository without a credential of the caller's (serve uses its own),
     and only a ready answer for the very path this process computed counts, checked on disk
-    by the caller: any socket in the root may be anybody's. READY; WAITED (serve waited and
-    did not get it ready: the disk's state is the answer, at once); REFUSED (no serve, or
-    its policy or load said no: the library does it all)."""
+    by the caller: any socket in the root may be anybody's, so nothing (the token least of
+    all) is sent to a peer that is not ours, root's or the root directory owner's. READY;
+    WAITED (serve waited, within its own cap, and did not get it ready: the library waits for
+    the rest of --wait); REFUSED (its policy or load said no, or it never answered in time:
+    the library does it all in what is left of --wait); REFUSED_AT_ONCE (nothing asked)."""
     from checkoutcache.credentials import CREDENTIAL_VARS, strip_userinfo
 
     if wait in ("0", "") or spec.is_local or strip_userinfo(repo) != repo or \
             any(os.environ.get(var) for var in CREDENTIAL_VARS):
-        return REFUSED
+        return REFUSED_AT_ONCE
     where = os.environ.get("CHECKOUTCACHE_UNIX_SOCKET") or root_paths.api_socket
     request = {"repo": repo, "commit": commit, "wait": wait, "scope": scope, **({"sparse": sparse} if sparse else {})}
     try:
         from checkoutcache.units import parse_duration
 
-        answered = _post_unix(where, "/v1/ensure", request, parse_duration(wait, "--wait") + 30.0)
+        answered = _post_unix(where, "/v1/ensure", request, parse_duration(wait, "--wait") + HANDOFF_SLACK,
+                              trusted_uids={os.getuid(), 0, os.stat(root_paths.root).st_uid})
     except Exception:  # no serve there, a dead socket, a malformed answer: none of them is ours to report
         return REFUSED
     if answered is None:
-        return REFUSED
+        return REFUSED_AT_ONCE
     status, answer = answered
     if status == 200 and answer.get("state") == "ready" and answer.get("path") == path:
         return READY
@@ -123,17 +132,24 @@ def hand_to_serve(root_paths, path: str, spec, repo: str, commit: str, scope: st
     return WAITED
 
 
-def _post_unix(where: str, endpoint: str, body: dict, timeout: float) -> tuple[int, dict] | None:
-    """One HTTP/1.1 request on a Unix socket, read to the end (Connection: close); None when
-    nothing listens there."""
+def rest_of_wait(wait: str, spent: float) -> str:
+    from checkoutcache.units import parse_duration
+
+    return f"{max(0.0, parse_duration(wait, '--wait') - spent):.3f}"
+
+
+def _post_unix(where: str, endpoint: str, body: dict, timeout: float, trusted_uids: set[int]) -> tuple[int, dict] | None:
+    """One HTTP/1.1 request on a Unix socket, read to the end (Connection: close) within
+    timeout in all; None when no serve of a trusted uid listens there (nothing is sent then)."""
     import socket
+    import stat
+    import struct
+    import time
 
     try:
-        mode = os.stat(where).st_mode
+        mode = os.lstat(where).st_mode  # a symlink there is somebody's pointer to somewhere else
     except OSError:
         return None
-    import stat
-
     if not stat.S_ISSOCK(mode):
         return None
     payload = json.dumps(body).encode()
@@ -147,10 +163,24 @@ def _post_unix(where: str, endpoint: str, body: dict, timeout: float) -> tuple[i
             conn.connect(where)
         except OSError:
             return None
+        # Who listens, as the kernel says (pid, uid, gid): a group member may have put its own
+        # socket at this path (the root's folders are the group's to write).
+        _, peer_uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+        if peer_uid not in trusted_uids:
+            return None
+        deadline = time.monotonic() + timeout
         conn.settimeout(timeout)
         conn.sendall(head + payload)
         chunks, size = [], 0
-        while size <= _MAX_ANSWER and (chunk := conn.recv(65536)):
+        while size <= _MAX_ANSWER:
+            left = deadline - time.monotonic()
+            if left <= 0:  # a peer that trickles bytes never holds us past the bound
+                raise TimeoutError("serve's answer did not come in time")
+            conn.settimeout(left)
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
             chunks.append(chunk)
             size += len(chunk)
     data = b"".join(chunks)
