@@ -9,9 +9,12 @@ of the cone is in it).
 Invariants:
 - parse_cone accepts only relative directory paths that stay inside the
   checkout: no empty, `.`, `..` or `.git` component, no leading `/`, valid
-  UTF-8 (a str without surrogates), no control characters; at most MAX_DIRS
-  directories of at most MAX_DIR_BYTES each. Anything else is BAD_ARGUMENT
-  before anything is written.
+  UTF-8 (a str without surrogates), no control characters, no leading `"`
+  and no blank at either end (git's `sparse-checkout set --stdin` would
+  unquote or trim it into another directory than the one named and
+  checked); at most MAX_DIRS directories of at most MAX_DIR_BYTES and
+  MAX_DEPTH components each. Anything else is BAD_ARGUMENT before anything
+  is written.
 - One cone, one spelling: trailing slashes dropped, duplicates and
   directories inside another of the set removed, sorted. Two requests for the
   same cone share one checkout; different cones never do (cone_digest).
@@ -27,6 +30,7 @@ from checkoutcache.errors import CheckoutCacheError
 
 MAX_DIRS = 256
 MAX_DIR_BYTES = 1024
+MAX_DEPTH = 64  # components: a cone's pathspecs hold every ancestor of each directory
 DIGEST_DOMAIN = b"checkoutcache-cone-v1"
 DIGEST_HEX = 16
 
@@ -70,6 +74,11 @@ def _parse_dir(dir_: object) -> str:
     path = dir_.rstrip("/")
     if not path:
         raise _bad(dir_, "names no directory (the whole tree is asked for by giving none)")
+    if path.startswith('"') or path != path.strip(" "):
+        raise _bad(dir_, "starts with a double quote or a blank, or ends with a blank (git would read "
+                         "another directory)")
+    if path.count("/") >= MAX_DEPTH:
+        raise _bad(dir_[:40] + "...", f"is deeper than {MAX_DEPTH} directories")
     for part in path.split("/"):
         if part in ("", ".", ".."):
             raise _bad(dir_, "has an empty, '.' or '..' component")

@@ -112,6 +112,9 @@ def test_a_sparse_checkout_holds_its_cone_and_one_checkout_serves_each_cone(root
 @pytest.mark.parametrize("cone,why", [
     (["/etc"], "absolute"), (["services/../../x"], "'..'"), (["a/./b"], "'.'"), ([".git/hooks"], ".git"),
     (["a//b"], "empty"), (["bad\nname"], "control"), ([""], "no directory"),
+    # git's --stdin would unquote or trim these into another directory (review: '"\\056git"' became .git)
+    (['"b"'], "double quote"), (['"\\056git"'], "double quote"), ([" b"], "blank"), (["b "], "blank"),
+    (["b /"], "blank"), (["/".join(["d"] * 65)], "deeper than 64"),
 ])
 def test_a_bad_cone_is_bad_argument_and_writes_nothing(root, served_upstream, cone, why):
     repo, url = served_upstream
@@ -123,6 +126,42 @@ def test_a_bad_cone_is_bad_argument_and_writes_nothing(root, served_upstream, co
     answer = Cache(root).ensure(url, sha, sparse=cone)
     assert answer.error == "BAD_ARGUMENT"
     assert not os.path.exists(os.path.join(root, "repos"))
+
+
+@pytest.mark.slow
+def test_a_cone_whose_pathspecs_outgrow_a_command_line_works_on_a_partial_mirror(root, served_upstream,
+                                                                                  monkeypatch):
+    """Regression (review): a partial mirror listed a cone's blobs with its pathspecs (every
+    ancestor of every directory) on rev-list's command line: a deep cone failed the commit
+    with "Argument list too long". 256 directories, 63 levels of 15-byte names each: ~8 MB."""
+    repo, url = served_upstream
+    sha = monorepo(repo)
+    monkeypatch.setenv("CHECKOUTCACHE_FILTER", "blob:none")
+    deep = [f"services/alpha/{'/'.join(f'level-{n:03d}-{i:04d}' for n in range(61))}" for i in range(255)]
+    answer = Cache(root).ensure(url, sha, sparse=["services/beta", *deep], wait=120)
+    assert answer.state == "ready", answer
+    assert {f"services/beta/src/file_{n}.txt" for n in range(5)} <= worktree_files(answer.path)
+    assert not any(path.startswith("services/alpha/src/") for path in worktree_files(answer.path))
+
+
+@pytest.mark.slow
+def test_a_checkout_whose_ready_marker_is_large_is_answered_ready(root, served_upstream):
+    """Regression (found by the test above): the ready path read 64 KiB of a marker, gc and
+    the worker all of it; a cone of many long directories made a marker of ~240 KiB, which
+    the ready path called damaged and the worker published: cloned again every 200 ms, and
+    `cloning` answered until the wait ran out."""
+    repo, url = served_upstream
+    sha = monorepo(repo)
+    many = ["services/beta", *(f"services/gamma/{'/'.join(f'{i:04d}-' + 'x' * 240 for _ in range(4))}"
+                               for i in range(255))]
+    args = [a for d in many for a in ("--sparse", d)]
+    code, answer, out = run_cli("ensure", url, sha, *args, "--wait", "60", root=root)
+    assert code == 0 and answer["state"] == "ready", out[-500:]
+    assert os.path.getsize(os.path.join(answer["path"], ".git", "checkoutcache-ready")) > 1 << 16
+    again = run_cli("ensure", url, sha, *args, root=root)  # the ready path, no wait
+    assert again[0] == 0 and again[1]["path"] == answer["path"], again[2][-500:]
+    log = open(only_repo(root).clone_log(os.path.basename(answer["path"]))).read()
+    assert log.count("clone of") == 1, log[-2000:]
 
 
 def test_a_cone_that_is_not_utf8_or_not_a_list_is_refused_by_cli_and_api(root, tmp_path, served_upstream):

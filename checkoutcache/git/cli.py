@@ -351,17 +351,18 @@ class GitCliBackend:
 
     def missing_blobs(self, mirror: str, sha: str, cone: Cone = ()) -> list[str]:
         """The blobs of the commit's tree (of its cone) a partial mirror lacks (never fetched here)."""
-        done = self._run(self._tree_objects(mirror, sha, cone))
+        done = self._tree_objects(mirror, sha, cone)
         self._check(done)
         return [line[1:].strip() for line in done.stdout.splitlines() if line.startswith("?")]
 
-    @staticmethod
-    def _tree_objects(mirror: str, sha: str, cone: Cone) -> list[str]:
+    def _tree_objects(self, mirror: str, sha: str, cone: Cone) -> subprocess.CompletedProcess:
         """rev-list listing the objects of the commit's tree (its cone's), missing ones as
         `?<id>`. From the tree, not the commit: given a commit, pathspecs limit which commits
-        are listed (one that changed nothing in the cone would list nothing at all)."""
-        return ["-C", mirror, "rev-list", "--objects", "--missing=print", f"{sha}^{{tree}}", "--",
-                *(cones.pathspecs(cone) if cone else [])]
+        are listed (one that changed nothing in the cone would list nothing at all). The tree
+        and the pathspecs go on stdin: a deep cone's pathspecs outgrow a command line."""
+        listed = "".join(line + "\n" for line in [f"{sha}^{{tree}}", "--", *(cones.pathspecs(cone) if cone else [])])
+        return subprocess.run([self.git, "-C", mirror, "rev-list", "--objects", "--missing=print", "--stdin"],
+                              input=listed, capture_output=True, text=True, env=git_env(), cwd="/", errors="replace")
 
     def fetch_blobs(self, mirror: str, url: str, oids: list[str], filter: str, credential: Credential | None,
                     on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> None:
@@ -422,7 +423,7 @@ class GitCliBackend:
             return done.returncode == 0
         # A cone, or a partial mirror (archive would want blobs it was never meant to have):
         # every object of the checkout is there, and each one inflates.
-        listed = self._run(self._tree_objects(mirror, sha, cone))
+        listed = self._tree_objects(mirror, sha, cone)
         if listed.returncode != 0 or any(line.startswith("?") for line in listed.stdout.splitlines()):
             return False
         ids = "".join(line.split(" ", 1)[0] + "\n" for line in listed.stdout.splitlines() if line)

@@ -72,12 +72,25 @@ def top_names(checkout_dir: str) -> list[str]:
     return sorted(n for n in os.listdir(checkout_dir) if n != ".git")[:TOP_NAMES]
 
 
+# The largest record of the store a reader takes (store/records.py reads every other
+# record with it): the ready path and gc must agree on what a marker says, or a checkout
+# one calls published and the other not is cloned again and again.
+MAX_RECORD_BYTES = 1 << 20
+_FIRST_READ = 1 << 16  # nearly every marker: one read, no fstat
+
+
 def marker_record(marker_fd: int) -> dict:
+    data = os.pread(marker_fd, _FIRST_READ, 0)
+    if len(data) == _FIRST_READ:  # a large one (a cone of many directories): the rest of it
+        size = os.fstat(marker_fd).st_size
+        data = os.pread(marker_fd, MAX_RECORD_BYTES + 1, 0) if size <= MAX_RECORD_BYTES else b""
+        if len(data) > MAX_RECORD_BYTES:
+            data = b""
     try:
-        data = json.loads(os.pread(marker_fd, 1 << 16, 0) or b"{}")
+        value = json.loads(data or b"{}")
     except ValueError:
         return {}
-    return data if isinstance(data, dict) else {}
+    return value if isinstance(value, dict) else {}
 
 
 def looks_intact(checkout_dir: str, record: dict) -> bool:

@@ -26,9 +26,9 @@ import attrs
 
 from checkoutcache.errors import CODES
 from checkoutcache.store.modes import open_created
+from checkoutcache.store.ready import MAX_RECORD_BYTES
 
 TMP_SUFFIX = ".tmp"
-MAX_RECORD_BYTES = 1 << 20
 
 
 def write_json(path: str, value: dict) -> None:
