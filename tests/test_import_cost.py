@@ -65,3 +65,34 @@ def test_a_new_commits_path_imports_only_the_agreed_modules(root, tmp_path):
     every = set(cli) | set(worker)
     assert not {m for m in every if m in FORBIDDEN or m.split(".")[0] in FORBIDDEN}, \
         sorted(m for m in every if m in FORBIDDEN or m.split(".")[0] in FORBIDDEN)
+
+
+# A new commit handed to serve: the CLI only asks and reads the marker serve wrote.
+HANDOFF_MODULES = {
+    "checkoutcache", "checkoutcache.cli", "checkoutcache.cli.fast", "checkoutcache.cones",
+    "checkoutcache.credentials", "checkoutcache.errors", "checkoutcache.repospec", "checkoutcache.store",
+    "checkoutcache.store.layout", "checkoutcache.store.ready", "checkoutcache.units",
+}
+
+
+def test_a_new_commit_handed_to_serve_imports_neither_attrs_nor_the_library(root, tmp_path, served_upstream):
+    """Regression: the hand-off parsed --wait with checkoutcache.units, which imported attrs
+    (34 ms of a ~200 ms answer) for a class the hand-off never uses."""
+    from .helpers import TOKEN, Serve
+
+    repo, url = served_upstream
+    os.makedirs(root, exist_ok=True)
+    running = Serve(root, tmp_path, "--gc-interval", "0", unix=os.path.join(root, "checkoutcache.sock"))
+    try:
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "checkoutcache", "--root", root, "ensure",
+                               url, repo.shas[1], "--wait", "60"], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, CHECKOUTCACHE_API_TOKEN=TOKEN))
+    finally:
+        running.stop()
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = imported(done.stderr)
+    cli = lines[lines.index("site") + 1:]
+    assert "checkoutcache.cli.fast" in cli and "socket" in cli  # it asked serve
+    ours = {m for m in cli if m.startswith("checkoutcache")}
+    assert ours <= HANDOFF_MODULES, sorted(ours - HANDOFF_MODULES)  # never the library: serve answered
+    assert not {m for m in cli if m.split(".")[0] in ("attrs", "attr", "click")}
