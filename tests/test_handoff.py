@@ -221,3 +221,14 @@ def test_serves_cap_on_waiting_does_not_cut_the_clis_wait_short(root, tmp_path, 
     finally:
         proxy.open()
         running.stop()
+
+
+def test_a_bad_wait_is_bad_argument_not_a_traceback(root, served_upstream):
+    """Regression (review): the hand-off's time left was computed from --wait outside any
+    error handling: `--wait abc` ended in a traceback and no answer."""
+    repo, url = served_upstream
+    os.makedirs(root, exist_ok=True)
+    code, answer, out = run_cli("ensure", url, repo.shas[0], "--wait", "abc", root=root)
+    assert code == 2 and answer["error"] == "BAD_ARGUMENT" and "--wait" in answer["message"], out
+    assert "Traceback" not in out
+    assert os.listdir(root) == []

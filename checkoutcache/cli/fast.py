@@ -110,16 +110,16 @@ def hand_to_serve(root_paths, path: str, spec, repo: str, commit: str, scope: st
     the library does it all in what is left of --wait); REFUSED_AT_ONCE (nothing asked)."""
     from checkoutcache.credentials import CREDENTIAL_VARS, strip_userinfo
 
-    if wait in ("0", "") or spec.is_local or strip_userinfo(repo) != repo or \
+    if wait in ("0", "") or spec.is_local or strip_userinfo(repo) != repo or sys.stderr.isatty() or \
             any(os.environ.get(var) for var in CREDENTIAL_VARS):
-        return REFUSED_AT_ONCE
+        return REFUSED_AT_ONCE  # (at a terminal the full CLI draws its progress bar for the whole wait)
     where = os.environ.get("CHECKOUTCACHE_UNIX_SOCKET") or root_paths.api_socket
     request = {"repo": repo, "commit": commit, "wait": wait, "scope": scope, **({"sparse": sparse} if sparse else {})}
     try:
         from checkoutcache.units import parse_duration
 
         answered = _post_unix(where, "/v1/ensure", request, parse_duration(wait, "--wait") + HANDOFF_SLACK,
-                              trusted_uids={os.getuid(), 0, os.stat(root_paths.root).st_uid})
+                              trusted_uids=trusted_peers(root_paths.root))
     except Exception:  # no serve there, a dead socket, a malformed answer: none of them is ours to report
         return REFUSED
     if answered is None:
@@ -132,10 +132,27 @@ def hand_to_serve(root_paths, path: str, spec, repo: str, commit: str, scope: st
     return WAITED
 
 
+def trusted_peers(root: str) -> set[int]:
+    """Whom the token may go to: this uid, root, the root directory's owner; never the
+    overflow uid, which stands for every uid a user namespace does not map (a stranger's
+    socket and the root's owner would look alike there)."""
+    trusted = {os.getuid(), 0, os.stat(root).st_uid}
+    try:
+        with open("/proc/sys/kernel/overflowuid") as handle:
+            trusted.discard(int(handle.read()))
+    except (OSError, ValueError):
+        trusted.discard(65534)
+    return trusted
+
+
 def rest_of_wait(wait: str, spent: float) -> str:
+    from checkoutcache.errors import CheckoutCacheError
     from checkoutcache.units import parse_duration
 
-    return f"{max(0.0, parse_duration(wait, '--wait') - spent):.3f}"
+    try:
+        return f"{max(0.0, parse_duration(wait, '--wait') - spent):.3f}"
+    except CheckoutCacheError:
+        return wait  # the library answers BAD_ARGUMENT for it
 
 
 def _post_unix(where: str, endpoint: str, body: dict, timeout: float, trusted_uids: set[int]) -> tuple[int, dict] | None:
