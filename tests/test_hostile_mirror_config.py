@@ -8,9 +8,15 @@ servers (git daemon, an HTTPS server with Basic authentication)."""
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import stat
+import threading
+
+import pytest
 
 from .helpers import Upstream, git, only_repo, run_cli, wait_ready
+from .helpers.lfs import LfsUpstream
 from .test_credentials_hosts import TOKEN, env_for, https_server  # noqa: F401 - the fixture
 from .test_monorepo import PARTIAL, monorepo, worktree_files
 
@@ -80,3 +86,81 @@ def test_a_mirrors_config_gets_no_credential_and_runs_no_askpass(root, tmp_path,
     assert https_server.authorizations_to("localhost"), "the fetch used the credential"
     assert not leak.exists(), leak.read_text()
     assert not mark.exists(), mark.read_text()
+
+
+def test_a_full_mirrors_config_cannot_name_what_a_fetch_by_url_runs(root, tmp_path, served_upstream):
+    """Regression (second review): a fetch by URL reads `remote."<that URL>".*` from the
+    mirror's config: a planted `uploadpack` ran, a planted `url` was fetched from."""
+    repo, url = served_upstream
+    wait_ready(root, url, repo.shas[0])
+    mirror = only_repo(root).mirror
+    mark = tmp_path / "planted-ran"
+    script = marking_script(tmp_path, mark)
+    elsewhere = Upstream(str(tmp_path / "elsewhere"))
+    elsewhere.commit({"README.md": "not the upstream\n"})
+    plant(mirror, f'[remote "{url}"]\n\tuploadpack = {script}\n\turl = {elsewhere.path}\n'
+                  f'[include]\n\tpath = {tmp_path / "more.gitconfig"}\n')
+    (tmp_path / "more.gitconfig").write_text(f"[core]\n\tsshCommand = {script}\n")
+    new = repo.commit({"NEW.txt": "new\n"}, message="new")
+    answer = wait_ready(root, url, new)
+    assert not mark.exists(), mark.read_text()
+    assert git("rev-parse", "HEAD", cwd=answer["path"]) == new
+
+
+@pytest.mark.skipif(shutil.which("git-lfs") is None, reason="git-lfs is not installed")
+def test_a_mirrors_config_cannot_choose_git_lfs_transfer_agent(root, tmp_path):
+    """Regression (second review): `git lfs fetch` ran in the mirror and read its config: a
+    planted standalone transfer agent ran as whoever fetched."""
+    upstream = LfsUpstream(str(tmp_path / "upstream"))
+    first = upstream.commit_lfs({"a.bin": b"first\n" * 100})
+    wait_ready(root, upstream.path, first)
+    mirror = only_repo(root).mirror
+    mark = tmp_path / "planted-ran"
+    script = marking_script(tmp_path, mark)
+    plant(mirror, f"[lfs]\n\tstandalonetransferagent = evil\n[lfs \"customtransfer.evil\"]\n\tpath = {script}\n")
+    second = upstream.commit_lfs({"b.bin": b"second\n" * 100})
+    answer = wait_ready(root, upstream.path, second)
+    assert not mark.exists(), mark.read_text()
+    assert open(os.path.join(answer["path"], "b.bin"), "rb").read() == b"second\n" * 100
+
+
+def test_a_mirrors_config_cannot_route_the_credential_through_a_proxy(root, tmp_path, https_server):  # noqa: F811
+    """Regression (second review): URL-specific `http.<url>.*` keys in the mirror's config
+    (a proxy, TLS verification off) beat ours: the credential went to a listener of the
+    member's choosing. A listener stands in for the proxy and records any connection."""
+    sha = https_server.upstream.shas[0]
+    env = env_for(https_server, CHECKOUTCACHE_GIT_PASSWORD=TOKEN,
+                  CHECKOUTCACHE_GIT_HOSTS=f"localhost:{https_server.port}")
+    code, answer, err = run_cli("ensure", https_server.url("localhost", "repo"), sha, "--wait", "60",
+                                root=root, env=env)
+    assert code == 0, (answer, err)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    heard: list[bytes] = []
+
+    def record() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    heard.append(conn.recv(65536))
+                except OSError:
+                    heard.append(b"(connected)")
+
+    threading.Thread(target=record, daemon=True).start()
+    try:
+        base = f"https://localhost:{https_server.port}/"
+        plant(only_repo(root).mirror, f'[http "{base}"]\n\tproxy = http://127.0.0.1:{listener.getsockname()[1]}\n'
+                                      f'\tsslVerify = false\n')
+        new = https_server.upstream.commit({"NEW.txt": "new\n"}, message="new")
+        code, answer, err = run_cli("ensure", https_server.url("localhost", "repo"), new, "--wait", "60",
+                                    root=root, env=env)
+        assert code == 0, (answer, err)
+        assert heard == [], heard
+    finally:
+        listener.close()

@@ -18,8 +18,9 @@ from typing import Callable
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, BUNDLE_REFS, git_failure
-from checkoutcache.git.cli import die_with_parent, last_meaningful_line
+from checkoutcache.git.cli import die_with_parent, last_meaningful_line, partial_filter_of
 from checkoutcache.git.env import git_env
+from checkoutcache.git.view import private_view
 
 PUBLISHED_REFS = ("refs/heads/", "refs/tags/")
 
@@ -122,8 +123,10 @@ def take_in_bundle(mirror: str, path: str, namespace: str, keep_fds: tuple[int, 
         # --atomic: every ref or none (a failed one would leave the others pointing into
         # the pack removed below). A namespace per bundle: a branch `foo` in one bundle
         # and `foo/bar` in a later one never clash.
-        done = _git(["-C", mirror, "fetch", "--atomic", "--quiet", "--no-tags", "--no-write-fetch-head", "--",
-                     path, f"+refs/*:{BUNDLE_REFS}{namespace}/*"], keep_fds, timeout, env=git_env(takes_objects=True))
+        with private_view(mirror, partial_filter_of(mirror)) as view:
+            done = _git(["-C", view, "fetch", "--atomic", "--quiet", "--no-tags", "--no-write-fetch-head", "--",
+                         path, f"+refs/*:{BUNDLE_REFS}{namespace}/*"], keep_fds, timeout,
+                        env=git_env(takes_objects=True))
         if done.returncode != 0:
             raise BundleError(last_meaningful_line(done.stderr))
     except BaseException:
@@ -148,11 +151,11 @@ def fetch_published(mirror: str, url: str, credential: Credential | None, log: C
     """The upstream's branches and tags, as they are now: a branch or tag deleted
     upstream is deleted here too (--prune), so no bundle carries it on."""
     secrets = secrets_of(credential)
-    args = ["-C", mirror, "fetch", "--prune", "--no-tags", "--no-write-fetch-head", "--quiet", "--", url,
-            *ALL_BRANCHES_AND_TAGS]
-    log("$ git " + redact(" ".join(args[2:]), secrets))
+    args = ["fetch", "--prune", "--no-tags", "--no-write-fetch-head", "--quiet", "--", url, *ALL_BRANCHES_AND_TAGS]
+    log("$ git " + redact(" ".join(args), secrets))
     try:
-        done = _git(args, keep_fds, timeout, env=git_env(credential=credential, url=url))
+        with private_view(mirror) as view:  # bundles come from full mirrors only
+            done = _git(["-C", view, *args], keep_fds, timeout, env=git_env(credential=credential, url=url))
     except BundleError as exc:
         raise CheckoutCacheError("TIMEOUT" if exc.timed_out else "CLONE_FAILED",
                                  limit=f"{timeout:g}s", detail=str(exc)) from None

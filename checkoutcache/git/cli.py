@@ -49,6 +49,7 @@ from checkoutcache.git.backend import (
 )
 from checkoutcache.git import mirror as mirror_module
 from checkoutcache.git.env import OPERATOR_CONFIG_VAR, git_env
+from checkoutcache.git.view import private_view
 
 _PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>[0-9]{1,3})% "
                        r"\((?P<done>[0-9]{1,12})/(?P<total>[0-9]{1,12})\)"
@@ -204,6 +205,19 @@ class RunningProcesses:
 RUNNING = RunningProcesses()
 
 
+def partial_filter_of(mirror: str, git: str = "git") -> str | None:
+    """The filter of a partial mirror (CHECKOUTCACHE_FILTER when it was made), None for a full one."""
+    done = subprocess.run([git, "config", "--file", os.path.join(mirror, "config"), "--get",
+                           "remote.origin.partialclonefilter"], capture_output=True, text=True, env=git_env(),
+                          cwd="/", errors="replace")
+    filter = done.stdout.strip() if done.returncode == 0 else ""
+    if not filter:
+        return None
+    # The file is the group's to write: only a filter we could have written counts (it
+    # goes on git's command line); any other value is a blob:none mirror's, the strictest.
+    return filter if FILTER_SPEC.fullmatch(filter) else "blob:none"
+
+
 def one_time_promisor_remote(url: str, filter: str) -> tuple[str, list[str]]:
     """A promisor remote for one fetch into a partial mirror, named and defined on the command
     line alone: its name is new each time, so no `remote.<name>.*` a group member wrote into
@@ -334,15 +348,7 @@ class GitCliBackend:
         write_git_config(path, {**MIRROR_CONFIG, **(partial_mirror_config(filter) if filter else {})})
 
     def partial_filter(self, mirror: str) -> str | None:
-        """The filter of a partial mirror (CHECKOUTCACHE_FILTER when it was made), None for a full one."""
-        done = self._run(["config", "--file", os.path.join(mirror, "config"), "--get",
-                          "remote.origin.partialclonefilter"])
-        filter = done.stdout.strip() if done.returncode == 0 else ""
-        if not filter:
-            return None
-        # The file is the group's to write: only a filter we could have written counts (it
-        # goes on git's command line); any other value is a blob:none mirror's, the strictest.
-        return filter if FILTER_SPEC.fullmatch(filter) else "blob:none"
+        return partial_filter_of(mirror, self.git)
 
     def make_full(self, mirror: str) -> None:
         """A new partial mirror whose server ignored the filter holds every object: a full one."""
@@ -372,11 +378,12 @@ class GitCliBackend:
         # noop negotiation: with our commits offered as haves, the server takes the blobs
         # for reachable from them and sends none (benchmarks/MONOREPO.md A2).
         remote, remote_config = one_time_promisor_remote(url, filter)
-        cmd = ["-C", mirror, *remote_config, "-c", "fetch.negotiationAlgorithm=noop", "fetch",
+        cmd = [*remote_config, "-c", "fetch.negotiationAlgorithm=noop", "fetch",
                "--no-tags", "--no-write-fetch-head", "--progress", f"--filter={filter}", "--stdin", remote]
-        log(f"$ git {redact(' '.join(cmd[2:]), secrets)} ({len(oids)} blob(s))")
-        code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets,
-                                    keep_fds, stdin="".join(oid + "\n" for oid in oids).encode())
+        log(f"$ git {redact(' '.join(cmd), secrets)} ({len(oids)} blob(s))")
+        with private_view(mirror, filter) as view:
+            code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
+                                        log, secrets, keep_fds, stdin="".join(oid + "\n" for oid in oids).encode())
         if code != 0:
             raise git_failure(output, last_meaningful_line(output), secrets)
 
@@ -468,13 +475,15 @@ class GitCliBackend:
         secrets = secrets_of(credential)
         filter = self.partial_filter(mirror)
         if filter is None:
-            cmd = ["-C", mirror, "fetch", "--no-tags", "--no-write-fetch-head", "--progress", "--", url, *refspecs]
+            cmd = ["fetch", "--no-tags", "--no-write-fetch-head", "--progress", "--", url, *refspecs]
         else:
             remote, remote_config = one_time_promisor_remote(url, filter)
-            cmd = ["-C", mirror, *remote_config, "fetch", "--no-tags", "--no-write-fetch-head",
+            cmd = [*remote_config, "fetch", "--no-tags", "--no-write-fetch-head",
                    "--progress", f"--filter={filter}", remote, *refspecs]
-        log("$ git " + redact(" ".join(cmd[2:]), secrets))
-        code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets, keep_fds)
+        log("$ git " + redact(" ".join(cmd), secrets))
+        with private_view(mirror, filter) as view:
+            code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
+                                        log, secrets, keep_fds)
         if code != 0:
             raise git_failure(output, last_meaningful_line(output), secrets)
         return filter is not None and FILTER_REFUSED in output
@@ -551,10 +560,9 @@ class GitCliBackend:
     def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
                   keep_fds: tuple[int, ...] = (), paths: list[bytes] | None = None) -> None:
-        # lfs.storage goes to the mirror's own config, not our command line: git-lfs
-        # hands its configuration on to the file:// transfer agent, which would look for
-        # a local upstream's objects in our store.
-        self._check(self._run(["-C", mirror, "config", "lfs.storage", store], keep_fds))
+        # lfs.storage goes to the repository's config (the private view's), not our command
+        # line: git-lfs hands its command line on to the file:// transfer agent, which would
+        # look for a local upstream's objects in our store.
         endpoint = lfs_endpoint(url, is_local)
         secrets = secrets_of(credential)
         # On our command line, over anything a repository's .lfsconfig says: the endpoint
@@ -572,10 +580,12 @@ class GitCliBackend:
                     and sum(len(p) + 1 for p in listed) < LFS_INCLUDE_MAX:
                 filters["fetchinclude"] = ",".join(listed)
         pinned += [f"lfs.{name}={value}" for name, value in filters.items()]
-        cmd = ["-C", mirror, *[arg for pair in pinned for arg in ("-c", pair)],
+        cmd = [*[arg for pair in pinned for arg in ("-c", pair)],
                "lfs", "fetch", endpoint if is_local and endpoint else url, sha]
-        log("$ git " + redact(" ".join(cmd[2:]), secrets))
-        code, output = self._stream(cmd, git_env(credential=credential, url=url), on_progress, log, secrets, keep_fds)
+        log("$ git " + redact(" ".join(cmd), secrets))
+        with private_view(mirror, self.partial_filter(mirror), {"lfs.storage": store}) as view:
+            code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
+                                        log, secrets, keep_fds)
         if code != 0:
             raise lfs_failure(output, last_meaningful_line(output), secrets)
 
