@@ -129,3 +129,15 @@ def test_the_compose_file_is_the_same_deployment_on_one_host():
     assert review["environment"]["CHECKOUTCACHE_UNIX_SOCKET"] == IMAGE_SOCKET
     assert review["depends_on"]["checkoutcache"]["condition"] == "service_healthy"
     assert Client.from_env({k: str(v) for k, v in review["environment"].items()}).token is None
+
+
+def test_no_two_containers_share_a_tmp():
+    """The sidecar's git runs in private directories made in its TMPDIR (git/view.py): a /tmp
+    another container's uid can rename entries of (an emptyDir has no sticky bit) must not be it."""
+    sidecar, review = sidecar_and_review()
+    tmp_volumes = [[m["name"] for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+                   for c in (sidecar, review)]
+    assert all(len(found) == 1 for found in tmp_volumes), tmp_volumes
+    assert tmp_volumes[0] != tmp_volumes[1], tmp_volumes
+    services = compose()["services"]
+    assert len(services) >= 2 and all("/tmp" in service.get("tmpfs", []) for service in services.values()), services

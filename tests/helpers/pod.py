@@ -45,7 +45,8 @@ class ManifestPod:
         self.volumes: dict[str, str | None] = {}  # pod volume name -> podman volume (None: a tmpfs)
         for volume in spec.get("volumes", []):
             assert set(volume) == {"name", "emptyDir"}, volume
-            self.volumes[volume["name"]] = None if volume["name"] == "tmp" else self._empty_dir()
+            # a /tmp of its own (a tmpfs per container), the cache a shared volume
+            self.volumes[volume["name"]] = None if volume["name"].endswith("tmp") else self._empty_dir()
         # The ports serve listens on, replaced by free ones (shared host network).
         self.ports = {name: free_port() for name in PORT_SETTINGS}
 
