@@ -32,6 +32,7 @@ WORKER_MODULES = {
     "checkoutcache.clone.worker", "checkoutcache.git.cli", "checkoutcache.git.mirror",
     "checkoutcache.store.checkouts", "checkoutcache.store.liveness", "checkoutcache.store.scratch",
     "checkoutcache.store.sizes", "checkoutcache.testhooks",
+    "checkoutcache.git.view",  # every fetch runs in a private view of the mirror (docs/security.md)
 }
 # Never on this path, whatever else joins it: what the measured issue found there.
 # (logging is imported by setproctitle, which the fork's retitling needs.)
