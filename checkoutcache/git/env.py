@@ -3,7 +3,7 @@
 - Nothing of the caller's applies: every GIT_* variable is dropped (GIT_DIR,
   GIT_WORK_TREE, GIT_ALTERNATE_OBJECT_DIRECTORIES, ...), and neither the
   machine's /etc/gitconfig nor the caller's ~/.gitconfig is read
-  (GIT_CONFIG_SYSTEM names our own file, GIT_CONFIG_GLOBAL the operator's or
+  (GIT_CONFIG_SYSTEM is /dev/null, GIT_CONFIG_GLOBAL the operator's file or
   none): no filter, hook, insteadOf or fsmonitor of theirs runs.
 - The operator may give one git config file (CHECKOUTCACHE_GIT_CONFIG) for
   network operations only (probe, fetch): credential helpers, `insteadOf`
