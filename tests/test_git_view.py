@@ -50,3 +50,4 @@ def test_a_view_a_killed_process_left_is_removed_by_the_next(tmp_path):
         pass
     assert not os.path.exists(left) and os.path.exists(mine)  # a live process's view stays
     os.rmdir(mine)
+

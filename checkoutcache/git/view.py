@@ -35,11 +35,13 @@ the same uid.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
 from typing import Iterator
 
+from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import MIRROR_CONFIG, partial_mirror_config
 
 PACKED_REFS = "packed-refs"
@@ -50,19 +52,28 @@ VIEW_PREFIX = "checkoutcache-view-"
 def private_view(mirror: str, filter: str | None = None, settings: dict[str, str] | None = None) -> Iterator[str]:
     """Yields the private git directory that shows the mirror: run git with `-C` it."""
     remove_dead_views()
-    view = tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-")
+    view = None
     try:
-        for name in ("objects", "refs", PACKED_REFS):
-            os.symlink(os.path.join(mirror, name), os.path.join(view, name))
-        with open(os.path.join(view, "HEAD"), "w") as handle:
-            handle.write("ref: refs/heads/main\n")  # a fetch never reads it; git wants one
-        config = {"core.bare": "true", **MIRROR_CONFIG, **(partial_mirror_config(filter) if filter else {}),
-                  **(settings or {})}
-        with open(os.path.join(view, "config"), "w") as handle:
-            handle.write(_config_text(config, partial=filter is not None))
+        try:
+            view = tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-")
+            for name in ("objects", "refs", PACKED_REFS):
+                os.symlink(os.path.join(mirror, name), os.path.join(view, name))
+            with open(os.path.join(view, "HEAD"), "w") as handle:
+                handle.write("ref: refs/heads/main\n")  # a fetch never reads it; git wants one
+            config = {"core.bare": "true", **MIRROR_CONFIG, **(partial_mirror_config(filter) if filter else {}),
+                      **(settings or {})}
+            with open(os.path.join(view, "config"), "w") as handle:
+                handle.write(_config_text(config, partial=filter is not None))
+        except OSError as exc:  # TMPDIR's disk, not the store's (DISK_FULL names the root's): say which
+            full = " is full" if exc.errno == errno.ENOSPC else ""
+            where = tempfile.tempdir or os.environ.get("TMPDIR") or "/tmp"  # gettempdir() may be what failed
+            raise CheckoutCacheError("CLONE_FAILED", detail=f"TMPDIR ({where}){full}: no private git "
+                                                            f"directory for the fetch could be made there "
+                                                            f"({exc.strerror or exc})") from None
         yield view
     finally:
-        shutil.rmtree(view, ignore_errors=True)
+        if view is not None:
+            shutil.rmtree(view, ignore_errors=True)
 
 
 def _config_text(entries: dict[str, str], partial: bool) -> str:
