@@ -182,8 +182,8 @@ def _post_unix(where: str, endpoint: str, body: dict, timeout: float, trusted_ui
             return None
         # Who listens, as the kernel says (pid, uid, gid): a group member may have put its own
         # socket at this path (the root's folders are the group's to write).
-        _, peer_uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              struct.calcsize("3i")))
+        _, peer_uid, _ = struct.unpack("iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("iII")))
         if peer_uid not in trusted_uids:
             return None
         deadline = time.monotonic() + timeout
