@@ -23,6 +23,7 @@ from .helpers import (
     wait_ready,
     wait_until,
 )
+from .helpers.daemons import answer_each
 from .https_git import GitHttpsServer
 
 pytestmark = pytest.mark.faults
@@ -113,16 +114,7 @@ def slammer():
     server.listen(64)
     accepted: list[float] = []
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(time.monotonic())
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    answer_each(server, lambda conn: accepted.append(time.monotonic()))
     yield f"git://127.0.0.1:{server.getsockname()[1]}/x", accepted
     server.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 from checkoutcache.git.env import git_env
 from checkoutcache.git.view import private_view
@@ -42,6 +43,10 @@ def test_a_view_a_killed_process_left_is_removed_by_the_next(tmp_path):
     dead.wait()
     left = os.path.join(tempfile.gettempdir(), f"checkoutcache-view-{dead.pid}-x")
     os.makedirs(os.path.join(left, "sub"))
+    hours_ago = time.time() - 7 * 3600
+    os.utime(left, (hours_ago, hours_ago))
+    young = os.path.join(tempfile.gettempdir(), f"checkoutcache-view-{dead.pid}-z")  # another namespace's, maybe
+    os.makedirs(young)
     mine = os.path.join(tempfile.gettempdir(), f"checkoutcache-view-{os.getpid()}-y")
     os.makedirs(mine)
     mirror = str(tmp_path / "mirror.git")
@@ -49,5 +54,7 @@ def test_a_view_a_killed_process_left_is_removed_by_the_next(tmp_path):
     with private_view(mirror):
         pass
     assert not os.path.exists(left) and os.path.exists(mine)  # a live process's view stays
+    assert os.path.exists(young)  # and a young one, whose pid may be another namespace's
     os.rmdir(mine)
+    os.rmdir(young)
 

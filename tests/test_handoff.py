@@ -22,6 +22,7 @@ import pytest
 from checkoutcache.cli.fast import HANDOFF_SLACK
 
 from .helpers import TOKEN, Serve, assert_checkout_matches, run_cli, wait_until
+from .helpers.daemons import answer_each
 from .helpers.gate import GatedProxy
 from .helpers.store import only_repo
 
@@ -84,19 +85,13 @@ def test_a_socket_that_lies_is_never_believed(root, served_upstream):
     listener.listen(8)
     asked = []
 
-    def liar() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                asked.append(conn.recv(65536))
-                body = json.dumps({"state": "ready", "commit": repo.shas[2], "repo": url, "path": "/etc"}).encode()
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+    def lie(conn: socket.socket) -> None:
+        asked.append(conn.recv(65536))
+        body = json.dumps({"state": "ready", "commit": repo.shas[2], "repo": url, "path": "/etc"}).encode()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
 
-    threading.Thread(target=liar, daemon=True).start()
+    answer_each(listener, lie)
     try:
         code, answer, out = run_cli("ensure", url, repo.shas[2], "--wait", "60", root=root)
         assert asked, "the CLI never asked the socket"
@@ -139,7 +134,9 @@ while True:
 def fake_serve(mode: str, uid: int | None = None):
     """A stranger's server on a socket the CLI is pointed at, as another uid or as ours;
     yields (socket path, file of what it received). Its folder is one any uid can reach."""
-    folder = tempfile.mkdtemp(prefix="checkoutcache-sock-", dir="/tmp")  # short: a socket path is at most 107 bytes
+    # /tmp: a socket path is at most 107 bytes. Not named checkoutcache-*: the session-end check
+    # for product writes in /tmp would see it while another worker runs this test.
+    folder = tempfile.mkdtemp(prefix="test-sock-", dir="/tmp")
     os.chmod(folder, 0o777)
     where, record = os.path.join(folder, "serve.sock"), os.path.join(folder, "received")
     command = [sys.executable, "-c", FAKE_SERVE, where, record, mode]

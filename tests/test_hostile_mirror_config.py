@@ -11,11 +11,11 @@ import os
 import shutil
 import socket
 import stat
-import threading
 
 import pytest
 
 from .helpers import Upstream, git, only_repo, run_cli, wait_ready
+from .helpers.daemons import answer_each
 from .helpers.lfs import LfsUpstream
 from .test_credentials_hosts import TOKEN, env_for, https_server  # noqa: F401 - the fixture
 from .test_monorepo import PARTIAL, monorepo, worktree_files
@@ -27,6 +27,15 @@ def marking_script(tmp_path, mark) -> str:
     script.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {mark}\nexit 1\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return str(script)
+
+
+def planting_kit(tmp_path) -> tuple:
+    """(mark, script leaving it, another repository to fetch from instead): what a planted
+    setting would use."""
+    mark = tmp_path / "planted-ran"
+    elsewhere = Upstream(str(tmp_path / "elsewhere"))
+    elsewhere.commit({"README.md": "not the upstream\n"})
+    return mark, marking_script(tmp_path, mark), elsewhere
 
 
 def plant(mirror: str, text: str) -> None:
@@ -42,10 +51,7 @@ def test_a_partial_mirrors_config_names_neither_what_a_fetch_runs_nor_where_it_f
     first = monorepo(repo)
     wait_ready(root, url, first, env=PARTIAL, extra=("--sparse", "services/alpha"))
     mirror = only_repo(root).mirror
-    mark = tmp_path / "planted-ran"
-    script = marking_script(tmp_path, mark)
-    elsewhere = Upstream(str(tmp_path / "elsewhere"))
-    elsewhere.commit({"README.md": "not the upstream\n"})
+    mark, script, elsewhere = planting_kit(tmp_path)
     plant(mirror, f'[remote "origin"]\n\tuploadpack = {script}\n\turl = {elsewhere.path}\n'
                   f'[core]\n\tgitProxy = {script}\n\taskPass = {script}\n\talternateRefsCommand = {script}\n')
     with open(os.path.join(mirror, "objects", "info", "alternates"), "a") as handle:
@@ -94,10 +100,7 @@ def test_a_full_mirrors_config_cannot_name_what_a_fetch_by_url_runs(root, tmp_pa
     repo, url = served_upstream
     wait_ready(root, url, repo.shas[0])
     mirror = only_repo(root).mirror
-    mark = tmp_path / "planted-ran"
-    script = marking_script(tmp_path, mark)
-    elsewhere = Upstream(str(tmp_path / "elsewhere"))
-    elsewhere.commit({"README.md": "not the upstream\n"})
+    mark, script, elsewhere = planting_kit(tmp_path)
     plant(mirror, f'[remote "{url}"]\n\tuploadpack = {script}\n\turl = {elsewhere.path}\n'
                   f'[include]\n\tpath = {tmp_path / "more.gitconfig"}\n')
     (tmp_path / "more.gitconfig").write_text(f"[core]\n\tsshCommand = {script}\n")
@@ -139,20 +142,14 @@ def test_a_mirrors_config_cannot_route_the_credential_through_a_proxy(root, tmp_
     listener.listen(8)
     heard: list[bytes] = []
 
-    def record() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                try:
-                    heard.append(conn.recv(65536))
-                except OSError:
-                    heard.append(b"(connected)")
+    def record(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        try:
+            heard.append(conn.recv(65536))
+        except OSError:
+            heard.append(b"(connected)")
 
-    threading.Thread(target=record, daemon=True).start()
+    answer_each(listener, record)
     try:
         base = f"https://localhost:{https_server.port}/"
         plant(only_repo(root).mirror, f'[http "{base}"]\n\tproxy = http://127.0.0.1:{listener.getsockname()[1]}\n'

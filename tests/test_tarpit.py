@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from checkoutcache import Cache
 
 from .helpers import run_cli
+from .helpers.daemons import answer_each
 
 
 @pytest.fixture
@@ -24,15 +24,7 @@ def tarpit():
     server.listen(64)
     held: list[socket.socket] = []
 
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            held.append(conn)  # accepted, never answered, never closed
-
-    threading.Thread(target=accept, daemon=True).start()
+    answer_each(server, held.append, close=False)  # accepted, never answered, never closed
     yield f"git://127.0.0.1:{server.getsockname()[1]}/x", held
     server.close()
     for conn in held:

@@ -28,8 +28,8 @@ git ran there (tests/test_git_view.py).
 
 Callers hold the mirror lock (locks/mirror.lock), as for any write of a mirror.
 The view is removed when the command is done, whatever happened; one a killed
-process left (its name carries its pid) is removed by the next view made by
-the same uid.
+process left (its name carries its pid) is removed by a later view made by
+the same uid, once it is older than any fetch runs.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import errno
 import os
 import shutil
 import tempfile
+import time
 from typing import Iterator
 
 from checkoutcache.errors import CheckoutCacheError
@@ -46,6 +47,9 @@ from checkoutcache.git.backend import MIRROR_CONFIG, partial_mirror_config
 
 PACKED_REFS = "packed-refs"
 VIEW_PREFIX = "checkoutcache-view-"
+# A pid names its process only in its own PID namespace: a view younger than this may be a
+# live fetch's in another namespace sharing this TMPDIR (no fetch of ours runs this long).
+DEAD_VIEW_AGE = 6 * 3600
 
 
 @contextlib.contextmanager
@@ -106,7 +110,9 @@ def remove_dead_views() -> None:
         pid = name[len(VIEW_PREFIX):].split("-", 1)[0]
         path = os.path.join(where, name)
         try:
-            if not pid.isdigit() or os.lstat(path).st_uid != os.getuid() or os.path.exists(f"/proc/{pid}"):
+            info = os.lstat(path)
+            if not pid.isdigit() or info.st_uid != os.getuid() or os.path.exists(f"/proc/{pid}") \
+                    or time.time() - info.st_mtime < DEAD_VIEW_AGE:
                 continue
         except OSError:
             continue
