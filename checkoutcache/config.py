@@ -178,6 +178,9 @@ class Config(Settings):
                                         parse_free, "2%")
     max_age: float | None = setting(None, "CHECKOUTCACHE_MAX_AGE",
                                     "gc evicts checkouts unused for longer than this.", parse_duration, "off")
+    max_spares: int = setting(4, "CHECKOUTCACHE_MAX_SPARES",
+                              "gc keeps at most this many evicted trees per root as spares, updated in place "
+                              "into a later commit's checkout (0: evicted trees are deleted).", _count)
     mirror_gc_interval: float = setting(3600.0, "CHECKOUTCACHE_MIRROR_GC_INTERVAL",
                                         "gc repacks a mirror to drop objects no checkout needs at most this often.",
                                         parse_duration, "1h")

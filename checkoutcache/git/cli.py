@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from typing import Callable
 
 from checkoutcache import cones
 from checkoutcache.cones import Cone
@@ -594,8 +595,9 @@ class GitCliBackend:
         done = self._run(["-C", tree_dir, "ls-files", "-z", "--", ":(attr:filter=lfs)"])
         return done.returncode == 0 and bool(done.stdout.strip("\0"))
 
-    def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
-                 lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = (), cone: Cone = ()) -> None:
+    def _new_git_dir(self, tree_dir: str, mirror_objects: str, lfs: dict[str, str] | None,
+                     keep_fds: tuple[int, ...], cone: Cone) -> None:
+        """A checkout's .git as we make it: no index, no HEAD commit, our config alone."""
         make_work_repository(tree_dir)  # what `git init --template=` makes, without starting git
         write_alternates(tree_dir, mirror_objects)
         partial = mirror_module.has_promisor_packs(mirror_objects)
@@ -611,6 +613,10 @@ class GitCliBackend:
             if listed.returncode != 0:
                 stderr = listed.stderr.decode("utf-8", "replace")
                 raise git_failure(stderr, last_meaningful_line(stderr), [])
+
+    def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
+                 lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = (), cone: Cone = ()) -> None:
+        self._new_git_dir(tree_dir, mirror_objects, lfs, keep_fds, cone)
         # Parallel checkout (one writer per core): measured 30% faster than the
         # default single writer on a 3000-file tree (benchmarks/RESULTS.md). The smudge
         # filter never downloads: every object it needs is in the store already (the
@@ -624,6 +630,73 @@ class GitCliBackend:
                 raise lfs_failure(output, last_meaningful_line(output), [])
             raise git_failure(output, last_meaningful_line(output), [])
         self._check_written(tree_dir, keep_fds, output)
+
+    # ------------------------------------------------------------ recycled trees (clone/tree.py)
+    supports_spares = True
+
+    def commit_distance(self, mirror: str, a: str, b: str) -> int | None:
+        """Commits on either side of a...b (how far a spare of a is from b); None if unknown."""
+        done = self._run(["--git-dir", mirror, "rev-list", "--count", f"{a}...{b}", "--"])
+        return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else None
+
+    def update_tree(self, tree_dir: str, index: str, mirror_objects: str, old_sha: str, sha: str,
+                    on_progress: Progress, log: Log, lfs: dict[str, str] | None = None,
+                    keep_fds: tuple[int, ...] = (), cone: Cone = (), drop_gitlinks: bool = False,
+                    step: Callable[[str], None] = lambda _name: None) -> None:
+        """Turn a spare's tree of old_sha into sha's, in place. The tree's own .git is gone
+        (the caller removed it: nothing in it is trusted); a new one is made as for a fresh
+        checkout and given `index`, the one git wrote when old_sha was checked out there (the
+        caller proved it unchanged since). Then: every path whose file differs by its stat
+        from that index (modified, chmod'ed, replaced, a symlink swapped in) leaves the index,
+        so that `git clean -ffdx` deletes it with every untracked, ignored file and nested
+        repository (drop_gitlinks: submodules too, populated anew by the caller); git's
+        two-way checkout writes what differs from old_sha to sha. The caller proves the result
+        (tree_problems) before publishing it."""
+        self._new_git_dir(tree_dir, mirror_objects, lfs, keep_fds, cone)
+        os.replace(index, os.path.join(tree_dir, ".git", "index"))
+        with open(os.path.join(tree_dir, ".git", "HEAD"), "w") as handle:
+            handle.write(old_sha + "\n")
+        step("spare-after-git-dir")
+
+        def run(*args: str, stdin: bytes | None = None) -> bytes:
+            done = subprocess.run([self.git, "--literal-pathspecs", "-C", tree_dir, *args], input=stdin,
+                                  capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
+            if done.returncode != 0:
+                stderr = done.stderr.decode("utf-8", "replace")
+                raise git_failure(stderr, last_meaningful_line(stderr), [])
+            return done.stdout
+
+        # diff-files never refreshes: a stat that differs from the index is reported, content
+        # equal or not (a file whose content a reader swapped for its LFS pointer included).
+        stale = [p for p in run("diff-files", "--name-only", "-z").split(b"\0") if p]
+        if drop_gitlinks:
+            stale += [entry.split(b"\t", 1)[1] for entry in run("ls-files", "--stage", "-z").split(b"\0")
+                      if entry.startswith(b"160000 ") and b"\t" in entry]
+        if stale:
+            log(f"spare: {len(stale)} path(s) changed since it was published; written anew")
+            run("update-index", "--force-remove", "-z", "--stdin", stdin=b"".join(p + b"\0" for p in stale))
+        run("clean", "-ffdxq")
+        step("spare-after-clean")
+        never_download = ["-c", f"lfs.url={NO_LFS_ENDPOINT}"] if lfs else []
+        cmd = ["-C", tree_dir, "-c", "advice.detachedHead=false", "-c", "checkout.workers=0", *never_download,
+               "checkout", "--progress", "--detach", sha]
+        code, output = self._stream(cmd, git_env(), on_progress, log, [], keep_fds)
+        if code != 0:
+            if lfs and "filter lfs failed" in output:
+                raise lfs_failure(output, last_meaningful_line(output), [])
+            raise git_failure(output, last_meaningful_line(output), [])
+
+    def tree_problems(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> list[str]:
+        """What makes a work tree differ from its HEAD, in one git call: a tracked file
+        changed or missing, anything untracked or ignored. [] is an exact tree (nested
+        `.git` entries git never lists are the caller's to look for)."""
+        done = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "status", "--porcelain=v1", "-z",
+                               "--ignored=matching", "--untracked-files=all", "--no-renames"],
+                              capture_output=True, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
+                              pass_fds=keep_fds)
+        if done.returncode != 0:
+            return ["git status fails: " + last_meaningful_line(done.stderr.decode("utf-8", "replace"))]
+        return [entry.decode("utf-8", "backslashreplace") for entry in done.stdout.split(b"\0") if entry]
 
     def _check_written(self, tree_dir: str, keep_fds: tuple[int, ...], output: str) -> None:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
