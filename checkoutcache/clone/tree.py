@@ -41,6 +41,7 @@ from checkoutcache.git.backend import lfs_checkout_config, lfs_endpoint
 from checkoutcache.git.env import git_env
 from checkoutcache.repospec import LFS_OFF, SUBMODULES_NONE
 from checkoutcache.store import records
+from checkoutcache.store.beneath import Escape, fd_path, open_dir_beneath
 from checkoutcache.store.checkouts import remove_tree
 from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.sizes import index_identity
@@ -170,14 +171,42 @@ class TreeBuilder:
             raise SpareUnusable(f"its .git could not be removed ({removal.unremovable[0].error})")
         w.on_progress({"phase": "checking out"})
         w.backend.update_tree(tree, index, w.paths.mirror_objects, spare.sha, w.sha, w.on_progress, w.log,
-                              w.lfs_config, cone=w.cone, drop_gitlinks=spare.record.get("submodules") == "included",
-                              step=checkpoint)
+                              w.lfs_config, cone=w.cone, step=checkpoint,
+                              empty_gitlink=self.empty_directory if spare.record.get("submodules") else None)
         checkpoint("spare-after-checkout")
         self.restore_directories(tree)
         problems = w.backend.tree_problems(tree)
         if problems:
             raise SpareUnusable(f"not exact after the update: {len(problems)} difference(s), e.g. {problems[0]!r}")
         checkpoint("spare-after-proof")
+
+    def empty_directory(self, rel: bytes) -> None:
+        """Empty a submodule's directory of the spare (populated anew like a fresh tree's), resolved
+        beneath the tree without following a symlink; what is not a directory there is git's
+        to replace."""
+        tree_fd = os.open(self.w.scratch.tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            parent, _, name = rel.rpartition(b"/")
+            try:
+                parent_fd = open_dir_beneath(tree_fd, parent) if parent else os.dup(tree_fd)
+            except (Escape, FileNotFoundError):
+                return  # a leading component is not a directory: stale, written anew by git
+            try:
+                try:
+                    info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return
+                if not stat.S_ISDIR(info.st_mode):
+                    os.unlink(name, dir_fd=parent_fd)
+                else:
+                    removal = remove_tree(os.path.join(fd_path(parent_fd), os.fsdecode(name)))
+                    if not removal.complete:
+                        raise SpareUnusable(f"a submodule could not be emptied: {rel[:200]!r}")
+                os.mkdir(name, 0o777, dir_fd=parent_fd)
+            finally:
+                os.close(parent_fd)
+        finally:
+            os.close(tree_fd)
 
     def restore_directories(self, tree: str) -> None:
         """Directory modes as a fresh checkout makes them, and no `.git` below the top: git

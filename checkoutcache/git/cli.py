@@ -641,25 +641,28 @@ class GitCliBackend:
 
     def update_tree(self, tree_dir: str, index: str, mirror_objects: str, old_sha: str, sha: str,
                     on_progress: Progress, log: Log, lfs: dict[str, str] | None = None,
-                    keep_fds: tuple[int, ...] = (), cone: Cone = (), drop_gitlinks: bool = False,
+                    keep_fds: tuple[int, ...] = (), cone: Cone = (),
+                    empty_gitlink: Callable[[bytes], None] | None = None,
                     step: Callable[[str], None] = lambda _name: None) -> None:
         """Turn a spare's tree of old_sha into sha's, in place. The tree's own .git is gone
         (the caller removed it: nothing in it is trusted); a new one is made as for a fresh
         checkout and given `index`, the one git wrote when old_sha was checked out there (the
-        caller proved it unchanged since). Then: every path whose file differs by its stat
-        from that index (modified, chmod'ed, replaced, a symlink swapped in) leaves the index,
-        so that `git clean -ffdx` deletes it with every untracked, ignored file and nested
-        repository (drop_gitlinks: submodules too, populated anew by the caller); git's
-        two-way checkout writes what differs from old_sha to sha. The caller proves the result
-        (tree_problems) before publishing it."""
+        caller proved it unchanged since). Then: every path whose stat differs from that
+        index (modified, chmod'ed, replaced, a symlink swapped in, a leading directory turned
+        into a symlink) is written anew from the index; `git clean -ffdx` deletes every
+        untracked and ignored file and nested repository; empty_gitlink(path) empties each
+        submodule's directory (the caller populates them anew); git's two-way checkout then
+        writes what differs from old_sha to sha. The caller proves the result (tree_problems)
+        before publishing it."""
         self._new_git_dir(tree_dir, mirror_objects, lfs, keep_fds, cone)
         os.replace(index, os.path.join(tree_dir, ".git", "index"))
         with open(os.path.join(tree_dir, ".git", "HEAD"), "w") as handle:
             handle.write(old_sha + "\n")
         step("spare-after-git-dir")
+        never_download = ["-c", f"lfs.url={NO_LFS_ENDPOINT}"] if lfs else []
 
         def run(*args: str, stdin: bytes | None = None) -> bytes:
-            done = subprocess.run([self.git, "--literal-pathspecs", "-C", tree_dir, *args], input=stdin,
+            done = subprocess.run([self.git, "-C", tree_dir, *never_download, *args], input=stdin,
                                   capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
             if done.returncode != 0:
                 stderr = done.stderr.decode("utf-8", "replace")
@@ -669,15 +672,17 @@ class GitCliBackend:
         # diff-files never refreshes: a stat that differs from the index is reported, content
         # equal or not (a file whose content a reader swapped for its LFS pointer included).
         stale = [p for p in run("diff-files", "--name-only", "-z").split(b"\0") if p]
-        if drop_gitlinks:
-            stale += [entry.split(b"\t", 1)[1] for entry in run("ls-files", "--stage", "-z").split(b"\0")
-                      if entry.startswith(b"160000 ") and b"\t" in entry]
         if stale:
             log(f"spare: {len(stale)} path(s) changed since it was published; written anew")
-            run("update-index", "--force-remove", "-z", "--stdin", stdin=b"".join(p + b"\0" for p in stale))
+            # -f: whatever is in the way goes (a directory, a symlink in a leading component:
+            # git never writes through one); -u: their index entries say they are clean.
+            run("checkout-index", "-f", "-u", "-q", "-z", "--stdin", stdin=b"".join(p + b"\0" for p in stale))
+        if empty_gitlink is not None:
+            for entry in run("ls-files", "--stage", "-z").split(b"\0"):
+                if entry.startswith(b"160000 ") and b"\t" in entry:
+                    empty_gitlink(entry.split(b"\t", 1)[1])
         run("clean", "-ffdxq")
         step("spare-after-clean")
-        never_download = ["-c", f"lfs.url={NO_LFS_ENDPOINT}"] if lfs else []
         cmd = ["-C", tree_dir, "-c", "advice.detachedHead=false", "-c", "checkout.workers=0", *never_download,
                "checkout", "--progress", "--detach", sha]
         code, output = self._stream(cmd, git_env(), on_progress, log, [], keep_fds)

@@ -18,8 +18,13 @@ overlap, the second reports that it skipped):
    checkout: take its marker's exclusive lock without waiting, re-check its
    last use against the grace window, rename it into trash/, release, delete.
    A checkout held by an exec or touched meanwhile is skipped, not waited on;
+   Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
+   of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
+   is above 0 and space is not short; spares count against max-bytes and min-free and are
+   the first thing deleted (oldest first) when either is short, before any checkout is
+   planned; past max-spares the oldest go; spares a killed gc was making go to trash/;
 4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
-   drop keep-refs of commits with neither a checkout nor a live clone,
+   drop keep-refs of commits with neither a checkout, a spare nor a live clone,
    remove stale git lock files, and repack/prune at most every
    mirror_gc_interval so objects no checkout needs go away (a repack stays due
    when refs were dropped by an earlier run, until it is done); when refs were
@@ -38,7 +43,7 @@ import errno
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -63,6 +68,7 @@ from checkoutcache.store.sizes import disk_usage
 from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of, entries
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
+from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
 from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
@@ -74,11 +80,12 @@ STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
 
 @attrs.frozen
 class Removed:
-    reason: str  # lru, age, dead-scratch, trash, unpublished, damaged
+    reason: str  # lru, age, dead-scratch, trash, unpublished, damaged, spare
     repo: str
     name: str
     bytes: int = 0
     limit: str | None = None
+    spare: bool = False  # an evicted checkout kept as a spare (its bytes are not freed)
 
 
 @attrs.frozen
@@ -111,6 +118,8 @@ class GcReport:
     # from the inventory gc already made, so callers need no second walk.
     checkouts_after: int | None = None
     bytes_after: int | None = None
+    spares_after: int | None = None
+    spare_bytes_after: int | None = None
 
     @property
     def bytes_freed(self) -> int:
@@ -124,7 +133,8 @@ class GcReport:
             "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
             "unremovable": self.unremovable, "clock_repaired": self.clock_repaired, "problems": self.problems,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
-            "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after},
+            "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after,
+                             "spares": self.spares_after, "spare_bytes": self.spare_bytes_after},
         }
 
 
@@ -360,13 +370,17 @@ def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcRe
 
 
 def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
-                   report: GcReport) -> tuple[str | None, Removal | None]:
-    """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed)."""
+                   report: GcReport, spare: dict | None = None) -> tuple[str | None, Removal | None]:
+    """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed).
+    spare: its spare.json, to keep its tree as a spare instead (store/spares.py; nothing freed)."""
     def recheck(last_use: float) -> str | None:
         if time.time() - last_use <= grace:
             return USED_MEANWHILE
         return "dry-run" if dry_run else None
 
+    if spare is not None and not dry_run:
+        moved = evict_to_spare(paths, name, spare, recheck)
+        return (None, Removal()) if moved.slot is not None else (moved.kept or GONE, None)
     moved = move_checkout_aside(paths, name, "evicted", recheck)
     if moved.kept == "dry-run":
         return None, None
@@ -374,6 +388,32 @@ def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
         return moved.kept or GONE, None
     checkpoint("gc-after-evict-rename")
     return None, delete(paths, moved.slot, report)
+
+
+def drop_spares(spares: list[tuple[RepoPaths, Spare]], report: GcReport, why: str,
+                enough: Callable[[int], bool]) -> int:
+    """Delete spares, oldest first, until enough(bytes freed so far) or none is left (they go
+    first whenever space is short); what they freed. Removes them from the list."""
+    freed = 0
+    while spares and not enough(freed):
+        paths, spare = spares.pop(0)
+        size = spare.bytes
+        if not report.dry_run:
+            slot = drop_spare(paths, spare)
+            if slot is None:
+                continue  # a worker took it meanwhile
+            size = delete(paths, slot, report).freed or spare.bytes
+        freed += size
+        report.removed.append(Removed("spare", paths.key, spare.name, size, why))
+    return freed
+
+
+def spare_record(info: RepoInfo, name: str, config: Config) -> dict | None:
+    """What an evicted checkout's spare.json would say; None when it is not kept as one."""
+    if config.max_spares <= 0:
+        return None
+    marker = next((c.marker for c in info.checkouts if c.name == name), {})
+    return spare_record_for(info.paths, name, marker, info.meta.get("submodules", "recursive"))
 
 
 def names_of_commit(paths: RepoPaths, sha: str) -> set[str]:
@@ -544,6 +584,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
+            with going_on(report, info.paths, root_paths):
+                for slot in ([] if dry_run else drop_unfinished(info.paths)):  # a killed gc's
+                    remove_moved(info.paths, slot, report, Removed("spare", info.paths.key, os.path.basename(slot)))
         repos = inventory(root_paths, sizes=FRESH_SIZES)
         report.problems = [problem for info in repos for problem in info.problems]
         by_key = {info.key: info for info in repos}
@@ -556,13 +599,40 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             for c in info.checkouts:
                 if c.ready and c.last_used is not None and c.last_used > now:
                     repair_future_last_use(info.paths, c.name, now, report)
-        plan = plan_eviction(entries, limits, before, now)
+        # Spares go first when space is short: before any checkout, whatever its last use.
+        spares = [(info.paths, spare) for info in repos for spare in list_spares(info.paths)]
+        spares.sort(key=lambda pair: pair[1].spared_at)
+        drop_spares([p for p in spares if not p[1].record], report, "unreadable", lambda _freed: False)
+        spares = [p for p in spares if p[1].record]
+        checkout_bytes = sum(e.size for e in entries)
+        if limits.max_bytes is not None:
+            over = checkout_bytes + sum(s.bytes for _, s in spares) - limits.max_bytes
+            drop_spares(spares, report, "max-bytes", lambda freed: freed >= over)
+        disk = before
+        if limits.min_free is not None:
+            low = limits.min_free.bytes_of(before.total)
+            high = low + limits.free_headroom.bytes_of(before.total)
+            if before.free < low:
+                freed_for_disk = drop_spares(spares, report, "min-free", lambda freed: before.free + freed >= high)
+                disk = Disk(total=before.total, free=before.free + freed_for_disk)
+        spare_bytes = sum(s.bytes for _, s in spares)
+        if limits.max_bytes is not None:  # the spares left count against it too
+            limits = attrs.evolve(limits, max_bytes=max(0, limits.max_bytes - spare_bytes))
+        plan = plan_eviction(entries, limits, disk, now)
+        # Room to keep evicted trees as spares: none while space is short.
+        short = any(u.limit in ("max-bytes", "min-free") for u in plan.unmet) or \
+            any(e.limit == "min-free" for e in plan.evict)
+        room = None if limits.max_bytes is None else \
+            limits.max_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
         evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry
+            spare = None
+            if not short and eviction.limit in ("max-checkouts", "max-age") and (room is None or entry.size <= room):
+                spare = spare_record(by_key[entry.repo], entry.name, config)
             try:
                 kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.name, limits.grace, dry_run,
-                                                   report)
+                                                   report, spare)
             except OSError as exc:  # one checkout that cannot be moved never stops the others
                 report.unremovable.append({"repo": entry.repo, "path": os.path.relpath(
                     by_key[entry.repo].paths.checkout(entry.name), root_paths.root),
@@ -570,6 +640,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 continue
             if kept_why is None:
                 evicted.add((entry.repo, entry.name))
+                if spare is not None and not dry_run:
+                    report.removed.append(Removed(eviction.reason, entry.repo, entry.name, 0, eviction.limit, True))
+                    if room is not None:
+                        room -= entry.size
+                    continue
                 freed = entry.size if removal is None else removal.freed
                 report.removed.append(Removed(eviction.reason, entry.repo, entry.name, freed, eviction.limit))
             elif kept_why != GONE:
@@ -580,7 +655,17 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
-        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
+        # At most max_spares: the oldest go (spares just made are listed afresh with their real names).
+        spares = sorted(((info.paths, spare) for info in repos for spare in list_spares(info.paths)
+                         if spare.record), key=lambda pair: pair[1].spared_at) if not dry_run else spares
+        excess = len(spares) - config.max_spares
+        if excess > 0:
+            drop_spares(spares, report, "max-spares", lambda _freed: len(spares) <= config.max_spares)
+        report.spares_after = len(spares)
+        report.spare_bytes_after = sum(s.bytes for _, s in spares)
+        # A spare's commit keeps its keep-ref: updating the spare reads that commit's tree.
+        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows) | \
+            frozenset((paths.key, spare.sha) for paths, spare in spares)
         for info in repos:
             with going_on(report, info.paths, root_paths):
                 maintain_mirror(info.paths, config, report, now, borrowed)
