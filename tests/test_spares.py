@@ -254,3 +254,89 @@ def test_gc_killed_while_making_a_spare(root, project, kill_log):
     answer = wait_ready(root, project.path, b)
     assert_checkout_matches(answer["path"], project.path, b)
     assert "updated the spare" not in open(store.clone_log(b)).read()
+
+
+def test_lfs_content_swapped_for_its_pointer_is_written_again(root, tmp_path):
+    """A reader that replaced an LFS file's content with its pointer text (what git's clean
+    filter would call unchanged) and one that edited another: both hold their content again."""
+    from .helpers.lfs import LfsUpstream, pointer
+
+    big, other, newer = b"large content " * 100, b"other content " * 50, b"newer content " * 70
+    up = LfsUpstream(str(tmp_path / "lfs-upstream"))
+    a = up.commit_lfs({"big.bin": big, "other.bin": other}, {"README": "a\n"})
+    b = up.commit_lfs({"big.bin": big, "other.bin": other, "third.bin": newer}, {"README": "b\n"})
+    checkout = wait_ready(root, up.path, a)["path"]
+    assert open(os.path.join(checkout, "big.bin"), "rb").read() == big
+    with open(os.path.join(checkout, "big.bin"), "w") as handle:
+        handle.write(pointer(big))
+    with open(os.path.join(checkout, "other.bin"), "wb") as handle:
+        handle.write(b"edited")
+    evict_to_spare(root, checkout)
+    answer = wait_ready(root, up.path, b)
+    assert answer["lfs"] == "content"
+    assert "updated the spare of" in open(only_repo(root).clone_log(b)).read()
+    for name, data in (("big.bin", big), ("other.bin", other), ("third.bin", newer)):
+        assert open(os.path.join(answer["path"], name), "rb").read() == data, name
+    assert git("--no-optional-locks", "status", "--porcelain", "--ignored", cwd=answer["path"]) == ""
+
+
+def test_a_spare_with_a_tampered_submodule_gets_it_anew(root, daemon):
+    from .test_submodules import served, with_submodule
+
+    sub, sub_url = served(daemon, "sub")
+    sub_sha = sub.commit({"lib.txt": "library v1\n"})
+    top, top_url = served(daemon, "top")
+    top.commit({"README.md": "top\n"})
+    a = with_submodule(top, "vendor/lib", f"../{os.path.basename(sub.path)}", sub_sha)
+    with open(os.path.join(top.path, "README.md"), "w") as handle:
+        handle.write("top, later\n")
+    git("commit", "-q", "-m", "B", "README.md", cwd=top.path)  # (add -A would drop the gitlink)
+    b = git("rev-parse", "HEAD", cwd=top.path)
+    checkout = wait_ready(root, top_url, a, timeout=120)["path"]
+    lib = os.path.join(checkout, "vendor", "lib")
+    with open(os.path.join(lib, "lib.txt"), "w") as handle:
+        handle.write("tampered\n")
+    with open(os.path.join(lib, "planted.txt"), "w") as handle:
+        handle.write("planted\n")
+    keys = os.listdir(os.path.join(root, "repos"))
+    store = next(RepoPaths(os.path.join(root, "repos", k)) for k in keys
+                 if os.path.exists(RepoPaths(os.path.join(root, "repos", k)).checkout(a)))
+    make_idle(checkout, 3600)
+    for key in keys:  # the submodule's own checkout is idle too
+        paths = RepoPaths(os.path.join(root, "repos", key))
+        for name in paths.checkout_names():
+            make_idle(paths.checkout(name), 3600)
+    code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+    assert code == 0 and any(r["spare"] and r["name"] == a for r in report["removed"]), out
+    answer = wait_ready(root, top_url, b, timeout=120)
+    assert answer["submodules"] == "included"
+    assert "updated the spare of" in open(store.clone_log(b)).read()
+    lib = os.path.join(answer["path"], "vendor", "lib")
+    assert sorted(n for n in os.listdir(lib) if n != ".git") == ["lib.txt"]
+    assert open(os.path.join(lib, "lib.txt")).read() == "library v1\n"
+    assert git("rev-parse", "HEAD", cwd=lib) == sub_sha
+    assert git("--no-optional-locks", "status", "--porcelain", "--ignored", cwd=answer["path"]) == ""
+
+
+def test_a_sparse_checkout_is_made_from_a_spare_of_the_same_cone_only(root, project):
+    a, b = project.shas
+    whole = wait_ready(root, project.path, a)["path"]
+    cone = wait_ready(root, project.path, a, extra=("--sparse", "pkg/m1"))["path"]
+    tamper_added_ignored_untracked(cone, "")
+    with open(os.path.join(cone, "pkg", "m3"), "w") as handle:  # a file where the index has a sparse directory
+        handle.write("junk\n")
+    make_idle(whole, 3600)
+    make_idle(cone, 3600)
+    code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+    assert code == 0 and len(spare_entries(root)) == 2, out
+    answer = wait_ready(root, project.path, b, extra=("--sparse", "pkg/m1"))
+    log = open(only_repo(root).clone_log(os.path.basename(answer["path"]))).read()
+    assert f"updated the spare of {os.path.basename(cone)}" in log, log
+    assert sorted(os.listdir(answer["path"])) == sorted([".git", ".gitignore", "README.md", "dirlink", "link",
+                                                         "new.txt", "pkg"])
+    assert sorted(os.listdir(os.path.join(answer["path"], "pkg"))) == ["m1"]
+    assert git("--no-optional-locks", "status", "--porcelain", "--ignored", "--untracked-files=all",
+               cwd=answer["path"]) == ""
+    (left,) = only_repo(root).spare_entries()
+    assert left[1] == a, "the whole tree's spare is kept for a whole checkout"
+    assert_recycled(root, project, b)

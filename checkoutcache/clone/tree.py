@@ -174,6 +174,8 @@ class TreeBuilder:
                               w.lfs_config, cone=w.cone, step=checkpoint,
                               empty_gitlink=self.empty_directory if spare.record.get("submodules") else None)
         checkpoint("spare-after-checkout")
+        if w.cone:
+            self.remove_outside_cone(tree)
         self.restore_directories(tree)
         problems = w.backend.tree_problems(tree)
         if problems:
@@ -205,6 +207,34 @@ class TreeBuilder:
                 os.mkdir(name, 0o777, dir_fd=parent_fd)
             finally:
                 os.close(parent_fd)
+        finally:
+            os.close(tree_fd)
+
+    def remove_outside_cone(self, tree: str) -> None:
+        """A sparse checkout holds the cone's directories, their parents, and the files directly
+        in those parents: any other directory goes. git would never look: a sparse index holds
+        one entry for a directory outside the cone, and clean and status take it as tracked."""
+        cone = [tuple(os.fsencode(d).strip(b"/").split(b"/")) for d in self.w.cone]
+        inside = set(cone)
+        parents = {d[:i] for d in cone for i in range(len(d))}
+        tree_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for parent in sorted(parents, key=len):
+                try:
+                    fd = open_dir_beneath(tree_fd, b"/".join(parent)) if parent else os.dup(tree_fd)
+                except (Escape, FileNotFoundError):
+                    continue  # not a directory: git's read-tree made what the cone needs, or will say
+                try:
+                    for entry in os.scandir(fd):
+                        name = os.fsencode(entry.name)
+                        if parent == () and name == b".git":
+                            continue
+                        if entry.is_dir(follow_symlinks=False) and parent + (name,) not in inside | parents:
+                            removal = remove_tree(os.path.join(fd_path(fd), entry.name))
+                            if not removal.complete:
+                                raise SpareUnusable(f"a directory outside the cone could not be removed: {name!r}")
+                finally:
+                    os.close(fd)
         finally:
             os.close(tree_fd)
 

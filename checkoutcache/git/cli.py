@@ -649,15 +649,17 @@ class GitCliBackend:
         checkout and given `index`, the one git wrote when old_sha was checked out there (the
         caller proved it unchanged since). Then: every path whose stat differs from that
         index (modified, chmod'ed, replaced, a symlink swapped in, a leading directory turned
-        into a symlink) is written anew from the index; `git clean -ffdx` deletes every
-        untracked and ignored file and nested repository; empty_gitlink(path) empties each
-        submodule's directory (the caller populates them anew); git's two-way checkout then
-        writes what differs from old_sha to sha. The caller proves the result (tree_problems)
-        before publishing it."""
+        into a symlink) and every entry sha changes is written anew by `git read-tree --reset
+        -u` (reset: a stat that differs is a file to write, content equal or not, so a file a
+        reader swapped for its LFS pointer is written too; -u writes through git's own checks,
+        which never follow a symlink in a leading component); before it, `git clean -ffdx`
+        deletes every untracked and ignored file and nested repository, and
+        empty_gitlink(path) empties each submodule's directory (the caller populates them
+        anew). The caller proves the result (tree_problems) before publishing it."""
         self._new_git_dir(tree_dir, mirror_objects, lfs, keep_fds, cone)
         os.replace(index, os.path.join(tree_dir, ".git", "index"))
         with open(os.path.join(tree_dir, ".git", "HEAD"), "w") as handle:
-            handle.write(old_sha + "\n")
+            handle.write(sha + "\n")  # detached, as a fresh checkout's
         step("spare-after-git-dir")
         never_download = ["-c", f"lfs.url={NO_LFS_ENDPOINT}"] if lfs else []
 
@@ -669,22 +671,16 @@ class GitCliBackend:
                 raise git_failure(stderr, last_meaningful_line(stderr), [])
             return done.stdout
 
-        # diff-files never refreshes: a stat that differs from the index is reported, content
-        # equal or not (a file whose content a reader swapped for its LFS pointer included).
-        stale = [p for p in run("diff-files", "--name-only", "-z").split(b"\0") if p]
-        if stale:
-            log(f"spare: {len(stale)} path(s) changed since it was published; written anew")
-            # -f: whatever is in the way goes (a directory, a symlink in a leading component:
-            # git never writes through one); -u: their index entries say they are clean.
-            run("checkout-index", "-f", "-u", "-q", "-z", "--stdin", stdin=b"".join(p + b"\0" for p in stale))
         if empty_gitlink is not None:
             for entry in run("ls-files", "--stage", "-z").split(b"\0"):
                 if entry.startswith(b"160000 ") and b"\t" in entry:
                     empty_gitlink(entry.split(b"\t", 1)[1])
         run("clean", "-ffdxq")
         step("spare-after-clean")
-        cmd = ["-C", tree_dir, "-c", "advice.detachedHead=false", "-c", "checkout.workers=0", *never_download,
-               "checkout", "--progress", "--detach", sha]
+        # One tree, reset: an entry whose id is the same and whose file's stat is the index's
+        # stays as it is, any other is written, and what sha lacks is deleted. It never reads old_sha's
+        # objects, so gc need not keep them for a spare.
+        cmd = ["-C", tree_dir, "-c", "checkout.workers=0", *never_download, "read-tree", "--reset", "-u", sha]
         code, output = self._stream(cmd, git_env(), on_progress, log, [], keep_fds)
         if code != 0:
             if lfs and "filter lfs failed" in output:

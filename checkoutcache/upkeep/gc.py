@@ -24,7 +24,7 @@ overlap, the second reports that it skipped):
    the first thing deleted (oldest first) when either is short, before any checkout is
    planned; past max-spares the oldest go; spares a killed gc was making go to trash/;
 4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
-   drop keep-refs of commits with neither a checkout, a spare nor a live clone,
+   drop keep-refs of commits with neither a checkout nor a live clone (a spare needs none),
    remove stale git lock files, and repack/prune at most every
    mirror_gc_interval so objects no checkout needs go away (a repack stays due
    when refs were dropped by an earlier run, until it is done); when refs were
@@ -663,9 +663,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             drop_spares(spares, report, "max-spares", lambda _freed: len(spares) <= config.max_spares)
         report.spares_after = len(spares)
         report.spare_bytes_after = sum(s.bytes for _, s in spares)
-        # A spare's commit keeps its keep-ref: updating the spare reads that commit's tree.
-        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows) | \
-            frozenset((paths.key, spare.sha) for paths, spare in spares)
+        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
         for info in repos:
             with going_on(report, info.paths, root_paths):
                 maintain_mirror(info.paths, config, report, now, borrowed)
