@@ -34,7 +34,7 @@ import os
 import stat
 import subprocess
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Callable
 
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import lfs_checkout_config, lfs_endpoint
@@ -48,9 +48,6 @@ from checkoutcache.store.sizes import index_identity
 from checkoutcache.store.spares import Spare, list_spares, take_spare
 from checkoutcache.testhooks import checkpoint
 
-if TYPE_CHECKING:
-    from checkoutcache.clone.worker import Worker
-
 # The spares whose distance in history is measured (one git execution each), newest first.
 NEAREST_OF = 4
 
@@ -60,8 +57,13 @@ class SpareUnusable(Exception):
 
 
 class TreeBuilder:
-    def __init__(self, worker: "Worker"):
+    """The tree of one worker's clone. worker: the clone worker (worker.Worker: its paths,
+    commit, cone, backend, LFS settings, log and progress, scratch and clone timeout);
+    run_inline: how a submodule's clone runs inside this worker (worker.run_inline)."""
+
+    def __init__(self, worker: Any, run_inline: Callable[..., None]):
         self.w = worker
+        self.run_inline = run_inline
         self.submodule_lfs: str | None = None  # what the submodules' LFS files hold, if they have any
         self.index: list[int] | None = None  # the published tree's index identity (spares trust it)
         self.recycled_from: str | None = None  # the spare's checkout name, when one was used
@@ -296,7 +298,6 @@ class TreeBuilder:
 
     def populate_submodules(self, tree_fd: int, subs: list) -> list[list[str]]:
         from checkoutcache.clone.submodules import Budget, ensure_in_store, making, populate, submodules_in
-        from checkoutcache.clone.worker import run_inline
 
         w = self.w
         root = w.paths.root
@@ -304,7 +305,7 @@ class TreeBuilder:
         budget = Budget(w.config.max_submodules, w.config.max_submodule_bytes)
 
         def ensure(url: str, sha: str, wait: float) -> str:
-            return ensure_in_store(root, w.config, w.scope, url, sha, wait, run_inline,
+            return ensure_in_store(root, w.config, w.scope, url, sha, wait, self.run_inline,
                                    super_is_local=w.is_local)
 
         def checkout(where: str, where_fd: int, key: str, sha: str) -> None:

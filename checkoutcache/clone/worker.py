@@ -297,7 +297,7 @@ class Worker:
             self.fetch_into_mirror(rebuild=True)
         checkpoint("before-checkout")
         self.on_progress({"phase": "checking out"})
-        builder = TreeBuilder(self)
+        builder = TreeBuilder(self, run_inline)
         extra = builder.build()
         with self._finishing:
             published = publish(self.paths, self.scratch.tree, self.name, extra)
