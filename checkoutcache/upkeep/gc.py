@@ -21,8 +21,9 @@ overlap, the second reports that it skipped):
    Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
    of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
    is above 0 and space is not short; spares count against max-bytes and min-free and are
-   the first thing deleted (oldest first) when either is short, before any checkout is
-   planned; past max-spares the oldest go; spares a killed gc was making go to trash/;
+   the first thing deleted (oldest first) when either is short, or when a clone's last
+   attempt failed with DISK_FULL, before any checkout is planned; past max-spares the
+   oldest go; spares a killed gc was making go to trash/;
 4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
    drop keep-refs of commits with neither a checkout nor a live clone (a spare needs none),
    remove stale git lock files, and repack/prune at most every
@@ -615,12 +616,16 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             if before.free < low:
                 freed_for_disk = drop_spares(spares, report, "min-free", lambda freed: before.free + freed >= high)
                 disk = Disk(total=before.total, free=before.free + freed_for_disk)
+        # A clone that failed for want of space says space is short, min-free set or not.
+        disk_full = any(f.code == "DISK_FULL" for info in repos for f in info.failures.values())
+        if disk_full:
+            drop_spares(spares, report, "disk-full", lambda _freed: False)
         spare_bytes = sum(s.bytes for _, s in spares)
         if limits.max_bytes is not None:  # the spares left count against it too
             limits = attrs.evolve(limits, max_bytes=max(0, limits.max_bytes - spare_bytes))
         plan = plan_eviction(entries, limits, disk, now)
         # Room to keep evicted trees as spares: none while space is short.
-        short = any(u.limit in ("max-bytes", "min-free") for u in plan.unmet) or \
+        short = disk_full or any(u.limit in ("max-bytes", "min-free") for u in plan.unmet) or \
             any(e.limit == "min-free" for e in plan.evict)
         room = None if limits.max_bytes is None else \
             limits.max_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
