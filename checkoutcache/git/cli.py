@@ -307,6 +307,11 @@ class GitCliBackend:
         stderr = done.stderr.decode("utf-8", "replace")
         # git stops at a line it cannot parse, says so, and may still exit 0 with what came before.
         if done.returncode != 0 or stderr.strip():
+            # Most commits have no .gitmodules, and git says so in its one line: no second
+            # git execution to look (the commit itself was just checked out, so it resolves).
+            lines = stderr.strip().splitlines()
+            if len(lines) == 1 and lines[0] == f"error: unable to resolve config blob '{sha}:.gitmodules'":
+                return {}
             if self.object_kind(mirror, f"{sha}:.gitmodules") is None:
                 return {}
             if done.returncode == 1 and not stderr.strip():
