@@ -73,8 +73,13 @@ def test_a_new_commit_is_made_from_a_spare(root, project):
     code, status, _ = run_cli("status", root=root)
     (repo,) = status["repos"]
     assert [s["commit"] for s in repo["spares"]] == [a]
+    # The spare's commit keeps its history in the mirror (a nearby commit needs little fetched).
+    store = only_repo(root)
+    assert git("for-each-ref", "--format=%(refname)", "refs/spares/", cwd=store.mirror) == f"refs/spares/{a}"
     answer = assert_recycled(root, project, b)
     assert answer["path"] != first
+    run_cli("gc", root=root)  # the spare is gone (it became b's checkout): so is its ref
+    assert git("for-each-ref", "--format=%(refname)", "refs/spares/", cwd=store.mirror) == ""
 
 
 def test_max_spares_zero_deletes_evicted_trees(root, project):
@@ -221,7 +226,8 @@ def test_a_worker_killed_at_each_step_of_an_update(root, project, step, kill_log
     evict_to_spare(root, checkout)
     code, answer, out = run_cli("ensure", project.path, b, root=root, env={"CHECKOUTCACHE_TEST_KILL_AT": step})
     assert code in (0, 75) and answer["state"] in ("cloning", "ready"), out
-    wait_until(lambda: os.path.exists(kill_log), 60, "the worker to reach the step")
+    wait_until(lambda: os.path.exists(kill_log) and open(kill_log).read().endswith("\n"), 60,
+               "the worker to reach the step")  # (the file exists before its line is written)
     (line,) = open(kill_log).read().splitlines()
     killed_step, pid = line.split()
     assert killed_step == step

@@ -35,6 +35,7 @@ from checkoutcache.git.backend import (
     disk_full_text,
     KEEP_PREFIX,
     LFS_PROGRAM,
+    SPARE_PREFIX,
     MIRROR_CONFIG,
     PROMISOR_CHECKOUT_CONFIG,
     Log,
@@ -449,6 +450,23 @@ class GitCliBackend:
 
     def drop_keep(self, mirror: str, sha: str) -> None:
         self._run(["-C", mirror, "update-ref", "-d", keep_ref(sha)])
+
+    def spare_refs(self, mirror: str) -> list[str]:
+        done = self._run(["-C", mirror, "for-each-ref", "--format=%(refname)", SPARE_PREFIX])
+        return [line[len(SPARE_PREFIX):] for line in done.stdout.split() if line.startswith(SPARE_PREFIX)]
+
+    def set_spare_refs(self, mirror: str, add: list[str], drop: list[str], keep_fds: tuple[int, ...] = ()) -> None:
+        """refs/spares/<sha> for each commit of add, none for those of drop; a commit the mirror
+        lacks gets none (a spare of it is then only slower to update)."""
+        lines = [f"create {SPARE_PREFIX}{sha} {sha}\n" for sha in add] + [f"delete {SPARE_PREFIX}{sha}\n" for sha in drop]
+        if not lines:
+            return
+        done = subprocess.run([self.git, "-C", mirror, "update-ref", "--stdin"], input="".join(lines), text=True,
+                              env=git_env(), capture_output=True, cwd="/", pass_fds=keep_fds)
+        if done.returncode != 0:  # one bad line fails the whole transaction: each alone then
+            for line in lines:
+                subprocess.run([self.git, "-C", mirror, "update-ref", "--stdin"], input=line, text=True,
+                               env=git_env(), capture_output=True, cwd="/", pass_fds=keep_fds)
 
     def kept(self, mirror: str) -> list[str]:
         done = self._run(["-C", mirror, "for-each-ref", "--format=%(refname)", KEEP_PREFIX])

@@ -45,6 +45,8 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │                      Written only under locks/mirror.lock (fetch, refs, repack).
             │                      refs/keep/<sha> exists for every checkout that exists or is
             │                      being made, so maintenance never drops objects one borrows.
+            │                      refs/spares/<sha> (gc's alone) for every spare's commit: its
+            │                      history stays, so a nearby commit needs little fetched.
             │                      refs/bundles/ holds what seeding took in from bundles;
             │                      refs/heads/ and refs/tags/ what `bundle publish` fetched.
             │                      Its config names lfs/ as git-lfs's lfs.storage.

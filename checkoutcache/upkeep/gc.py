@@ -25,7 +25,8 @@ overlap, the second reports that it skipped):
    attempt failed with DISK_FULL, before any checkout is planned; past max-spares the
    oldest go; spares a killed gc was making go to trash/;
 4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
-   drop keep-refs of commits with neither a checkout nor a live clone (a spare needs none),
+   keep refs/spares/<sha> for the spares' commits (their history stays; LFS objects go by
+   keep-refs alone), drop keep-refs of commits with neither a checkout nor a live clone,
    remove stale git lock files, and repack/prune at most every
    mirror_gc_interval so objects no checkout needs go away (a repack stays due
    when refs were dropped by an earlier run, until it is done); when refs were
@@ -424,10 +425,20 @@ def names_of_commit(paths: RepoPaths, sha: str) -> set[str]:
     return {name for name in known if commit_of(name) == sha} | {sha}
 
 
+def sync_spare_refs(paths: RepoPaths, backend, spared: frozenset[str], keep_fds: tuple[int, ...]) -> None:
+    """refs/spares/<sha> for exactly the commits of this repository's spares (under the mirror
+    lock, before keep-refs are dropped: an evicted checkout's history stays without a gap)."""
+    if not getattr(backend, "supports_spares", False):
+        return
+    have = set(backend.spare_refs(paths.mirror))
+    backend.set_spare_refs(paths.mirror, sorted(spared - have), sorted(have - spared), keep_fds)
+
+
 def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float,
-                    borrowed: frozenset[tuple[str, str]] = frozenset()) -> None:
+                    borrowed: frozenset[tuple[str, str]] = frozenset(), spared: frozenset[str] = frozenset()) -> None:
     """borrowed: (key, commit) pairs published checkouts of any repository borrow
-    objects from (submodules): their keep-refs stay whatever this store holds."""
+    objects from (submodules): their keep-refs stay whatever this store holds.
+    spared: the commits of this repository's spares (their history stays: refs/spares/)."""
     backend = pick_backend(config.transport)
     if not backend.is_usable(paths.mirror):
         return
@@ -439,6 +450,8 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         report.mirrors.append(entry)
         return
     with mirror_lock:
+        if not report.dry_run:
+            sync_spare_refs(paths, backend, spared, (mirror_lock.fileno(),))
         for sha in backend.kept(paths.mirror):
             def unused(sha: str = sha) -> bool:
                 # Every checkout of the commit counts, whole or sparse: one keep-ref serves them all.
@@ -671,7 +684,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
         for info in repos:
             with going_on(report, info.paths, root_paths):
-                maintain_mirror(info.paths, config, report, now, borrowed)
+                maintain_mirror(info.paths, config, report, now, borrowed,
+                                frozenset(spare.sha for paths, spare in spares if paths.key == info.key))
             with going_on(report, info.paths, root_paths):
                 forget_old_deaths(info.paths, report)
                 forget_finished_commits(info.paths, report)
