@@ -160,6 +160,15 @@ class TreeBuilder:
     def update(self, taken: str, spare: Spare) -> None:
         w = self.w
         tree = w.scratch.tree
+        last = [time.monotonic()]
+
+        def step(name: str) -> None:
+            """A kill point of the fault tests, and how long the step before it took (the log)."""
+            now = time.monotonic()
+            w.log(f"spare: {name} ({now - last[0]:.3f}s)")
+            last[0] = now
+            checkpoint(name)
+
         os.rename(RepoPaths.spare_tree(taken), tree)
         git_dir = os.path.join(tree, ".git")
         if index_identity(git_dir) != list(spare.record["index"]):
@@ -171,18 +180,20 @@ class TreeBuilder:
         removal = remove_tree(git_dir)
         if not removal.complete:
             raise SpareUnusable(f"its .git could not be removed ({removal.unremovable[0].error})")
+        step("spare-old-git-removed")
         w.on_progress({"phase": "checking out"})
         w.backend.update_tree(tree, index, w.paths.mirror_objects, spare.sha, w.sha, w.on_progress, w.log,
-                              w.lfs_config, cone=w.cone, step=checkpoint,
+                              w.lfs_config, cone=w.cone, step=step,
                               empty_gitlink=self.empty_directory if spare.record.get("submodules") else None)
-        checkpoint("spare-after-checkout")
+        step("spare-after-checkout")
         if w.cone:
             self.remove_outside_cone(tree)
         self.restore_directories(tree)
+        step("spare-after-directories")
         problems = w.backend.tree_problems(tree)
         if problems:
             raise SpareUnusable(f"not exact after the update: {len(problems)} difference(s), e.g. {problems[0]!r}")
-        checkpoint("spare-after-proof")
+        step("spare-after-proof")
 
     def empty_directory(self, rel: bytes) -> None:
         """Empty a submodule's directory of the spare (populated anew like a fresh tree's), resolved
