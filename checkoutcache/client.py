@@ -96,6 +96,7 @@ class Totals:
     grace_seconds: float | None = None
     min_free: str | None = None
     disk: dict | None = None
+    workspaces: int | None = None  # live ones in the workspaces directory the sidecar sees
 
 
 @attrs.frozen
@@ -137,13 +138,14 @@ class Status:
     repos: list[RepoStatus]
     totals: Totals
     unreachable: list[dict] = attrs.Factory(list)
+    workspaces: dict | None = None  # {"dir", "workspaces": [...]}, as GET /v1/workspaces
 
     @classmethod
     def from_json(cls, data: dict) -> "Status":
         repos = [_typed(RepoStatus, {**r, "checkouts": [_typed(Checkout, c) for c in r.get("checkouts", [])]})
                  for r in data.get("repos", [])]
         return cls(root=data["root"], repos=repos, totals=_typed(Totals, data["totals"]),
-                   unreachable=data.get("unreachable", []))
+                   unreachable=data.get("unreachable", []), workspaces=data.get("workspaces"))
 
 
 @attrs.frozen

@@ -238,9 +238,9 @@ class Config(Settings):
                                   "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")
     workspaces: str | None = setting(None, "CHECKOUTCACHE_WORKSPACES",
                                      "Where writable workspaces go (`exec --writable`, `workspace`): a directory the "
-                                     "review owns; gc counts and reaps what it sees there.",
+                                     "review owns; gc counts and reaps what it sees there.", _directory,
                                      "<root>/workspaces if this user may write the root, else "
-                                     "$XDG_CACHE_HOME/checkoutcache-workspaces", _directory)
+                                     "$XDG_CACHE_HOME/checkoutcache-workspaces")
 
 
 def _listen(value: Any) -> str:

@@ -170,7 +170,7 @@ def copy_checkout(paths: WorkspacePaths, source: str, extra: dict) -> workspaces
         if done.returncode != 0:
             line = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["cp failed"]
             raise CheckoutCacheError("WORKSPACE_FAILED", detail=line[0][:300])
-        make_own(made.tree, submodules_of(record) == "included")
+        make_own(made.tree, paths.tree(made.final), submodules_of(record) == "included")
         workspaces.publish(made)
     except OSError as exc:
         workspaces.discard(paths, made.path, made.owner_lock)
@@ -182,8 +182,9 @@ def copy_checkout(paths: WorkspacePaths, source: str, extra: dict) -> workspaces
     return made
 
 
-def make_own(tree: str, with_submodules: bool) -> None:
-    """Turn a copy of a checkout into a repository of its own (see the module's docstring)."""
+def make_own(tree: str, final_tree: str, with_submodules: bool) -> None:
+    """Turn a copy of a checkout into a repository of its own (see the module's docstring);
+    final_tree: where tree will be once published (the paths its config names)."""
     os.unlink(os.path.join(tree, ".git", READY_MARKER))
     git_dirs = [os.path.join(tree, ".git")]
     if with_submodules:
@@ -199,7 +200,8 @@ def make_own(tree: str, with_submodules: bool) -> None:
             handle.write("[core]\n" + "".join(f"\t{k.split('.', 1)[1]} = {v}\n"
                                                for k, v in WORKSPACE_GIT_CONFIG.items()))
             # git-lfs's clean filter stores what a review adds here, never in the store's lfs/.
-            handle.write(f"[lfs]\n\tstorage = {os.path.join(git_dir, 'lfs')}\n")
+            final_git_dir = os.path.join(final_tree, os.path.relpath(git_dir, tree))
+            handle.write(f"[lfs]\n\tstorage = {os.path.join(final_git_dir, 'lfs')}\n")
 
 
 def reap_own(paths: WorkspacePaths) -> list[workspaces.Reaped]:
