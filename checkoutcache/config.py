@@ -239,7 +239,7 @@ class Config(Settings):
     workspaces: str | None = setting(None, "CHECKOUTCACHE_WORKSPACES",
                                      "Where writable workspaces go (`exec --writable`, `workspace`): a directory the "
                                      "review owns; gc counts and reaps what it sees there.", _directory,
-                                     "<root>/workspaces if this user may write the root, else "
+                                     "ROOT/workspaces if this user may write the root, else "
                                      "$XDG_CACHE_HOME/checkoutcache-workspaces")
 
 
