@@ -285,7 +285,7 @@ class Client:
                     repo_paths = RepoPaths(os.path.dirname(os.path.dirname(answer.path)))
                     paths = workspaces_dir_of(repo_paths.root, Config.from_env())
                     reap_own(paths)
-                    made = copy_checkout(paths, answer.path, {"repo": answer.repo or repo})
+                    made = copy_checkout(paths, answer.path, fd, {"repo": answer.repo or repo})
                 except BaseException:
                     local.release()
                     raise

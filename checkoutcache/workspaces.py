@@ -51,7 +51,7 @@ from checkoutcache.store import records, workspaces
 from checkoutcache.store.checkouts import Removal
 from checkoutcache.store.layout import READY_MARKER, RepoPaths, WorkspacePaths, default_workspaces
 from checkoutcache.store.liveness import is_alive, process_start_time, same_pid_namespace
-from checkoutcache.store.ready import submodules_of, ready_record
+from checkoutcache.store.ready import marker_record, submodules_of
 
 # What the copy's own git says, appended to each .git/config of the copy.
 WORKSPACE_GIT_CONFIG = {"core.checkStat": "minimal", "core.trustctime": "false"}
@@ -140,7 +140,7 @@ def make_workspace(cache: Cache, repo: str, commit: str, wait: float = 0.0, scop
         return Workspace(hold.answer)
     answer = hold.answer
     try:
-        made = copy_checkout(paths, answer.path, {"repo": answer.repo or repo})
+        made = copy_checkout(paths, answer.path, hold.descriptors()[0], {"repo": answer.repo or repo})
     except CheckoutCacheError as exc:
         hold.release()
         return Workspace(Answer.from_error(exc, commit=answer.commit, repo=answer.repo))
@@ -150,11 +150,11 @@ def make_workspace(cache: Cache, repo: str, commit: str, wait: float = 0.0, scop
     return Workspace(answer, made, hold, answer.path)
 
 
-def copy_checkout(paths: WorkspacePaths, source: str, extra: dict) -> workspaces.Made:
-    """Copy a ready checkout (held by the caller) into a new workspace and publish it.
-    CheckoutCacheError WORKSPACES_UNUSABLE or WORKSPACE_FAILED; nothing is left behind."""
-    marker = RepoPaths.ready_marker_in(source)
-    record = ready_record(marker, 0) or {}
+def copy_checkout(paths: WorkspacePaths, source: str, marker_fd: int, extra: dict) -> workspaces.Made:
+    """Copy a ready checkout (held by the caller: marker_fd, its marker's shared lock) into a
+    new workspace and publish it. CheckoutCacheError WORKSPACES_UNUSABLE or WORKSPACE_FAILED;
+    nothing is left behind."""
+    record = marker_record(marker_fd)
     repo_paths = RepoPaths(os.path.dirname(os.path.dirname(source)))
     name = os.path.basename(source)
     fields = {"root": repo_paths.root, "key": repo_paths.key, "commit": name.partition("-")[0], "name": name,

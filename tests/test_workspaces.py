@@ -5,13 +5,10 @@ and the HTTP API's client, against real repositories and real processes."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-
-import pytest
 
 from checkoutcache.cache import Cache
 from checkoutcache.store.layout import WorkspacePaths, default_workspaces
@@ -20,8 +17,8 @@ from checkoutcache.workspaces import make_workspace
 from .helpers.cli import run_cli, wait_ready
 from .helpers.repos import git
 from .helpers.serve import Serve
-from .helpers.store import assert_checkout_matches, make_idle, only_repo
-from .helpers.tree import content_snapshot, walk
+from .helpers.store import assert_checkout_matches, make_idle
+from .helpers.tree import walk
 from .helpers.waiting import pid_alive, wait_until
 
 

@@ -197,7 +197,11 @@ def reap_dead(paths: WorkspacePaths, now: float | None = None) -> tuple[list[Rea
             record = records.read_json(paths.owner_json(path), WORKSPACE_RECORD) or {}
         except OSError:
             pass
-        removal = discard(paths, path, lock)
+        try:
+            removal = discard(paths, path, lock)
+        except OSError as exc:  # a read-only view of the directory (the writer's gc in the pod)
+            left.append(NotReaped(name, info.st_uid, f"dead; cannot be deleted here: {exc.strerror}"))
+            continue
         reaped.append(Reaped(name, removal.freed, record.get("commit"), removal.unremovable))
     return reaped, left
 
