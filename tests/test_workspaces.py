@@ -248,3 +248,24 @@ def test_without_a_writable_root_workspaces_go_to_the_users_cache(tmp_path):
     assert default_workspaces(root, False, {"XDG_CACHE_HOME": str(tmp_path / "c")}) == \
         os.path.realpath(str(tmp_path / "c" / "checkoutcache-workspaces"))
     assert WorkspacePaths(root).tree(os.path.join(root, "ws-1-abcdefabcdef")).endswith("/ws-1-abcdefabcdef/tree")
+
+
+def test_a_shell_that_asks_in_command_substitution_owns_the_workspace(root, upstream, tmp_path):
+    """The default owner is the command's caller: `WS=$(checkoutcache workspace create --path ...)`
+    returns at once (the keeper leaves the pipe) and the workspace lives as long as that shell."""
+    sha = upstream.shas[0]
+    wait_ready(root, upstream.path, sha)
+    out = tmp_path / "ws"
+    script = (f'WS=$("{sys.executable}" -m checkoutcache --root "{root}" workspace create --path '
+              f'"{upstream.path}" {sha}) && git -C "$WS" status --porcelain && echo "$WS" > "{out}" && exec sleep 1000')
+    shell = subprocess.Popen(["sh", "-c", script])
+    try:
+        wait_until(lambda: out.exists() and out.read_text().strip(), 60, "the shell to get its workspace")
+        path = out.read_text().strip()
+        assert os.path.isdir(path) and git("rev-parse", "HEAD", cwd=path) == sha
+        listed = run_cli("workspace", "list", root=root)[1]["workspaces"]
+        assert [(w["path"], w["alive"], w["owner_pid"]) for w in listed] == [(path, True, shell.pid)]
+    finally:
+        shell.kill()
+        assert shell.wait(10) == -signal.SIGKILL  # the kill happened
+    wait_until(lambda: not os.path.exists(path), 30, "the keeper to remove the workspace")
