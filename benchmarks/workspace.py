@@ -15,7 +15,8 @@ sides see the same load):
 - `library`: `make_workspace(Cache(root), repo, sha)`: hold, copy, make it a
   repository of its own, publish (what `exec --writable` does before its command);
 - `cli`: `checkoutcache workspace create --path` (a Python start, the same,
-  and the keeper's fork);
+  and the keeper's fork), also against `worktree add` plus `python3 -c pass`
+  (measured in the same rounds), the form of the new-commit bar;
 - each side's first `git status` in the new tree (a tree is of use once git
   agrees it is clean: the copy keeps the checkout's index valid by
   core.checkStat=minimal, a plain `cp -a` would re-read every file).
@@ -71,7 +72,7 @@ def measure(label: str, repo: str, sha: str, work: str, rounds: int, log=print) 
     checkout = ready["path"]
     mirror = os.path.join(os.path.dirname(os.path.dirname(checkout)), "mirror.git")
     owner = subprocess.Popen(["sleep", "100000"])
-    times: dict[str, list[float]] = {k: [] for k in ("worktree add", "cp -a", "library", "cli",
+    times: dict[str, list[float]] = {k: [] for k in ("worktree add", "cp -a", "library", "cli", "python3 -c pass",
                                                        "worktree add: first status", "cp -a: first status",
                                                        "library: first status", "cli: first status")}
     scratch = os.path.join(work, f"trees-{label}")
@@ -105,7 +106,10 @@ def measure(label: str, repo: str, sha: str, work: str, rounds: int, log=print) 
         times["cli: first status"].append(timed(lambda: run("git", "status", "--porcelain", cwd=out[0])))
         cli(root, "workspace", "remove", out[0])
 
-    sides = [worktree, copy, library, command]
+    def python_start() -> None:
+        times["python3 -c pass"].append(timed(lambda: run(sys.executable, "-c", "pass")))
+
+    sides = [worktree, copy, library, command, python_start]
     try:
         for number in range(rounds):
             for side in sides[number % len(sides):] + sides[:number % len(sides)]:
@@ -121,6 +125,7 @@ def measure(label: str, repo: str, sha: str, work: str, rounds: int, log=print) 
         "rounds": rounds, "medians_s": {k: round(v, 4) for k, v in medians.items()},
         "ratios_vs_worktree_add": {k: round(medians[k] / base, 2) for k in ("cp -a", "library", "cli")},
         "ratios_vs_cp": {k: round(medians[k] / medians["cp -a"], 2) for k in ("library", "cli")},
+        "cli_vs_worktree_add_plus_python_start": round(medians["cli"] / (base + medians["python3 -c pass"]), 2),
         "until_clean_status_vs_worktree_add": {
             k: round((medians[k] + medians[f"{k}: first status"]) / ready_base, 2)
             for k in ("cp -a", "library", "cli")},
