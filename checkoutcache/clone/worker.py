@@ -670,15 +670,22 @@ class Worker:
             checkpoint("before-lfs-fetch")
             failure = None
             try:
+                # Exactly the objects this checkout lacks (a cone's: never the whole tree's).
                 self.write_mirror(lambda: self.backend.lfs_fetch(
-                    self.paths.mirror, self.url, self.is_local, self.sha, self.paths.lfs_store, self.credential,
-                    self.on_progress, self.log, keep_fds, [p.path for p in missing] if self.cone else None))
+                    self.paths.mirror, self.url, self.is_local, missing, self.paths.lfs_store, self.credential,
+                    self.on_progress, self.log, keep_fds))
             except CheckoutCacheError as exc:
                 if exc.code == "DISK_FULL":
                     raise
-                # git-lfs also fails for pointer-shaped files no attribute routes through it:
-                # only the objects the checkout needs decide.
+                # Only the objects the checkout needs decide (an operator's fetchexclude may
+                # have left one out, which then fails below).
                 failure = exc
+            finally:
+                # What a failed download left (a body longer than its pointer, wrong bytes)
+                # goes now, under the mirror lock every download runs under.
+                count, freed = mirror.remove_lfs_partials(self.paths, {p.oid for p in missing})
+                if count:
+                    self.log(f"removed {count} partial LFS download(s), {freed} bytes")
             absent = [p for p in missing if not self.lfs_in_store(p)]
             if absent:
                 why = f"{failure.detail}" if failure is not None else "git-lfs did not download it"

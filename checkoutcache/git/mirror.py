@@ -71,6 +71,37 @@ def remove_stale_leftovers(mirror: str, now: float | None = None, min_age: float
     return removed
 
 
+# ------------------------------------------------------------ LFS partial downloads
+# git-lfs keeps a failed download in lfs/incomplete/ to resume it later; a server that
+# sends more than a pointer says (or wrong bytes) would fill the disk across retries.
+# Every download runs under the mirror lock, so under it a partial one is a finished
+# attempt's: the worker removes its own at once, gc those an hour old (a review's own
+# `git lfs pull` in a trusted-peers store may still be writing a younger one).
+STALE_LFS_PARTIAL_AGE = 3600.0
+
+
+def remove_lfs_partials(paths: RepoPaths, oids: set[str] | None = None, min_age: float = 0.0,
+                        now: float | None = None) -> tuple[int, int]:
+    """Delete partial LFS downloads (of these oids; all with None) at least min_age old:
+    (how many, bytes). Caller holds the mirror lock."""
+    now = time.time() if now is None else now
+    removed = freed = 0
+    for name in _files(paths.lfs_incomplete):
+        if oids is not None and name[:64] not in oids:
+            continue
+        path = os.path.join(paths.lfs_incomplete, name)
+        try:
+            info = os.lstat(path)
+            if now - info.st_mtime < min_age:
+                continue
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        removed += 1
+        freed += info.st_size
+    return removed, freed
+
+
 def _files(directory: str) -> list[str]:
     try:
         return [e.name for e in os.scandir(directory) if e.is_file(follow_symlinks=False)]

@@ -56,7 +56,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                  the mirror under locks/mirror.lock, before the checkout whose
             │   │                  smudge filter copies it; removed by gc, under mirror.lock,
             │   │                  when no commit kept in mirror.git (refs/keep/) references it.
-            │   └── tmp/           git-lfs's partial downloads (its own business).
+            │   ├── incomplete/<oid>*  git-lfs's partial downloads, under locks/mirror.lock: each cut
+            │   │                  near its pointer's size (RLIMIT_FSIZE), removed by the worker after
+            │   │                  its fetch, else by gc under mirror.lock once an hour old.
+            │   └── tmp/           git-lfs's own temporary files (its business).
             ├── checkouts/
             │   └── <name>/        a published checkout: work tree plus a .git whose
             │       │              objects/info/alternates points at mirror.git/objects.
@@ -347,6 +350,11 @@ class RepoPaths:
     @property
     def lfs_objects(self) -> str:
         return os.path.join(self.base, "lfs", "objects")
+
+    @property
+    def lfs_incomplete(self) -> str:
+        """Where git-lfs writes a download until its content checks out (names start with the oid)."""
+        return os.path.join(self.base, "lfs", "incomplete")
 
     def lfs_object(self, oid: str) -> str:
         return os.path.join(self.base, "lfs", "objects", oid[0:2], oid[2:4], oid)

@@ -421,6 +421,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         removed = mirror.remove_stale_leftovers(paths.mirror)
         entry["stale_locks"] = [name for name in removed if name.endswith(".lock")]
         entry["stale_leftovers"] = [name for name in removed if not name.endswith(".lock")]
+        remove_lfs_partials(paths, entry)
         if drop_bundle_refs(paths, backend):
             entry["refs_dropped"] += 1
             entry["bundle_refs_dropped"] = True
@@ -482,6 +483,15 @@ def drop_bundle_refs(paths: RepoPaths, backend) -> bool:
     backend.drop_refs_under(paths.mirror, BUNDLE_REFS)
     records.write_json(paths.seed_record, {**seed, "bundle_refs_dropped": True})
     return True
+
+
+def remove_lfs_partials(paths: RepoPaths, entry: dict) -> None:
+    """Partial LFS downloads a killed worker left (a worker removes its own after a failed
+    fetch). Caller holds the mirror lock, which every download of ours runs under."""
+    count, freed = mirror.remove_lfs_partials(paths, min_age=mirror.STALE_LFS_PARTIAL_AGE)
+    if count:
+        entry["lfs_partials_removed"] = count
+        entry["lfs_partial_bytes_freed"] = freed
 
 
 def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
