@@ -448,7 +448,7 @@ class Worker:
         except CheckoutCacheError:
             if not mirror.git_lock_files(self.paths.mirror):
                 raise
-            for stale in mirror.remove_stale_leftovers(self.paths.mirror, min_age=0.0):
+            for stale in mirror.remove_stale_leftovers_of(self.paths, min_age=0.0):
                 self.log(f"removed git lock {stale} left by a killed process")
             return operation()
 
@@ -470,7 +470,7 @@ class Worker:
         except CheckoutCacheError:
             # What the failed fetch wrote (a part of a pack, loose objects) goes now: under our
             # mirror lock no other git writes, and on a full disk it is what the retry needs.
-            mirror.remove_stale_leftovers(self.paths.mirror, min_age=0.0)
+            mirror.remove_stale_leftovers_of(self.paths, min_age=0.0)
             raise
         seed = records.read_json(self.paths.seed_record, records.SEED)
         if seed and seed.get("seeded"):  # what upstream sent since seeding, for status and metrics
@@ -607,7 +607,7 @@ class Worker:
             mirror_dir = self.paths.mirror
             kept = False
             if not self.commit_present(mirror_dir):  # absent, or there without its history: fetch it
-                for stale in mirror.remove_stale_leftovers(mirror_dir):
+                for stale in mirror.remove_stale_leftovers_of(self.paths):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
                 checkpoint("before-fetch")

@@ -429,7 +429,8 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         lfs_pending = False
         if os.path.isdir(paths.lfs_objects) and (entry["refs_dropped"] or stamp.get("lfs_pending")):
             lfs_pending = not prune_lfs(paths, backend, entry)
-        pending = bool(entry["refs_dropped"] or stamp.get("pending"))
+        # A pack a killed fetch kept (its .keep just removed) goes only with a repack: one is due.
+        pending = bool(entry["refs_dropped"] or stamp.get("pending") or freed_kept_packs(entry["stale_leftovers"]))
         due = now - float(stamp.get("at", 0.0)) >= config.mirror_gc_interval
         lfs_flag = {"lfs_pending": True} if lfs_pending else {}  # an LFS prune still to do
         if not pending and lfs_pending != bool(stamp.get("lfs_pending")):
@@ -452,6 +453,12 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
                                                        "pending": not repacked, **lfs_flag})
     report.mirrors.append(entry)
+
+
+def freed_kept_packs(leftovers: list[str]) -> list[str]:
+    """The `.keep` files among removed leftovers: packs a killed fetch kept, that only a
+    repack drops (their objects are unreachable, or duplicated in another pack)."""
+    return [name for name in leftovers if name.endswith(".keep")]
 
 
 # What a repack keeps free for the reviews' own writes when no min-free is set.
