@@ -26,6 +26,11 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     │                              is reached, or by gc a day after its retry time. Nothing else
     │                              is written for a repository before its first contact succeeds.
     └── repos/
+        ├── .dropped-<key>-<pid>-<hex>/  a whole repository being removed (gc past
+        │                          CHECKOUTCACHE_REPO_MAX_IDLE or min-free, `evict REPO`): renamed
+        │                          here in one step under its mirror lock and every clone lock
+        │                          (so an asker finds the whole store or none and starts anew),
+        │                          then deleted; one a killed gc left is deleted by the next gc.
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
             │                      identity), identity being the URL with equivalent spellings
@@ -105,6 +110,9 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                      when gc removes a dead clone's record (so an OOM-killed
             │   │                      worker still ends in WORKER_DIED); removed when a clone
             │   │                      publishes or fails, or a day after the last death.
+            │   ├── last-use.json      the latest last use of the checkouts gc or `evict` removed
+            │   │                      (a repository's own last use once none is left). Written whole
+            │   │                      by the evictor; gc drops a repository unused past a limit.
             │   ├── <name>.size.json   the checkout's size and the last use it was measured at:
             │   │                      written at publish, measured again by gc only after a use.
             │   ├── mirror-seed.json   how mirror.git began (CHECKOUTCACHE_BUNDLE_URI set): the
@@ -187,6 +195,7 @@ CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
 CLONE_LOCK_PREFIX = "clone-"
+DROPPED_PREFIX = ".dropped-"
 
 ROOT_README = """\
 This directory is a checkoutcache store (layout version {version}).
@@ -311,6 +320,15 @@ class RootPaths:
 
     def repo_keys(self) -> list[str]:
         return [name for name in entries(self.repos_dir) if not name.startswith(".")]
+
+    def dropped_repo_slot(self, key: str) -> str:
+        """A fresh name in repos/ for a whole repository about to be removed (hidden from repo_keys)."""
+        return os.path.join(self.root, "repos", f"{DROPPED_PREFIX}{key}-{os.getpid()}-{os.urandom(4).hex()}")
+
+    def dropped_repos(self) -> list[str]:
+        """Repositories renamed aside for removal that are still there (a removal killed or under way)."""
+        return [os.path.join(self.root, "repos", name) for name in entries(self.repos_dir)
+                if name.startswith(DROPPED_PREFIX)]
 
 
 class RepoPaths:
@@ -454,6 +472,10 @@ class RepoPaths:
 
     def size_record(self, name: str) -> str:
         return os.path.join(self.base, "state", f"{name}.size.json")
+
+    @property
+    def last_use_record(self) -> str:
+        return os.path.join(self.base, "state", "last-use.json")
 
     @property
     def mirror_gc_stamp(self) -> str:

@@ -33,8 +33,10 @@ With dry_run nothing is changed: the report says what a real run would do.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import time
@@ -65,7 +67,28 @@ from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
-from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
+from checkoutcache.upkeep.evict import (
+    borrowed_keys_of,
+    drop_repository,
+    note_last_use,
+    remove_dropped_leftovers,
+    repo_busy,
+    repo_entry,
+)
+from checkoutcache.upkeep.eviction import (
+    MIN_FREE,
+    Disk,
+    Entry,
+    Limits,
+    RepoKept,
+    Unmet,
+    plan_eviction,
+    plan_repo_drops,
+    unmet_after,
+)
+
+log = logging.getLogger(__name__)
+REPOSITORY = "repository"  # a Removed whole repository (name empty)
 
 USED_MEANWHILE = "used-meanwhile"
 DEATHS_MEMORY = 86400.0  # a commit nobody asked for a day after its last worker died starts counting anew
@@ -557,6 +580,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     with gc_lock:
         before = disk_of(root_paths.root)
         report.disk_before = attrs.asdict(before)
+        if not dry_run:
+            for name, removal in remove_dropped_leftovers(root_paths):  # a removal a killed gc left
+                report.removed.append(Removed("dropped-leftover", name.split("-")[1], "", removal.freed))
         for info in inventory(root_paths, sizes=NO_SIZES):
             empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
@@ -593,11 +619,17 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 report.kept.append(KeptOver(entry.repo, commit_of(entry.name), kept_why, eviction.limit, entry.name))
         report.kept += [KeptOver(k.entry.repo, commit_of(k.entry.name), k.why, k.limit, k.entry.name)
                         for k in plan.kept]
-        report.unmet = [attrs.asdict(u) for u in plan.unmet]
+        for eviction in plan.evict:
+            if (eviction.entry.repo, eviction.entry.name) in evicted and not dry_run:
+                with going_on(report, by_key[eviction.entry.repo].paths, root_paths):
+                    note_last_use(by_key[eviction.entry.repo].paths, eviction.entry.last_used)
+        freed = sum(r.bytes for r in report.removed if r.reason in ("lru", "age"))
+        dropped, repos_kept = drop_repositories(root_paths, limits, before, freed, now, report)
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
+        repos = [info for info in repos if info.key not in dropped]
         for info in repos:
             with going_on(report, info.paths, root_paths):
                 maintain_mirror(info.paths, config, report, now, borrowed)
@@ -607,4 +639,65 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             with going_on(report, info.paths, root_paths):
                 record_unremovable(info.paths, report, now)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
+        report.unmet = unmet_entries(unmet_after(plan.unmet, sum(dropped.values())), report, repos_kept)
+        for unmet in report.unmet if not dry_run else []:
+            log.warning("gc could not meet %s: %s against %s (%s)", unmet["limit"], unmet["actual"],
+                        unmet["target"], unmet["why"])
     return report
+
+
+def drop_repositories(root_paths: RootPaths, limits: Limits, disk: Disk, freed: int, now: float,
+                      report: GcReport) -> tuple[dict[str, int], list[RepoKept]]:
+    """Whole repositories with nothing in them, unused past repo_max_idle (or past the grace
+    window while min-free is unmet): {key: bytes freed} of those removed, and those min-free
+    wanted that had to stay."""
+    repos = inventory(root_paths, sizes=NO_SIZES)
+    borrowed = borrowed_keys_of(repos)
+    facts = []
+    for info in repos:
+        with going_on(report, info.paths, root_paths):
+            busy = repo_busy(info, borrowed)
+            facts.append(repo_entry(info, borrowed, with_size=busy is None))
+    drops, kept = plan_repo_drops(facts, limits, disk, freed, now)
+    dropped: dict[str, int] = {}
+    for drop in drops:
+        key = drop.entry.repo
+        try:
+            outcome = drop_repository(root_paths, key, borrowed, dry_run=report.dry_run)
+        except OSError as exc:
+            report.unremovable.append({"repo": key, "path": os.path.relpath(root_paths.repo(key).base,
+                                                                            root_paths.root),
+                                       "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__),
+                                       "entry": None})
+            continue
+        if outcome.kept is not None:
+            if outcome.kept != GONE:
+                kept.append(RepoKept(key, outcome.kept))
+            continue
+        freed_now = drop.entry.size if outcome.removal is None else outcome.removal.freed
+        dropped[key] = freed_now
+        report.removed.append(Removed(REPOSITORY, key, "", freed_now, drop.limit))
+        for stuck in outcome.removal.unremovable if outcome.removal is not None else []:
+            report.unremovable.append({"repo": key, "path": stuck.path, "error": stuck.error, "entry": None})
+    return dropped, kept
+
+
+def unmet_entries(unmet: list[Unmet], report: GcReport, repos_kept: list[RepoKept]) -> list[dict]:
+    """What an operator needs of each unmet limit: by how much, what gc had to keep and why,
+    and what to do about it."""
+    found = []
+    for item in unmet:
+        kept = collections.Counter(k.why for k in report.kept if k.limit == item.limit)
+        entry = {**attrs.asdict(item), "short": abs(item.target - item.actual), "kept": dict(kept)}
+        whys = [f"{count} checkout(s) {why}" for why, count in sorted(kept.items())]
+        if item.limit == MIN_FREE:
+            entry["repos_kept"] = [{"repo": k.repo, "why": k.why} for k in repos_kept]
+            entry["repacks_skipped"] = [m["repo"] for m in report.mirrors if m.get("repack_skipped")]
+            whys += [f"{len(repos_kept)} repositor(ies) in use"] if repos_kept else []
+            whys += [f"{len(entry['repacks_skipped'])} repack(s) lacking space"] if entry["repacks_skipped"] else []
+        entry["why"] = ", ".join(whys) or "nothing more gc may remove"
+        entry["next"] = ("what is kept is in use or within its grace window: `checkoutcache evict REPO [COMMIT] "
+                         "--force` removes what only the grace window protects; otherwise add disk or lower "
+                         "the other limits")
+        found.append(entry)
+    return found
