@@ -194,3 +194,33 @@ def test_an_ensure_on_a_full_disk_answers_disk_full_and_writes_nothing(tmp_path)
         code, report, out = run_cli("gc", root=root)
         assert code == 0, out
         assert_checkout_matches(first, upstream.path, upstream.shas[0])
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_reclaimed_by_gc_alone(tmp_path):
+    """Regression (issue 27): a mirror of a repository with no checkout left, on a full disk:
+    gc said `not enough free space: a repack needs ...`, min-free stayed unmet, and nothing
+    but an operator's `rm` could reclaim it. gc now drops the whole repository (nothing in
+    it, unused past the grace window while min-free is unmet); one in use stays."""
+    upstream = big_history(str(tmp_path / "up"), 4, 3 << 20)
+    other = big_history(str(tmp_path / "other"), 1, 1 << 20)
+    with small_filesystem(str(tmp_path / "small"), "40m") as mount:
+        root = os.path.join(mount, "cache")
+        last = wait_ready(root, upstream.path, upstream.shas[-1])["path"]
+        kept = wait_ready(root, other.path, other.shas[0])["path"]  # used now: stays
+        big_key = last.split(os.sep)[-3]
+        make_idle(last, 3600)
+        fill(mount, leave=1 << 20)
+        env = {"CHECKOUTCACHE_MIN_FREE": "8m", "CHECKOUTCACHE_FREE_HEADROOM": "1m"}
+        code, report, out = run_cli("gc", "--grace", "1m", "--mirror-gc-interval", "0", root=root, env=env)
+        assert code == 0, out
+        assert [(r["reason"], r["repo"], r["limit"]) for r in report["removed"]] == [
+            ("lru", big_key, "min-free"), ("repository", big_key, "min-free")], json.dumps(report["unmet"])
+        assert report["unmet"] == [], report["unmet"]
+        assert free_bytes(mount) >= 8 << 20
+        assert not os.path.exists(os.path.join(root, "repos", big_key))
+        assert_checkout_matches(kept, other.path, other.shas[0])
+        # Asked again, it is cloned anew.
+        os.unlink(os.path.join(mount, "balloon"))
+        again = wait_ready(root, upstream.path, upstream.shas[0])["path"]
+        assert_checkout_matches(again, upstream.path, upstream.shas[0])

@@ -97,8 +97,10 @@ def repo_entry(info: RepoInfo, borrowed_keys: frozenset[str], with_size: bool = 
 
 @contextlib.contextmanager
 def _all_clone_locks(paths: RepoPaths):
-    """Every existing clone lock of the repository, tried; yields None if one is held."""
+    """Every existing clone lock of the repository, tried: yields the names held (None if one
+    is someone else's: a clone is running)."""
     with contextlib.ExitStack() as stack:
+        names = set()
         for name in paths.clone_lock_names():
             held = locks.existing_clone_of(paths, name)
             if held is None:
@@ -107,7 +109,8 @@ def _all_clone_locks(paths: RepoPaths):
                     return
                 continue
             stack.enter_context(held)
-        yield stack
+            names.add(name)
+        yield names
 
 
 @attrs.frozen
@@ -130,23 +133,26 @@ def drop_repository(root_paths: RootPaths, key: str, borrowed_keys: frozenset[st
         return Dropped(MIRROR_BUSY)
     except FileNotFoundError:
         return Dropped(GONE)
-    with mirror_lock, _all_clone_locks(paths) as clone_locks:
-        if clone_locks is None:
-            return Dropped(CLONING)
+    with mirror_lock:
         busy = repo_busy(repo_info(paths, NO_SIZES), borrowed_keys)
         if busy is not None:
             return Dropped(busy)
-        if dry_run:
-            return Dropped(None)
-        slot = root_paths.dropped_repo_slot(key)
-        os.rename(paths.base, slot)
-        moved = RepoPaths(slot)
-        # A clone that began between the look and the rename holds a lock we do not: its
-        # store goes back where it was (unless an asker made a new one there meanwhile).
-        racing = [n for n in moved.clone_lock_names() if locks.clone_running(moved, n)]
-        if racing and not os.path.lexists(paths.base):
-            os.rename(slot, paths.base)
-            return Dropped(CLONING)
+        with _all_clone_locks(paths) as ours:
+            if ours is None:
+                return Dropped(CLONING)
+            if entries(paths.checkouts_dir):  # a clone published between the look and the locks
+                return Dropped(CHECKOUTS)
+            if dry_run:
+                return Dropped(None)
+            slot = root_paths.dropped_repo_slot(key)
+            os.rename(paths.base, slot)
+            moved = RepoPaths(slot)
+            # A clone that began between the look and the rename holds a lock we do not: its
+            # store goes back where it was (unless an asker made a new one there meanwhile).
+            racing = [n for n in moved.clone_lock_names() if n not in ours and locks.clone_running(moved, n)]
+            if racing and not os.path.lexists(paths.base):
+                os.rename(slot, paths.base)
+                return Dropped(CLONING)
     return Dropped(None, remove_tree(slot))
 
 
