@@ -351,12 +351,12 @@ def test_an_lfs_body_longer_than_its_pointer_says_is_cut_and_leaves_nothing(root
             time.sleep(1.5)  # past the back-off: the second ensure tries again
         code, answer, out = run_cli("ensure", url, sha, "--wait", "60", root=root, env=env)
         assert code == 1 and answer["error"] == "LFS_FAILED", out
-        assert "more bytes than" in answer["message"], answer
         store = only_store(root)
         leftovers = [os.path.join(d, f) for d, _, files in os.walk(store.lfs_store) for f in files
                      if "/objects/" not in d + "/"]
         assert [p for p in leftovers if "/incomplete/" in p or "/tmp/" in p] == [], leftovers
         assert store.lfs_object_oids() == []
+        assert "more bytes than" in answer["message"], answer
     assert lfs_server.lfs_downloads[lfs_oid(small[0])] == 2  # two attempts, each one download
     # A worker killed during its download leaves its partial file: gc removes it once it is
     # an hour old (a younger one may be a download under way).

@@ -25,7 +25,15 @@ overlap, the second reports that it skipped):
    when refs were dropped by an earlier run, until it is done); when refs were
    dropped, delete from lfs/ the Git LFS objects no kept commit references (the
    commits of the remaining checkouts and of running clones, whose keep-refs
-   their workers made under this same lock before downloading).
+   their workers made under this same lock before downloading). A stale
+   `.keep` (a killed fetch's) removed there makes the repack due; partial LFS
+   downloads an hour old go too;
+5. between 3 and 4, drop whole repositories with nothing in them (no
+   checkout, hold, clone, or borrower) unused past repo_max_idle, or past the
+   grace window while min-free is still unmet (eviction.plan_repo_drops, pure;
+   evict.drop_repository re-checks under the repository's locks), and finish
+   such removals a killed gc left at the start of the run. Unmet limits are
+   logged at WARNING and reported with what an operator needs (unmet_entries).
 
 gc never holds a lock a ready answer waits on for longer than one rename.
 With dry_run nothing is changed: the report says what a real run would do.
