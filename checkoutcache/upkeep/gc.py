@@ -80,7 +80,6 @@ from checkoutcache.upkeep.evict import (
     drop_repository,
     note_last_use,
     remove_dropped_leftovers,
-    repo_busy,
     repo_entry,
 )
 from checkoutcache.upkeep.eviction import (
@@ -90,6 +89,8 @@ from checkoutcache.upkeep.eviction import (
     Limits,
     RepoKept,
     Unmet,
+    free_targets,
+    idle_seconds,
     plan_eviction,
     plan_repo_drops,
     unmet_after,
@@ -661,11 +662,17 @@ def drop_repositories(root_paths: RootPaths, limits: Limits, disk: Disk, freed: 
     wanted that had to stay."""
     repos = inventory(root_paths, sizes=NO_SIZES)
     borrowed = borrowed_keys_of(repos)
+    targets = free_targets(limits, disk)
+    short_of_space = targets is not None and disk.free < targets[0]
     facts = []
     for info in repos:
         with going_on(report, info.paths, root_paths):
-            busy = repo_busy(info, borrowed)
-            facts.append(repo_entry(info, borrowed, with_size=busy is None))
+            fact = repo_entry(info, borrowed, with_size=False)
+            # Its size (a walk of its mirror and LFS objects) only when it may go.
+            if fact.busy is None and (short_of_space or limits.repo_max_idle is not None and
+                                      idle_seconds(fact.last_used, now) > limits.repo_max_idle):
+                fact = attrs.evolve(fact, size=disk_usage(info.paths.base))
+            facts.append(fact)
     drops, kept = plan_repo_drops(facts, limits, disk, freed, now)
     dropped: dict[str, int] = {}
     for drop in drops:
