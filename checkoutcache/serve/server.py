@@ -41,6 +41,7 @@ import stat
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from checkoutcache.cache import Cache
@@ -54,6 +55,7 @@ from checkoutcache.serve.app import Api, Listener, Pools, allowed_hosts
 from checkoutcache.serve.policy import ApiPolicy
 from checkoutcache.serve.reaper import Reaper, become_subreaper
 from checkoutcache.serve.service import Service
+from checkoutcache.store import locks
 from checkoutcache.store.create import init_root, make_dirs
 
 log = logging.getLogger("checkoutcache.serve")
@@ -163,7 +165,9 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     raise_open_file_limit()
     init_root(cache.paths)
     make_dirs(cache.paths.serve_dir)
-    journal = cache.paths.serve_journal(os.getpid())
+    # Named by a nonce, not by our pid alone: every container's serve has the same pid,
+    # and two of them may share this root (invariant 3).
+    journal = cache.paths.serve_journal(os.getpid(), uuid.uuid4().hex[:16])
     os.environ["CHECKOUTCACHE_CLONE_JOURNAL"] = journal  # workers we start report to us
     # The policy goes to our workers too: a .gitmodules names nothing the API could not.
     os.environ[POLICY_REPOS_VAR] = ",".join(policy.repo_patterns)
@@ -172,6 +176,8 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     worker_server = WorkerServer()
     use_worker_server(worker_server)
     reaper.own.add(worker_server.pid)
+    # Taken after the fork: a worker server that inherited it would keep it held past our death.
+    journal_lock = locks.serve_journal_owned(journal)
     service = Service(cache, config, settings, journal, policy, version)
     pools = Pools(settings.max_waiting)
     with open(OPENAPI, "rb") as handle:
@@ -203,18 +209,29 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     pools.shutdown()
     use_worker_server(None)
     worker_server.close()
-    for path in (journal, unix):
-        if path:
-            try:
-                if path == journal or stat.S_ISSOCK(os.lstat(path).st_mode):
-                    os.unlink(path)
-            except FileNotFoundError:
-                pass
+    remove_own_journal(journal_lock)
+    if unix:
+        try:
+            if stat.S_ISSOCK(os.lstat(unix).st_mode):
+                os.unlink(unix)
+        except FileNotFoundError:
+            pass
     log.info("stopped", extra={"event": "stopped", "code": code})
     logs.flush()
     # os._exit: interpreter exit joins pool threads, and one stuck in flock() or a wait
     # would hold the exit past any bound.
     os._exit(code)
+
+
+def remove_own_journal(held: locks.Lock) -> None:
+    """Our journal, and only ours: removed while its lock is still ours and only if the path
+    still names the file we locked (nothing a peer put there)."""
+    try:
+        if os.path.samestat(os.fstat(held.fileno()), os.lstat(held.path)):
+            os.unlink(held.path)
+    except OSError:
+        pass
+    held.release()
 
 
 def _run(servers: list, service: Service, settings: ServeSettings, address, health, unix, reaper: Reaper) -> int:

@@ -37,6 +37,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 
@@ -297,17 +298,27 @@ STALE_JOURNAL_AGE = 86400.0
 
 
 def forget_stale_journals(root_paths: RootPaths, report: GcReport, now: float) -> None:
-    """A serve's journal left behind: written by a worker that outlived its serve
-    (O_APPEND|O_CREAT makes it anew), or by a serve killed. A running serve's
-    journal is written at every clone and truncated in place; one untouched for
-    a day is removed (a serve still running just gets a new one at its next clone)."""
+    """A serve's journal left behind: by a serve killed (SIGKILL, OOM), or written anew by a
+    worker that outlived its serve (O_APPEND|O_CREAT). A running serve holds its journal's
+    lock for its whole life, so one whose lock is free is removed, however recent (its age
+    proves nothing: serves of equal pids in other containers share this directory), and
+    removed while we hold that lock. An older version's <pid>.journal has no lock: it goes
+    once untouched for a day."""
     if report.dry_run:
         return
-    for name in entries(root_paths.serve_dir):
-        path = os.path.join(root_paths.serve_dir, name)
+    for path in root_paths.serve_journals():
         try:
-            if name.endswith(".journal") and now - os.lstat(path).st_mtime > STALE_JOURNAL_AGE:
-                records.remove_quietly(path)
+            if not RootPaths.journal_has_owner_lock(path):
+                if now - os.lstat(path).st_mtime > STALE_JOURNAL_AGE:
+                    records.remove_quietly(path)
+                continue
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                records.remove_quietly(path)  # never a journal: nothing to lock through it
+                continue
+            held = locks.abandoned_journal(path)
+            if held is not None:
+                with held:
+                    records.remove_quietly(path)
         except OSError:
             continue
 
