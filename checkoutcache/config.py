@@ -276,7 +276,7 @@ class ServeSettings(Settings):
                                 "Let the API name absolute local paths and file:// URLs.", _flag, "off", flag=True)
     max_connections: int = setting(4096, "CHECKOUTCACHE_MAX_CONNECTIONS",
                                    "Connections open at once, idle ones included (each idle one is closed after "
-                                   "the 5 s header deadline).", _count)
+                                   "the 5 s header deadline; one that showed no token, after its answer).", _count)
     max_waiting: int = setting(64, "CHECKOUTCACHE_MAX_WAITING",
                                "Requests waiting on a clone at once (`wait` > 0); the next one is SERVER_BUSY with "
                                "Retry-After. Ready answers never wait behind them.", _count)
