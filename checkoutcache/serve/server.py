@@ -18,7 +18,8 @@ Order at start (each step for a reason):
 SIGTERM (or SIGINT): stop accepting; requests waiting on a clone are answered
 SHUTTING_DOWN (503, Retry-After) at once; in-flight answers get --stop-timeout
 (20 s by default, under Kubernetes' 30 s); holds are released; the process
-exits, 0 when everything finished within the bound. A watchdog thread holds
+exits (stop_code: 0 when the stop did all it promises, clones it ended included; 1 when
+something was lost). A watchdog thread holds
 the bound whatever blocks. Clone workers are processes of their own, reparented
 to us: they get what is left of the bound to publish; those still running near
 its end get SIGTERM, which ends each cleanly (no failure or death recorded, its
@@ -275,15 +276,26 @@ def _run(servers: list, service: Service, settings: ServeSettings, address, heal
         _, pending = await asyncio.wait(tasks, timeout=settings.stop_timeout)
         log.info("drained in %.2fs, %d listener(s) cut off", time.monotonic() - started, len(pending),
                  extra={"event": "drained", "seconds": round(time.monotonic() - started, 3), "cut_off": len(pending)})
-        await finish_clones(reaper, started + settings.stop_timeout)
+        clones_left = await finish_clones(reaper, started + settings.stop_timeout)
         watchdog.cancel()
-        return 1 if pending or failed or not up else 0
+        return stop_code(up, len(failed), len(pending), clones_left)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main())
 
 
-async def finish_clones(reaper: Reaper, deadline: float) -> None:
+def stop_code(up: bool, listeners_failed: int, cut_off: int, clones_left: int) -> int:
+    """serve's exit status after a stop. 0: the stop did what it promises, clones it had to
+    end included (SIGTERMed, each cleanly: nothing recorded, cloned again on the next ask).
+    That is routine in every rollout; under Kubernetes a non-zero status reads as the
+    container's failure (reason Error: alerts, and a Job pod's sidecar failing the pod).
+    1: something was lost or never worked: the listeners never came up or one failed,
+    answers in flight were cut off at the bound, or a clone worker did not end within it
+    (it dies with the container: a death counted against its commit)."""
+    return 1 if not up or listeners_failed or cut_off or clones_left else 0
+
+
+async def finish_clones(reaper: Reaper, deadline: float) -> int:
     """Our clone workers get what is left of the stop bound to publish; those still running
     near its end are SIGTERMed, which ends each cleanly (no failure, no death, no scratch:
     worker.on_stop), so the next start, or any asker, clones their commits again. A worker
@@ -298,13 +310,17 @@ async def finish_clones(reaper: Reaper, deadline: float) -> None:
         await asyncio.sleep(0.05)
         running = reaper.workers()
     if not running:
-        return
+        return 0
     log.warning("stopping %d clone(s) that could not finish within the stop timeout; their commits are cloned "
                 "again on the next ask", len(running), extra={"event": "stopping_clones", "clones": len(running)})
     reaper.stop_workers(running)
     while running and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
         running = reaper.workers()
+    if running:
+        log.error("%d clone worker(s) did not end within the stop timeout", len(running),
+                  extra={"event": "clones_left", "clones": len(running)})
+    return len(running)
 
 
 def served_version() -> str:
