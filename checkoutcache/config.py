@@ -108,6 +108,117 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _shown(value: Any) -> str:
+    """A value as an error shows it: quoted, cut, control characters escaped."""
+    return repr(str(value)[:120])
+
+
+def _absolute(value: Any, what: str) -> str:
+    text = str(value)
+    if not text or "\0" in text or any(ord(c) < 32 for c in text):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is not a path ({what})")
+    if not os.path.isabs(text):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is not an absolute path ({what}; a relative "
+                                                      f"one would depend on the working directory)")
+    return text
+
+
+def _in_a_directory(path: str, what: str) -> str:
+    """path's directory exists and is one; path itself is not a directory."""
+    parent = os.path.dirname(path) or "/"
+    if not os.path.isdir(parent):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(path)}: its directory {_shown(parent)} does not "
+                                                      f"exist ({what})")
+    if os.path.isdir(path):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(path)} is a directory ({what})")
+    return path
+
+
+def _output_file(value: Any) -> str:
+    """A file this process writes (the ready file): in an existing directory."""
+    text = str(value)
+    if not text or any(ord(c) < 32 for c in text):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is not a path (a file to write)")
+    return _in_a_directory(os.path.abspath(text), "a file to write")
+
+
+def _input_file(value: Any) -> str:
+    """A file this process reads (tokens, a git config): a readable regular file."""
+    text = str(value)
+    if not text or any(ord(c) < 32 for c in text):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is not a path (a file to read)")
+    try:
+        with open(text, "rb"):
+            pass
+    except OSError as exc:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} cannot be read: "
+                                                      f"{exc.strerror or type(exc).__name__}") from None
+    if not os.path.isfile(text):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is not a regular file")
+    return text
+
+
+# sun_path holds 108 bytes, the last a NUL.
+UNIX_PATH_MAX = 107
+
+
+def _socket_path(value: Any) -> str:
+    """A Unix socket to listen on: absolute (never relative to wherever serve started), short
+    enough for sun_path, in an existing directory."""
+    text = _absolute(value, "a Unix socket to listen on")
+    if len(os.fsencode(text)) > UNIX_PATH_MAX:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is longer than a Unix socket's path may be "
+                                                      f"({UNIX_PATH_MAX} bytes)")
+    return _in_a_directory(text, "a Unix socket to listen on")
+
+
+# A host CHECKOUTCACHE_GIT_HOSTS may bind the credential to: host or host:port, as https_host
+# writes it (lower case, no scheme, no path, no user).
+HOST_NAME = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+                       r"|\[[0-9a-f:.]+\]")
+
+
+def _git_hosts(value: Any) -> str:
+    hosts = [h.strip().lower() for h in str(value).split(",") if h.strip()]  # as parse_hosts reads them
+    for host in hosts:
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if not colon:
+            name, port = host, ""
+        if not HOST_NAME.fullmatch(name) or (colon and not (port.isdigit() and 0 < int(port) < 65536)):
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(host)} in {_shown(value)} is not a host or "
+                                                          f"host:port (comma-separated, no scheme or path: e.g. "
+                                                          f"github.com,git.example.com:8443)")
+    return str(value)
+
+
+def _git_config(value: Any) -> str:
+    return _input_file(_absolute(value, "a git config file"))
+
+
+def _clone_journal(value: Any) -> str:
+    return _in_a_directory(_absolute(value, "a file clone workers append to"), "a file clone workers append to")
+
+
+# Variables read where they are used (the clone worker, git's environment, the credential),
+# not through Config; each is checked here when Config is read, so a bad value is BAD_ARGUMENT
+# naming it before anything is written, never a silent no-op later.
+CHECKED_VARIABLES: dict[str, Callable[[Any], Any]] = {
+    "CHECKOUTCACHE_GIT_CONFIG": _git_config,
+    "CHECKOUTCACHE_GIT_HOSTS": _git_hosts,
+    "CHECKOUTCACHE_CLONE_JOURNAL": _clone_journal,
+}
+
+
+def check_variables(environ: os._Environ | dict[str, str]) -> None:
+    for name, check in CHECKED_VARIABLES.items():
+        value = environ.get(name)
+        if value:
+            try:
+                check(value)
+            except CheckoutCacheError as exc:
+                raise CheckoutCacheError("BAD_ARGUMENT", what=f"{name}: {exc.message}") from None
+
+
 def _size_text(value: int | None) -> str:
     return f"{value}B"
 
@@ -135,6 +246,8 @@ class Settings:
                 raw, source = environ.get(field.metadata["env"]) or None, field.metadata["env"]
             if raw is not None:
                 values[field.name] = _parsed(field, raw, source)
+        if cls is Config:
+            check_variables(environ)
         return cls(**values)
 
     def with_overrides(self, **raw: Any):
@@ -257,7 +370,8 @@ class ServeSettings(Settings):
                                  "Needs a token.", _listen, "127.0.0.1:8787, or off with --unix")
     unix: str | None = setting(None, "CHECKOUTCACHE_UNIX_SOCKET",
                                "Serve the API on this Unix socket (mode 0660, the directory's group; no token: the "
-                               "file's permissions decide); with --listen too, on both.", _text, "off")
+                               "file's permissions decide); with --listen too, on both. An absolute path in an "
+                               "existing directory.", _socket_path, "off")
     health_listen: str | None = setting(None, "CHECKOUTCACHE_HEALTH_LISTEN",
                                         "A second TCP address serving only /healthz, /readyz and /metrics, without "
                                         "a token (for a kubelet and Prometheus; e.g. 0.0.0.0:8788).", _listen, "off")
@@ -267,7 +381,7 @@ class ServeSettings(Settings):
                                  parse_duration, "5m")
     token_file: str | None = setting(None, "CHECKOUTCACHE_API_TOKEN_FILE",
                                      "Bearer tokens, one `TOKEN [SCOPE,...]` per line (a token is needed over TCP; "
-                                     "or give one in CHECKOUTCACHE_API_TOKEN).", _text, "none")
+                                     "or give one in CHECKOUTCACHE_API_TOKEN).", _input_file, "none")
     allow_repo: tuple[str, ...] = setting((), "CHECKOUTCACHE_API_REPOS",
                                           "Repositories the API may name: shell patterns over the normalized URL, "
                                           "e.g. 'https://github.com/acme/*' (repeatable, or comma-separated).",
@@ -295,8 +409,8 @@ class ServeSettings(Settings):
                              "The least severe log lines written: debug, info (one access line per request), "
                              "warning or error.", _one_of("debug", "info", "warning", "error"))
     ready_file: str | None = setting(None, "CHECKOUTCACHE_READY_FILE",
-                                     "Write the listening addresses here once serving (for scripts and tests).",
-                                     _text, "none")
+                                     "Write the listening addresses here once serving (for scripts and tests); "
+                                     "its directory must exist.", _output_file, "none")
 
 
 @attrs.frozen

@@ -255,10 +255,16 @@ def _run(servers: list, service: Service, settings: ServeSettings, address, heal
                 "event": "serving", "root": service.cache.root, "api": where,
                 "health": f"http://{health[0]}:{health[1]}" if health else None, "pid": os.getpid()})
             if settings.ready_file:
-                with open(settings.ready_file, "w") as handle:
-                    handle.write(json.dumps({"listening": where, "pid": os.getpid(), "unix": unix,
-                                             "tcp": f"http://{address[0]}:{address[1]}" if address else None,
-                                             "health": f"http://{health[0]}:{health[1]}" if health else None}))
+                try:
+                    with open(settings.ready_file, "w") as handle:
+                        handle.write(json.dumps({"listening": where, "pid": os.getpid(), "unix": unix,
+                                                 "tcp": f"http://{address[0]}:{address[1]}" if address else None,
+                                                 "health": f"http://{health[0]}:{health[1]}" if health else None}))
+                except OSError as exc:  # checked when read; gone since: said, and the stop exits 1
+                    log.error("CHECKOUTCACHE_READY_FILE %r could not be written: %s", settings.ready_file,
+                              exc.strerror or exc, extra={"event": "start_failed"})
+                    up = False
+                    stop.set()
         stopper = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         failed = [t for t in tasks if t in done and t.exception() is not None]
