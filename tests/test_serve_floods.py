@@ -63,7 +63,7 @@ class Flood:
                         with self.lock:
                             self.answers.append((answer, closed))
                         if closed:
-                            break
+                            break  # and at once again, on a new connection
                         self.stop.wait(1.0)  # well within the 5 s idle deadline: the slot stays held
             except OSError:
                 self.stop.wait(0.1)
