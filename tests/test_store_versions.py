@@ -80,3 +80,17 @@ def test_a_store_of_a_newer_layout_is_refused_by_serve_and_left_as_it_is(root, t
     finally:
         assert running.stop() == 0
     assert snapshot(store) == before
+
+
+def test_gc_leaves_a_store_of_a_newer_layout_as_it_is_and_says_so(root, upstream):
+    """A rollback's cron gc, even at a limit of no checkouts, evicts, repacks and tidies
+    nothing in a newer version's store."""
+    wait_ready(root, upstream.path, upstream.shas[0])
+    store = written_by_a_newer_version(root)
+    before = snapshot(store)
+    code, report, output = run_cli("gc", "--max-checkouts", "0", "--grace", "0s", root=root)
+    assert code == 0, output
+    assert report["removed"] == [], report
+    assert [p["error"] for p in report["problems"]] == ["NEWER_LAYOUT"], report
+    assert f"layout version {NEWER}" in report["problems"][0]["why"]
+    assert snapshot(store) == before

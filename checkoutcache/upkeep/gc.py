@@ -61,7 +61,8 @@ from checkoutcache.store.checkouts import (
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
 from checkoutcache.store.sizes import disk_usage
-from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
@@ -529,6 +530,23 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
     return True
 
 
+def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
+    """The repository stores this version may change: one a newer version wrote (its layout
+    version above ours) is not even measured (its size records stay as they are), and said:
+    a rollback must not corrupt it."""
+    keys = []
+    for key in root_paths.repo_keys():
+        paths = root_paths.repo(key)
+        found = layout_version_of(paths.repo_json)
+        if found is not None and found > LAYOUT_VERSION:
+            report.problems.append({"path": os.path.relpath(paths.repo_json, root_paths.root), "error": "NEWER_LAYOUT",
+                                    "why": f"written by a newer checkoutcache (layout version {found}; this one "
+                                           f"knows up to {LAYOUT_VERSION}): left as it is"})
+            continue
+        keys.append(key)
+    return keys
+
+
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
            used_within_grace: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
     """used_within_grace: (repository key, checkout name) pairs the caller knows were used
@@ -551,12 +569,14 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     with gc_lock:
         before = disk_of(root_paths.root)
         report.disk_before = attrs.asdict(before)
-        for info in inventory(root_paths, sizes=NO_SIZES):
+        keys = our_keys(root_paths, report)
+        newer = list(report.problems)
+        for info in inventory(root_paths, sizes=NO_SIZES, keys=keys):
             empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
-        repos = inventory(root_paths, sizes=FRESH_SIZES)
-        report.problems = [problem for info in repos for problem in info.problems]
+        repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
+        report.problems = newer + [problem for info in repos for problem in info.problems]
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
