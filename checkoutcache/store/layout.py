@@ -2,7 +2,10 @@
 
 Every other module asks this one for a path; none joins path parts itself. The
 layout is a contract with operators and with other versions of this tool
-running on the same root, so a change here is a change of LAYOUT_VERSION.
+running on the same root, so a change here is a change of LAYOUT_VERSION. A
+repository store whose repo.json names a newer layout_version than this one's is
+never written by this version: its answers are NEWER_LAYOUT and gc leaves it
+alone (a rollback cannot corrupt what a newer version made).
 
     <root>/
     ├── README                     says which tool maintains this directory
