@@ -85,9 +85,16 @@ def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse)
         return f"no writer answered ({exc})"
     except Exception as exc:  # a writer that failed mid-answer: the checkout is still ready
         return f"the writer did not answer ({type(exc).__name__})"
-    if status == 200 and answer.get("state") == "ready" and answer.get("path") == path:
+    if status == 200 and answer.get("state") == "ready" and same_checkout(answer.get("path"), root, path):
         return None
     return f"the writer answered {status} {answer.get('error') or answer.get('state')}"
+
+
+def same_checkout(answered: object, root: str, path: str) -> bool:
+    """The writer's path names our checkout: the same path below the root (the writer may
+    see the volume at another mount point than this reader does)."""
+    below = path[len(root):] if path.startswith(root + "/") else path
+    return isinstance(answered, str) and (answered == path or answered.endswith(below))
 
 
 def _request(endpoint: str, body: dict, host: str) -> bytes:
