@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 import time
 
 # serve answers when its wait ends (or at its own cap, sooner); this is for the answer's trip.
@@ -108,8 +109,7 @@ def _request(endpoint: str, body: dict, host: str) -> bytes:
 def _post_unix(where: str, endpoint: str, body: dict, timeout: float, root: str,
                why: list[str]) -> tuple[int, dict] | None:
     """None when no serve of a trusted uid listens there (nothing is sent then)."""
-    import socket
-    import struct
+    import _socket  # not socket: it imports selectors and array, a few ms of a reader's ready answer
 
     try:
         mode = os.lstat(where).st_mode  # a symlink there is somebody's pointer to somewhere else
@@ -119,37 +119,45 @@ def _post_unix(where: str, endpoint: str, body: dict, timeout: float, root: str,
     if not stat.S_ISSOCK(mode):
         why.append(f"{where} is not a socket")
         return None
-    with socket.socket(socket.AF_UNIX) as conn:
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:  # (_socket's socket is no context manager)
         conn.settimeout(CONNECT_TIMEOUT)
         try:
             conn.connect(where)
         except OSError as exc:
             why.append(f"{where}: {exc.strerror or exc}")
             return None
-        # Who listens, as the kernel says (pid, uid, gid): a group member may have put its own
-        # socket at this path (the root's folders are the group's to write in that mode).
-        _, peer_uid, _ = struct.unpack("iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              struct.calcsize("iII")))
+        # Who listens, as the kernel says (struct ucred: pid, uid, gid): a group member may have
+        # put its own socket at this path (the root's folders are the group's to write in that mode).
+        creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+        peer_uid = int.from_bytes(creds[4:8], sys.byteorder)
         if peer_uid not in trusted_peers(root):
             why.append(f"{where} is served by uid {peer_uid}, not the store's writer")
             return None
         return _exchange(conn, _request(endpoint, body, "localhost"), timeout)
+    finally:
+        conn.close()
 
 
 def _post_tcp(url: str, endpoint: str, body: dict, timeout: float, why: list[str]) -> tuple[int, dict] | None:
-    import socket
+    import _socket
 
     host, port = _host_port(url)
     if host is None:
         why.append(f"{API_URL_VAR} is not http://HOST:PORT")
         return None
+    conn = _socket.socket(_socket.AF_INET6 if ":" in host else _socket.AF_INET, _socket.SOCK_STREAM)
     try:
-        conn = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+        conn.settimeout(CONNECT_TIMEOUT)
+        conn.connect((host, port))
     except OSError as exc:
+        conn.close()
         why.append(f"{API_URL_VAR} ({host}:{port}): {exc.strerror or exc}")
         return None
-    with conn:
+    try:
         return _exchange(conn, _request(endpoint, body, f"{host}:{port}"), timeout)
+    finally:
+        conn.close()
 
 
 def _host_port(url: str) -> tuple[str | None, int]:

@@ -93,7 +93,7 @@ def test_a_new_commit_handed_to_serve_imports_neither_attrs_nor_the_library(root
     assert done.returncode == 0, done.stderr[-2000:]
     lines = imported(done.stderr)
     cli = lines[lines.index("site") + 1:]
-    assert "checkoutcache.cli.fast" in cli and "socket" in cli  # it asked serve
+    assert "checkoutcache.cli.fast" in cli and "_socket" in cli  # it asked serve
     ours = {m for m in cli if m.startswith("checkoutcache")}
     assert ours <= HANDOFF_MODULES, sorted(ours - HANDOFF_MODULES)  # never the library: serve answered
     assert not {m for m in cli if m.split(".")[0] in ("attrs", "attr", "click")}
