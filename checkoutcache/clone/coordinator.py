@@ -215,9 +215,9 @@ class Coordinator:
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
         if pid is None:
             return self.outcome()
-        from checkoutcache.store.liveness import pid_namespace  # psutil only off the ready path
+        from checkoutcache.store.liveness import pid_namespace, process_start_time  # psutil only off the ready path
 
-        self.started = {"pid": pid, "pidns": pid_namespace()}
+        self.started = {"pid": pid, "pid_start": process_start_time(pid), "pidns": pid_namespace()}
         return self.cloning(record)
 
     def outcome(self) -> Answer:
