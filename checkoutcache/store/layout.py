@@ -2,7 +2,10 @@
 
 Every other module asks this one for a path; none joins path parts itself. The
 layout is a contract with operators and with other versions of this tool
-running on the same root, so a change here is a change of LAYOUT_VERSION.
+running on the same root, so a change here is a change of LAYOUT_VERSION. A
+repository store whose repo.json names a newer layout_version than this one's is
+never written by this version: its answers are NEWER_LAYOUT and gc leaves it
+alone (a rollback cannot corrupt what a newer version made).
 
     <root>/
     ├── README                     says which tool maintains this directory
@@ -14,11 +17,19 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     │                              never touched by checkoutcache.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
-    │   └── .health-<pid>-<n>      a probe file /healthz locks, writes and removes at once
+    │   └── .health-<nonce>        a probe file /readyz locks, writes and removes at once
+    │                              (a fresh random name per probe: serves of equal pids in
+    │                              other PID namespaces probe the same root)
     ├── serve/
-    │   └── <pid>.journal          a running serve's clone journal: its workers append one
-    │                              JSON line per event; opened without following symlinks;
-    │                              gc removes one untouched for a day (a serve gone)
+    │   └── <pid>-<nonce>.journal  a running serve's clone journal: its workers append one
+    │                              JSON line per event; opened without following symlinks.
+    │                              Named by a nonce (every container's serve has the same
+    │                              pid) and held exclusive (flock) by its serve for its whole
+    │                              life: THE proof that its serve lives. The serve removes its
+    │                              own when it stops; gc removes one whose lock is free (a
+    │                              serve killed; a worker that outlived it may write it anew).
+    │                              `<pid>.journal` (older versions, no lock): gc removes it
+    │                              once untouched for a day.
     ├── unreachable/
     │   └── <key>.failed.json      a repository never reached: its first contact failed (code
     │                              UNREACHABLE, message, attempts, retry time). Until the retry
@@ -161,7 +172,8 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
                                          or /v1/hold (the command's run)      command
                               exclusive  eviction, moving a checkout aside   one rename (never
                                                                               waits)
-    locks/.health-<pid>-<n>   exclusive  /healthz (a fresh file per probe)   a probe
+    locks/.health-<nonce>     exclusive  /readyz (a fresh file per probe)    a probe
+    serve/<pid>-<nonce>.journal exclusive its serve; gc (never waits)        the serve's life
 
 Order in which locks may nest (outer first); an inner lock taken against this
 order is only ever tried without waiting, so no cycle can deadlock:
@@ -186,6 +198,7 @@ CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
 CLONE_LOCK_PREFIX = "clone-"
+JOURNAL_SUFFIX = ".journal"
 
 ROOT_README = """\
 This directory is a checkoutcache store (layout version {version}).
@@ -290,8 +303,19 @@ class RootPaths:
     def serve_dir(self) -> str:
         return os.path.join(self.root, "serve")
 
-    def serve_journal(self, pid: int) -> str:
-        return os.path.join(self.root, "serve", f"{pid}.journal")
+    def serve_journal(self, pid: int, nonce: str) -> str:
+        return os.path.join(self.root, "serve", f"{pid}-{nonce}{JOURNAL_SUFFIX}")
+
+    def serve_journals(self) -> list[str]:
+        """Every journal in serve/: this version's (<pid>-<nonce>) and older ones' (<pid>)."""
+        return [os.path.join(self.root, "serve", name) for name in entries(self.serve_dir)
+                if name.endswith(JOURNAL_SUFFIX) and not name.startswith(".")]
+
+    @staticmethod
+    def journal_has_owner_lock(path: str) -> bool:
+        """Whether a journal is of the kind its serve holds locked (named with a nonce): an
+        older version's <pid>.journal is never locked, so its lock says nothing."""
+        return not os.path.basename(path)[:-len(JOURNAL_SUFFIX)].isdigit()
 
     @property
     def unreachable_dir(self) -> str:
