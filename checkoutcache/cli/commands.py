@@ -257,6 +257,12 @@ def evict(ctx: Context, repo: str, commit: str | None, scope: str, force: bool, 
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
     assert key is not None
+    try:
+        from checkoutcache.store.create import refuse_newer_layout
+
+        refuse_newer_layout(ctx.cache().paths.repo(key), repo)  # a newer version's store is never touched
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
     report = {"repo": repo, **run_evict(ctx.cache().paths, key, sha, config.grace, force)}
     if report["kept"]:
         detail = ", ".join(f"{k['name'][:52]} ({k['why']})" for k in report["kept"])
