@@ -6,9 +6,12 @@ and the HTTP API's client, against real repositories and real processes."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from checkoutcache.cache import Cache
 from checkoutcache.store.layout import WorkspacePaths, default_workspaces
@@ -20,6 +23,7 @@ from .helpers.serve import Serve
 from .helpers.store import assert_checkout_matches, make_idle
 from .helpers.tree import walk
 from .helpers.waiting import pid_alive, wait_until
+from .test_read_only_reader import reader, snapshot_but_markers, through, writer  # noqa: F401 (a fixture)
 
 
 def store_state(root: str) -> dict:
@@ -269,3 +273,26 @@ def test_a_shell_that_asks_in_command_substitution_owns_the_workspace(root, upst
         shell.kill()
         assert shell.wait(10) == -signal.SIGKILL  # the kill happened
     wait_until(lambda: not os.path.exists(path), 30, "the keeper to remove the workspace")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a read-only view of the root needs root (CI runs as root) and unshare")
+def test_exec_writable_through_a_read_only_mount_writes_only_the_readers_own_directory(writer, served_upstream,
+                                                                                       tmp_path):
+    """The one-writer topology: the review sees the root read-only; its workspace goes to
+    its own directory (the default when it may not write the root), and the store is
+    unchanged but for the uses the writer records."""
+    upstream, url = served_upstream
+    sha = upstream.shas[0]
+    status, body = writer.request("POST", "/v1/ensure", {"repo": url, "commit": sha, "wait": 60})
+    assert status == 200, body
+    before = snapshot_but_markers(writer.root)
+    out = tmp_path / "pwd"
+    code, _, err = reader(writer.root, "exec", "--writable", url, sha, "--", "sh", "-c",
+                          f'pwd > "{out}" && echo patched >> README.md && '
+                          f'git -c user.name=r -c user.email=r@example.invalid commit -qam patched', env=through(writer))
+    assert code == 0, err
+    ran_in = out.read_text().strip()
+    assert ran_in.startswith(os.path.join(os.environ["XDG_CACHE_HOME"], "checkoutcache-workspaces") + "/"), ran_in
+    assert not os.path.exists(ran_in), "removed once the command ended"
+    assert snapshot_but_markers(writer.root) == before
