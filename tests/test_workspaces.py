@@ -296,3 +296,32 @@ def test_exec_writable_through_a_read_only_mount_writes_only_the_readers_own_dir
     assert ran_in.startswith(os.path.join(os.environ["XDG_CACHE_HOME"], "checkoutcache-workspaces") + "/"), ran_in
     assert not os.path.exists(ran_in), "removed once the command ended"
     assert snapshot_but_markers(writer.root) == before
+
+
+def test_a_killed_exec_writable_leaves_the_workspace_to_its_command_then_gc_reaps_it(root, upstream, tmp_path):
+    """The command inherits the workspace's owner lock: SIGKILL of `exec --writable` leaves the
+    workspace exactly as long as its command runs; then it is dead and gc reaps it."""
+    sha = upstream.shas[0]
+    wait_ready(root, upstream.path, sha)
+    out, pid_file = tmp_path / "pwd", tmp_path / "pid"
+    wrapper = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "exec", "--writable",
+                                upstream.path, sha, "--", "sh", "-c",
+                                f'pwd > "{out}" && echo $$ > "{pid_file}" && exec sleep 1000'])
+    command = None
+    try:
+        wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 60, "the command to run")
+        command = int(pid_file.read_text())
+        path = out.read_text().strip()
+        wrapper.kill()
+        assert wrapper.wait(10) == -signal.SIGKILL  # the kill happened
+        code, report, _ = run_cli("gc", root=root)
+        assert code == 0 and report["workspaces"]["live"] == 1 and os.path.isdir(path), report
+    finally:
+        if command is not None:
+            os.kill(command, signal.SIGKILL)
+        wrapper.kill()
+        wrapper.wait(10)
+    wait_until(lambda: not pid_alive(command), 30, "the command to die")
+    code, report, _ = run_cli("gc", root=root)
+    assert [r["reason"] for r in report["removed"]] == ["dead-workspace"], report
+    assert not os.path.exists(path) and workspaces_of(root) == []
