@@ -655,7 +655,12 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
-        pinned_bytes = workspace_upkeep(root_paths, config, report)
+        try:
+            pinned_bytes = workspace_upkeep(root_paths, config, report)
+        except OSError as exc:  # a workspaces directory this gc may not read: said, never the run's end
+            pinned_bytes = 0
+            newer.append({"path": str(exc.filename), "error": errno.errorcode.get(exc.errno or 0, "OSError"),
+                          "why": "the workspaces directory cannot be read: its bytes are not counted"})
         repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
         report.problems = newer + [problem for info in repos for problem in info.problems]
         by_key = {info.key: info for info in repos}

@@ -126,7 +126,10 @@ def workspace_status(root_paths: RootPaths, config: Config) -> dict:
     from checkoutcache.workspaces import list_workspaces, workspaces_dir_of
 
     paths = workspaces_dir_of(root_paths.root, config)
-    return {"dir": paths.base, "workspaces": list_workspaces(paths)}
+    try:
+        return {"dir": paths.base, "workspaces": list_workspaces(paths)}
+    except OSError as exc:  # a directory this process may not read: said, never the report's end
+        return {"dir": paths.base, "workspaces": [], "error": exc.strerror or type(exc).__name__}
 
 
 def unreachable(root_paths: RootPaths, now: float) -> list[dict]:
