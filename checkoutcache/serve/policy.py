@@ -71,7 +71,7 @@ class ApiPolicy:
                         if token not in current and token not in already)
         return attrs.evolve(self, tokens=tokens, retiring=still + leaving)
 
-    def authenticate(self, authorization: str | None, over_tcp: bool) -> Grant:
+    def authenticate(self, authorization: str | None, over_tcp: bool, now: float | None = None) -> Grant:
         """The caller's grant, or UNAUTHORIZED. Over the Unix socket without
         configured tokens, the socket's file mode is the access control."""
         if not self.tokens:
@@ -86,7 +86,7 @@ class ApiPolicy:
             if hmac.compare_digest(token.encode(), presented.encode()) and presented:
                 found = grant
         if self.retiring:
-            now = time.monotonic()
+            now = time.monotonic() if now is None else now
             for token, grant, until in self.retiring:
                 if hmac.compare_digest(token.encode(), presented.encode()) and presented and until > now \
                         and found is None:
