@@ -56,12 +56,12 @@ def test_the_stores_gauges_are_current_at_each_scrape(root, tmp_path, upstream):
     running = Serve(root, tmp_path, "--allow-local", "--gc-interval", "0")
     try:
         assert sample(scrape(running), "checkoutcache_checkouts") == 0
-        assert sample(scrape(running), "checkoutcache_clones_running") == 0
         for sha in upstream.shas[:2]:
             wait_ready(root, upstream.path, sha)  # by the CLI: serve hears nothing of it
         wait_until(lambda: sample(scrape(running), "checkoutcache_checkouts") == 2, 20,
                    "a scrape to count the CLI's checkouts")
         metrics = scrape(running)
+        assert sample(metrics, "checkoutcache_clones_running") == 0
         assert sample(metrics, "checkoutcache_checkouts_bytes") > 0
         assert sample(metrics, "checkoutcache_disk_free_bytes") > 0
         assert sample(metrics, "checkoutcache_ready") == 1
@@ -153,6 +153,7 @@ def test_access_lines_say_what_a_request_was_about(root, tmp_path, upstream):
             return found if len(found) == 3 else None
 
         ready, failed, refused = wait_until(ensure_lines, 10, "three access lines")
+        assert (failed["status"], failed.get("error")) == (503, "UNREACHABLE")
         assert refused["repo"] == f"https://127.0.0.1:{port}/x.git" and refused["error"] == answer["error"]
         assert (ready["repo"], ready["commit"], ready["state"]) == (upstream.path, upstream.shas[0], "ready")
         assert "error" not in ready
@@ -247,7 +248,8 @@ def test_a_token_rotated_in_a_mounted_secret_takes_effect_without_a_restart(root
         wait_until(lambda: not authorized(running, OLD_TOKEN), 30, "the old token to retire")
         assert time.monotonic() - swapped > 1.5  # it lasted (most of) the overlap, not until the next look
         assert authorized(running, NEW_TOKEN)
-        (reloaded,) = [l for l in lines_of(running) if l.get("event") == "tokens_reloaded"]
+        (reloaded,) = wait_until(lambda: [l for l in lines_of(running) if l.get("event") == "tokens_reloaded"], 10,
+                                 "the reload's log line")
         assert reloaded["trigger"] == "change" and len(reloaded["retiring"]) == 1
         assert OLD_TOKEN not in running.log() and NEW_TOKEN not in running.log()
         # A file that holds no token changes nothing: the tokens in force stay.
@@ -283,7 +285,8 @@ def test_sighup_reloads_the_tokens_and_no_longer_kills_serve(root, tmp_path):
         running.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: authorized(running, NEW_TOKEN), 20, "SIGHUP to reload the tokens")
         assert running.proc.poll() is None
-        (reloaded,) = [l for l in lines_of(running) if l.get("event") == "tokens_reloaded"]
+        (reloaded,) = wait_until(lambda: [l for l in lines_of(running) if l.get("event") == "tokens_reloaded"], 10,
+                                 "the reload's log line")
         assert reloaded["trigger"] == "sighup"
         assert authorized(running, OLD_TOKEN)  # within the default overlap (10m)
     finally:
