@@ -365,3 +365,30 @@ def test_a_malformed_limits_record_leaves_the_callers_own(root, upstream):
     totals = status["totals"]
     assert code == 0 and totals["max_checkouts"] == 4 and totals["grace_seconds"] == 900
     assert totals["min_free"] is None and totals["max_bytes"] == 10
+
+
+def test_a_scrape_storm_reads_the_store_once_per_period():
+    import threading
+
+    from checkoutcache.serve import metrics
+
+    calls, clock = [], [100.0]
+
+    def figures() -> dict:
+        calls.append(clock[0])
+        time.sleep(0.05)  # concurrent scrapes arrive while it runs
+        return {"checkoutcache_checkouts": len(calls)}
+
+    collector = metrics.FiguresCollector(figures, clock=lambda: clock[0])
+    scrapes = [threading.Thread(target=lambda: list(collector.collect())) for _ in range(8)]
+    for scrape_thread in scrapes:
+        scrape_thread.start()
+    for scrape_thread in scrapes:
+        scrape_thread.join(10)
+    assert calls == [100.0]
+    clock[0] += metrics.FIGURES_FOR - 0.01
+    assert collector.current() == {"checkoutcache_checkouts": 1}
+    clock[0] += 0.02  # the period over: the next scrape reads the store again
+    assert collector.current() == {"checkoutcache_checkouts": 2} and len(calls) == 2
+    (family,) = collector.collect()
+    assert family.name == "checkoutcache_checkouts" and family.samples[0].value == 2

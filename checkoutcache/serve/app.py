@@ -135,12 +135,12 @@ class Request(Waited):
         self.state: str | None = None
 
     def about(self, params: dict) -> None:
+        """What the request names (kept raw: made fit for a log line only when one is written)."""
         repo, commit = params.get("repo"), params.get("commit")
         if isinstance(repo, str) and repo:
-            # Credentials, a query and a fragment never reach a log line (nor does more than a line's worth).
-            self.repo = strip_userinfo(repo).split("?", 1)[0].split("#", 1)[0][:300]
+            self.repo = repo
         if isinstance(commit, str) and commit:
-            self.commit = commit[:80]
+            self.commit = commit
 
     def answered(self, state: str, error: str | None, at_once: bool) -> None:
         """A checkout's answer: its state, its error code, and its kind (ready at once or
@@ -152,6 +152,12 @@ class Request(Waited):
             self.kind = "waited" if self.waited and not at_once else "ready"
         else:
             self.kind = "cloning" if state == State.CLONING else "failed"
+
+
+def loggable_repo(repo: str) -> str:
+    """A repository as a log line may show it: credentials, a query and a fragment removed,
+    at most a line's worth."""
+    return strip_userinfo(repo).split("?", 1)[0].split("#", 1)[0][:300]
 
 
 class Api:
@@ -191,9 +197,9 @@ class Api:
             if grant is not None and grant is not PUBLIC_GRANT:
                 fields.update(token=grant.name, scopes=sorted(grant.scopes) if grant.scopes is not None else "*")
             if request.repo is not None:
-                fields["repo"] = request.repo
+                fields["repo"] = loggable_repo(request.repo)
             if request.commit is not None:
-                fields["commit"] = request.commit
+                fields["commit"] = request.commit[:80]
             if request.state is not None:
                 fields["state"] = request.state
             if request.error:
