@@ -26,6 +26,7 @@ RULES_DIR = os.path.join(TOP, "deploy", "prometheus")
 RULES = os.path.join(RULES_DIR, "rules.yaml")
 RULES_TEST = os.path.join(RULES_DIR, "rules.test.yaml")
 RUNBOOK = os.path.join(TOP, "docs", "runbook.md")
+DASHBOARD = os.path.join(TOP, "deploy", "grafana", "checkoutcache.json")
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
 # What the issue asks alerts for: each one has a rule.
@@ -95,8 +96,8 @@ def metric_names(expr: str) -> set[str]:
     expr = re.sub(r'"[^"]*"|\{[^}]*\}|\[[^\]]*\]', " ", expr)
     expr = re.sub(r"\b(by|on|without|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
     words = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr))
-    return words - {"histogram_quantile", "sum", "by", "rate", "on", "group_left", "and", "or", "unless",
-                    "predict_linear", "max_over_time", "vector"}
+    return words - {"histogram_quantile", "sum", "max", "min", "by", "rate", "on", "group_left", "and", "or",
+                    "unless", "predict_linear", "max_over_time", "vector"}
 
 
 def test_metric_names_reads_what_an_expression_reads():
@@ -120,6 +121,25 @@ def test_the_rules_name_only_metrics_serve_exposes_and_each_alert_has_its_runboo
         section = runbook.split(f"## {rule['alert']}", 1)[1].split("\n## ", 1)[0]
         for part in ("What it means", "How to look", "What to do"):
             assert part in section, (rule["alert"], part)
+
+
+def dashboard_queries() -> list[str]:
+    with open(DASHBOARD) as handle:
+        dashboard = json.load(handle)
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(queries) >= len(dashboard["panels"]) > 0
+    # A variable's `label_values(SERIES, LABEL)`: the series is the query.
+    variables = [re.fullmatch(r"label_values\((.+), *\w+\)", variable["query"]).group(1)
+                 for variable in dashboard["templating"]["list"] if variable["type"] == "query"]
+    return queries + variables
+
+
+def test_the_dashboards_queries_name_metrics_that_exist():
+    recorded = {rule["record"] for rule in rules() if "record" in rule}
+    known = exposed_names() | recorded
+    for query in dashboard_queries():
+        metrics = metric_names(query)
+        assert metrics and metrics <= known, (query, metrics - known)
 
 
 # ------------------------------------------------------------ a real Prometheus, a real serve
@@ -197,6 +217,9 @@ def test_a_real_prometheus_scrapes_serve_and_evaluates_the_rules(root, tmp_path,
         # A ready sidecar is not alerted on; its process metrics were scraped.
         assert not [a for a in prometheus_alerts(web) if a["labels"]["alertname"] == "CheckoutcacheSidecarNotReady"]
         assert query(web, "process_resident_memory_bytes")
+        # Each of the dashboard's queries is PromQL this Prometheus runs (Grafana's variables filled in).
+        for promql in dashboard_queries():
+            query(web, promql.replace("$__rate_interval", "1m").replace("$instance", ".*"))
         assert float(query(web, "checkoutcache_checkouts")[0]["value"][1]) == 1
     finally:
         prometheus.terminate()
