@@ -191,14 +191,11 @@ class Api:
             log.exception("request failed: %s %s", scope.method, scope.path[:200])
             status, body, headers = error_reply(CheckoutCacheError("INTERNAL_ERROR", detail="see serve's log"))
             request.error = "INTERNAL_ERROR"
-<<<<<<< HEAD
         if scope.method == "HEAD" and status == 200:
             body = b""  # as GET, without the body (its length is said)
             headers = headers + [("content-length", "0")]
-=======
         if not keeps_alive(self.listener, request.grant) and CLOSE not in headers:
             headers = headers + [CLOSE]
->>>>>>> main
         proto.response_bytes(status, headers, body)
         seconds = time.monotonic() - started
         endpoint = scope.path if scope.path in ROUTES else "other"  # only known endpoints become labels

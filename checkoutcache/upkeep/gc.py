@@ -77,10 +77,6 @@ from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
-<<<<<<< HEAD
-from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
-from checkoutcache.upkeep.limits import record_limits
-=======
 from checkoutcache.upkeep.evict import (
     borrowed_keys_of,
     drop_repository,
@@ -101,10 +97,10 @@ from checkoutcache.upkeep.eviction import (
     plan_repo_drops,
     unmet_after,
 )
+from checkoutcache.upkeep.limits import record_limits
 
 log = logging.getLogger(__name__)
 REPOSITORY = "repository"  # a Removed whole repository (name empty)
->>>>>>> main
 
 USED_MEANWHILE = "used-meanwhile"
 DEATHS_MEMORY = 86400.0  # a commit nobody asked for a day after its last worker died starts counting anew
@@ -635,9 +631,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
-<<<<<<< HEAD
-        repos = inventory(root_paths, sizes=FRESH_SIZES)
-        report.problems = [problem for info in repos for problem in info.problems]
+        repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
+        report.problems = newer + [problem for info in repos for problem in info.problems]
         if record_as is not None and not dry_run:
             try:
                 record_limits(root_paths, config, record_as)
@@ -645,10 +640,6 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 report.problems.append({"path": os.path.relpath(root_paths.limits_record, root_paths.root),
                                         "error": records.errno_name(exc), "why": "the limits in force could not "
                                                                                  "be recorded"})
-=======
-        repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
-        report.problems = newer + [problem for info in repos for problem in info.problems]
->>>>>>> main
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
