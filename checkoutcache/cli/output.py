@@ -207,6 +207,9 @@ def status_text(status: dict) -> str:
     lines.append(f"\ntotal {t['checkouts']} checkouts (limit {limit}), {format_bytes(t['bytes'])} "
                  f"(limit {format_bytes(t['max_bytes'])}){free}; * = inside the "
                  f"{format_duration(t['grace_seconds'])} grace window")
+    source = t.get("limits_from") or {}
+    if source.get("from") in ("serve", "gc"):
+        lines.append(f"limits as enforced by {source['from']} (pid {source.get('pid')}, recorded {source.get('at')})")
     return "\n".join(lines)
 
 

@@ -15,6 +15,11 @@ alone (a rollback cannot corrupt what a newer version made).
     │                              worker server clones it) and checks the answer on disk.
     │                              Names at this level other than those listed here are
     │                              never touched by checkoutcache.
+    ├── limits.json                the limits in force of the writer that enforces them
+    │                              (max checkouts and bytes, min free, grace, clone timeout),
+    │                              who wrote it (serve at start, gc at each run) and when:
+    │                              written whole (temp file + rename); `status` reads it, never
+    │                              writes it, so a read-only reader shows the writer's limits.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
     │   └── .health-<nonce>        a probe file /readyz locks, writes and removes at once
@@ -353,6 +358,10 @@ class RootPaths:
         """Where the image's serve listens (CHECKOUTCACHE_UNIX_SOCKET's default there), and
         where the CLI looks for a serve of this root to hand a new commit to."""
         return os.path.join(self.root, "checkoutcache.sock")
+
+    @property
+    def limits_record(self) -> str:
+        return os.path.join(self.root, "limits.json")
 
     @property
     def serve_dir(self) -> str:

@@ -101,6 +101,7 @@ from checkoutcache.upkeep.eviction import (
     plan_repo_drops,
     unmet_after,
 )
+from checkoutcache.upkeep.limits import record_limits
 
 log = logging.getLogger(__name__)
 REPOSITORY = "repository"  # a Removed whole repository (name empty)
@@ -625,10 +626,13 @@ def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
 
 
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
-           used_within_grace: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
+           used_within_grace: frozenset[tuple[str, str]] = frozenset(), record_as: str | None = None) -> GcReport:
     """used_within_grace: (repository key, checkout name) pairs the caller knows were used
     within the grace window by a clock that cannot jump (serve's monotonic record
-    of its own ready answers); they count as used now, whatever the markers say."""
+    of its own ready answers); they count as used now, whatever the markers say.
+    record_as: the writer (gc, serve) whose limits these are, recorded in the root for
+    status (upkeep/limits.py); None for a one-off run with limits not in force (a
+    tightened gc over the API)."""
     report = GcReport(dry_run=dry_run)
     checkpoint("gc-start")
     forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
@@ -663,6 +667,13 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                           "why": "the workspaces directory cannot be read: its bytes are not counted"})
         repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
         report.problems = newer + [problem for info in repos for problem in info.problems]
+        if record_as is not None and not dry_run:
+            try:
+                record_limits(root_paths, config, record_as)
+            except OSError as exc:  # status then shows the caller's own limits: said, never fatal
+                report.problems.append({"path": os.path.relpath(root_paths.limits_record, root_paths.root),
+                                        "error": records.errno_name(exc), "why": "the limits in force could not "
+                                                                                 "be recorded"})
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
