@@ -191,6 +191,12 @@ def status_text(status: dict) -> str:
             lines.append(f"  mirror not seeded: {seed['why']}")
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
+    spaces = status.get("workspaces") or {}
+    if spaces.get("workspaces"):
+        lines.append(f"\nworkspaces in {spaces['dir']}")
+        for w in spaces["workspaces"]:
+            lines.append(f"  {(w['commit'] or '?')[:12]:<12}  {'live' if w['alive'] else 'dead':<4}  pid {w['pid']}  "
+                         f"{w['path']}")
     for u in status.get("unreachable", []):
         lines.append(f"\nunreachable {u['repo']} (scope {u['scope']}): {u['error']} (attempt {u['attempts']}, "
                      f"retry in {u['retry_after']}s): {u['message']}")
@@ -201,6 +207,9 @@ def status_text(status: dict) -> str:
     lines.append(f"\ntotal {t['checkouts']} checkouts (limit {limit}), {format_bytes(t['bytes'])} "
                  f"(limit {format_bytes(t['max_bytes'])}){free}; * = inside the "
                  f"{format_duration(t['grace_seconds'])} grace window")
+    source = t.get("limits_from") or {}
+    if source.get("from") in ("serve", "gc"):
+        lines.append(f"limits as enforced by {source['from']} (pid {source.get('pid')}, recorded {source.get('at')})")
     return "\n".join(lines)
 
 
@@ -216,4 +225,16 @@ def bundle_text(result: dict) -> str:
         else:
             lines.append(f"{r['repo']}: {r['action']} bundle {r['bundle']} ({format_bytes(r['bytes'])}, "
                          f"{r['refs']} refs; {r['why']}); {len(r['list'])} listed, {len(r['pruned'])} pruned")
+    return "\n".join(lines)
+
+
+def evict_text(report: dict) -> str:
+    lines = [f"removed {r['name'][:52]:<52} {format_bytes(r['bytes']):>8}" for r in report["removed"]]
+    lines += [f"kept    {k['name'][:52]:<52} {k['why']}" for k in report["kept"]]
+    if report.get("note"):
+        lines.append(report["note"])
+    if report.get("error"):
+        lines.append(f"{report['message']}\nnext: {report['next']}")
+    lines.append(f"freed {format_bytes(report['bytes_freed'])}"
+                 + ("; the whole repository is gone" if report["repository_removed"] else ""))
     return "\n".join(lines)

@@ -141,6 +141,7 @@ SIZE = schema({"bytes": count}, {"use_at_measure": finite, "index": list_of(coun
 SPARE = schema({"commit": sha, "name": text, "bytes": count, "index": list_of(count), "spared_at": finite},
                {"lfs": one_of("content", "pointers", "off"), "submodules": one_of("included", "none"),
                 "submodules_setting": one_of("recursive", "none"), "sparse": list_of(text)})
+LAST_USE = schema({"at": finite})
 REPO = schema({"url": text, "scope": text}, {"is_local": one_of(True, False), "layout_version": count,
                                               "created_at": finite, "lfs": one_of("on", "off"),
                                               "submodules": one_of("recursive", "none")})
@@ -151,6 +152,8 @@ MIRROR_GC = schema({"at": finite}, {"pending": one_of(True, False), "lfs_pending
 SEED = schema({"seeded": one_of(True, False)},
               {"bundles": list_of(text), "why": text, "reason": text, "store": text, "bundle_bytes": count,
                "seconds": finite, "at": finite, "upstream": mapping, "bundle_refs_dropped": one_of(True, False)})
+LIMITS = schema({"limits": mapping, "writer": one_of("serve", "gc"), "at": finite},
+                {"pid": count, "version": text})
 UNREMOVABLE = schema({"entries": list_of(mapping)}, {"checked_at": finite})
 
 

@@ -17,7 +17,11 @@ overlap, the second reports that it skipped):
    plan eviction (eviction.py, pure, where a future last use counts as now) from the inventory, then for each planned
    checkout: take its marker's exclusive lock without waiting, re-check its
    last use against the grace window, rename it into trash/, release, delete.
-   A checkout held by an exec or touched meanwhile is skipped, not waited on;
+   A checkout held by an exec or touched meanwhile is skipped, not waited on.
+   Workspaces (store/workspaces.py, in CHECKOUTCACHE_WORKSPACES as this gc
+   sees it): dead ones are reaped where gc may delete them (its own uid's, or
+   as root; others are listed for their uid's next call), and the bytes of live
+   ones count against max-bytes (their source checkouts stay held meanwhile);
    Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
    of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
    is above 0 and space is not short; spares count against max-bytes and min-free and are
@@ -32,7 +36,15 @@ overlap, the second reports that it skipped):
    when refs were dropped by an earlier run, until it is done); when refs were
    dropped, delete from lfs/ the Git LFS objects no kept commit references (the
    commits of the remaining checkouts and of running clones, whose keep-refs
-   their workers made under this same lock before downloading).
+   their workers made under this same lock before downloading). A stale
+   `.keep` (a killed fetch's) removed there makes the repack due; partial LFS
+   downloads an hour old go too;
+5. between 3 and 4, drop whole repositories with nothing in them (no
+   checkout, hold, clone, or borrower) unused past repo_max_idle, or past the
+   grace window while min-free is still unmet (eviction.plan_repo_drops, pure;
+   evict.drop_repository re-checks under the repository's locks), and finish
+   such removals a killed gc left at the start of the run. Unmet limits are
+   logged at WARNING and reported with what an operator needs (unmet_entries).
 
 gc never holds a lock a ready answer waits on for longer than one rename.
 With dry_run nothing is changed: the report says what a real run would do.
@@ -40,10 +52,13 @@ With dry_run nothing is changed: the report says what a real run would do.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 
@@ -67,13 +82,37 @@ from checkoutcache.store.checkouts import (
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
 from checkoutcache.store.sizes import disk_usage
-from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
-from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
+from checkoutcache.upkeep.evict import (
+    borrowed_keys_of,
+    drop_repository,
+    note_last_use,
+    remove_dropped_leftovers,
+    repo_entry,
+)
+from checkoutcache.upkeep.eviction import (
+    MIN_FREE,
+    Disk,
+    Entry,
+    Limits,
+    RepoKept,
+    Unmet,
+    free_targets,
+    idle_seconds,
+    plan_eviction,
+    plan_repo_drops,
+    unmet_after,
+)
+from checkoutcache.upkeep.limits import record_limits
+
+log = logging.getLogger(__name__)
+REPOSITORY = "repository"  # a Removed whole repository (name empty)
 
 USED_MEANWHILE = "used-meanwhile"
 DEATHS_MEMORY = 86400.0  # a commit nobody asked for a day after its last worker died starts counting anew
@@ -116,6 +155,8 @@ class GcReport:
     problems: list[dict] = attrs.Factory(list)
     disk_before: dict | None = None
     disk_after: dict | None = None
+    # The workspaces directory as this gc sees it: {"dir", "live", "bytes", "dead_left": [...]}.
+    workspaces: dict | None = None
     # What the store holds after this run (ready, intact checkouts): computed
     # from the inventory gc already made, so callers need no second walk.
     checkouts_after: int | None = None
@@ -134,6 +175,7 @@ class GcReport:
             "kept_over_limit": [attrs.asdict(k) for k in self.kept],
             "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
             "unremovable": self.unremovable, "clock_repaired": self.clock_repaired, "problems": self.problems,
+            "workspaces": self.workspaces,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
             "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after,
                              "spares": self.spares_after, "spare_bytes": self.spare_bytes_after},
@@ -309,17 +351,27 @@ STALE_JOURNAL_AGE = 86400.0
 
 
 def forget_stale_journals(root_paths: RootPaths, report: GcReport, now: float) -> None:
-    """A serve's journal left behind: written by a worker that outlived its serve
-    (O_APPEND|O_CREAT makes it anew), or by a serve killed. A running serve's
-    journal is written at every clone and truncated in place; one untouched for
-    a day is removed (a serve still running just gets a new one at its next clone)."""
+    """A serve's journal left behind: by a serve killed (SIGKILL, OOM), or written anew by a
+    worker that outlived its serve (O_APPEND|O_CREAT). A running serve holds its journal's
+    lock for its whole life, so one whose lock is free is removed, however recent (its age
+    proves nothing: serves of equal pids in other containers share this directory), and
+    removed while we hold that lock. An older version's <pid>.journal has no lock: it goes
+    once untouched for a day."""
     if report.dry_run:
         return
-    for name in entries(root_paths.serve_dir):
-        path = os.path.join(root_paths.serve_dir, name)
+    for path in root_paths.serve_journals():
         try:
-            if name.endswith(".journal") and now - os.lstat(path).st_mtime > STALE_JOURNAL_AGE:
-                records.remove_quietly(path)
+            if not RootPaths.journal_has_owner_lock(path):
+                if now - os.lstat(path).st_mtime > STALE_JOURNAL_AGE:
+                    records.remove_quietly(path)
+                continue
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                records.remove_quietly(path)  # never a journal: nothing to lock through it
+                continue
+            held = locks.abandoned_journal(path)
+            if held is not None:
+                with held:
+                    records.remove_quietly(path)
         except OSError:
             continue
 
@@ -475,6 +527,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         removed = mirror.remove_stale_leftovers(paths.mirror)
         entry["stale_locks"] = [name for name in removed if name.endswith(".lock")]
         entry["stale_leftovers"] = [name for name in removed if not name.endswith(".lock")]
+        remove_lfs_partials(paths, entry)
         if drop_bundle_refs(paths, backend):
             entry["refs_dropped"] += 1
             entry["bundle_refs_dropped"] = True
@@ -482,7 +535,8 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         lfs_pending = False
         if os.path.isdir(paths.lfs_objects) and (entry["refs_dropped"] or stamp.get("lfs_pending")):
             lfs_pending = not prune_lfs(paths, backend, entry)
-        pending = bool(entry["refs_dropped"] or stamp.get("pending"))
+        # A pack a killed fetch kept (its .keep just removed) goes only with a repack: one is due.
+        pending = bool(entry["refs_dropped"] or stamp.get("pending") or freed_kept_packs(entry["stale_leftovers"]))
         due = now - float(stamp.get("at", 0.0)) >= config.mirror_gc_interval
         lfs_flag = {"lfs_pending": True} if lfs_pending else {}  # an LFS prune still to do
         if not pending and lfs_pending != bool(stamp.get("lfs_pending")):
@@ -505,6 +559,12 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
                                                        "pending": not repacked, **lfs_flag})
     report.mirrors.append(entry)
+
+
+def freed_kept_packs(leftovers: list[str]) -> list[str]:
+    """The `.keep` files among removed leftovers: packs a killed fetch kept, that only a
+    repack drops (their objects are unreachable, or duplicated in another pack)."""
+    return [name for name in leftovers if name.endswith(".keep")]
 
 
 # What a repack keeps free for the reviews' own writes when no min-free is set.
@@ -536,6 +596,15 @@ def drop_bundle_refs(paths: RepoPaths, backend) -> bool:
     backend.drop_refs_under(paths.mirror, BUNDLE_REFS)
     records.write_json(paths.seed_record, {**seed, "bundle_refs_dropped": True})
     return True
+
+
+def remove_lfs_partials(paths: RepoPaths, entry: dict) -> None:
+    """Partial LFS downloads a killed worker left (a worker removes its own after a failed
+    fetch). Caller holds the mirror lock, which every download of ours runs under."""
+    count, freed = mirror.remove_lfs_partials(paths, min_age=mirror.STALE_LFS_PARTIAL_AGE)
+    if count:
+        entry["lfs_partials_removed"] = count
+        entry["lfs_partial_bytes_freed"] = freed
 
 
 def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
@@ -572,11 +641,52 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
     return True
 
 
+def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport) -> int:
+    """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts)."""
+    from checkoutcache.store import workspaces
+    from checkoutcache.workspaces import workspaces_dir_of
+
+    paths = workspaces_dir_of(root_paths.root, config)
+    seen = {"dir": paths.base, "live": 0, "bytes": 0, "dead_left": []}
+    report.workspaces = seen
+    if not os.path.isdir(paths.base):
+        return 0
+    if not report.dry_run:
+        reaped, left = workspaces.reap_dead(paths)
+        report.removed += [Removed("dead-workspace", "", r.name, r.bytes) for r in reaped]
+        seen["dead_left"] = [{"workspace": n.name, "uid": n.uid, "why": n.why} for n in left]
+    for fact in workspaces.workspace_facts(paths):
+        if fact.alive:
+            seen["live"] += 1
+            seen["bytes"] += size_of(fact.path)
+    return seen["bytes"]
+
+
+def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
+    """The repository stores this version may change: one a newer version wrote (its layout
+    version above ours) is not even measured (its size records stay as they are), and said:
+    a rollback must not corrupt it."""
+    keys = []
+    for key in root_paths.repo_keys():
+        paths = root_paths.repo(key)
+        found = layout_version_of(paths.repo_json)
+        if found is not None and found > LAYOUT_VERSION:
+            report.problems.append({"path": os.path.relpath(paths.repo_json, root_paths.root), "error": "NEWER_LAYOUT",
+                                    "why": f"written by a newer checkoutcache (layout version {found}; this one "
+                                           f"knows up to {LAYOUT_VERSION}): left as it is"})
+            continue
+        keys.append(key)
+    return keys
+
+
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
-           used_within_grace: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
+           used_within_grace: frozenset[tuple[str, str]] = frozenset(), record_as: str | None = None) -> GcReport:
     """used_within_grace: (repository key, checkout name) pairs the caller knows were used
     within the grace window by a clock that cannot jump (serve's monotonic record
-    of its own ready answers); they count as used now, whatever the markers say."""
+    of its own ready answers); they count as used now, whatever the markers say.
+    record_as: the writer (gc, serve) whose limits these are, recorded in the root for
+    status (upkeep/limits.py); None for a one-off run with limits not in force (a
+    tightened gc over the API)."""
     report = GcReport(dry_run=dry_run)
     checkpoint("gc-start")
     forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
@@ -594,15 +704,33 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     with gc_lock:
         before = disk_of(root_paths.root)
         report.disk_before = attrs.asdict(before)
-        for info in inventory(root_paths, sizes=NO_SIZES):
+        if not dry_run:
+            for name, removal in remove_dropped_leftovers(root_paths):  # a removal a killed gc left
+                report.removed.append(Removed("dropped-leftover", name.split("-")[1], "", removal.freed))
+        keys = our_keys(root_paths, report)
+        newer = list(report.problems)
+        for info in inventory(root_paths, sizes=NO_SIZES, keys=keys):
             empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
             with going_on(report, info.paths, root_paths):
                 for slot in ([] if dry_run else drop_unfinished(info.paths)):  # a killed gc's
                     remove_moved(info.paths, slot, report, Removed("spare", info.paths.key, os.path.basename(slot)))
-        repos = inventory(root_paths, sizes=FRESH_SIZES)
-        report.problems = [problem for info in repos for problem in info.problems]
+        try:
+            pinned_bytes = workspace_upkeep(root_paths, config, report)
+        except OSError as exc:  # a workspaces directory this gc may not read: said, never the run's end
+            pinned_bytes = 0
+            newer.append({"path": str(exc.filename), "error": errno.errorcode.get(exc.errno or 0, "OSError"),
+                          "why": "the workspaces directory cannot be read: its bytes are not counted"})
+        repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
+        report.problems = newer + [problem for info in repos for problem in info.problems]
+        if record_as is not None and not dry_run:
+            try:
+                record_limits(root_paths, config, record_as)
+            except OSError as exc:  # status then shows the caller's own limits: said, never fatal
+                report.problems.append({"path": os.path.relpath(root_paths.limits_record, root_paths.root),
+                                        "error": records.errno_name(exc), "why": "the limits in force could not "
+                                                                                 "be recorded"})
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
@@ -620,7 +748,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         spares = [p for p in spares if p[1].record]
         checkout_bytes = sum(e.size for e in entries)
         if limits.max_bytes is not None:
-            over = checkout_bytes + sum(s.bytes for _, s in spares) - limits.max_bytes
+            over = checkout_bytes + pinned_bytes + sum(s.bytes for _, s in spares) - limits.max_bytes
             drop_spares(spares, report, "max-bytes", lambda freed: freed >= over)
         disk = before
         if limits.min_free is not None:
@@ -636,12 +764,12 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         spare_bytes = sum(s.bytes for _, s in spares)
         if limits.max_bytes is not None:  # the spares left count against it too
             limits = attrs.evolve(limits, max_bytes=max(0, limits.max_bytes - spare_bytes))
-        plan = plan_eviction(entries, limits, disk, now)
+        plan = plan_eviction(entries, limits, disk, now, pinned_bytes)
         # Room to keep evicted trees as spares: none while space is short.
         short = disk_full or any(u.limit in ("max-bytes", "min-free") for u in plan.unmet) or \
             any(e.limit == "min-free" for e in plan.evict)
         room = None if limits.max_bytes is None else \
-            limits.max_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
+            limits.max_bytes - pinned_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
         evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry
@@ -669,7 +797,12 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 report.kept.append(KeptOver(entry.repo, commit_of(entry.name), kept_why, eviction.limit, entry.name))
         report.kept += [KeptOver(k.entry.repo, commit_of(k.entry.name), k.why, k.limit, k.entry.name)
                         for k in plan.kept]
-        report.unmet = [attrs.asdict(u) for u in plan.unmet]
+        for eviction in plan.evict:
+            if (eviction.entry.repo, eviction.entry.name) in evicted and not dry_run:
+                with going_on(report, by_key[eviction.entry.repo].paths, root_paths):
+                    note_last_use(by_key[eviction.entry.repo].paths, eviction.entry.last_used)
+        freed = sum(r.bytes for r in report.removed if r.reason in ("lru", "age"))
+        dropped, repos_kept = drop_repositories(root_paths, limits, before, freed, now, report, keys)
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
@@ -682,6 +815,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         report.spares_after = len(spares)
         report.spare_bytes_after = sum(s.bytes for _, s in spares)
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
+        repos = [info for info in repos if info.key not in dropped]
         for info in repos:
             with going_on(report, info.paths, root_paths):
                 maintain_mirror(info.paths, config, report, now, borrowed,
@@ -692,4 +826,73 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             with going_on(report, info.paths, root_paths):
                 record_unremovable(info.paths, report, now)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
+        report.unmet = unmet_entries(unmet_after(plan.unmet, sum(dropped.values())), report, repos_kept)
+        for unmet in report.unmet if not dry_run else []:
+            log.warning("gc could not meet %s: %s against %s (%s)", unmet["limit"], unmet["actual"],
+                        unmet["target"], unmet["why"])
     return report
+
+
+def drop_repositories(root_paths: RootPaths, limits: Limits, disk: Disk, freed: int, now: float,
+                      report: GcReport, keys: list[str] | None = None) -> tuple[dict[str, int], list[RepoKept]]:
+    """Whole repositories with nothing in them, unused past repo_max_idle (or past the grace
+    window while min-free is unmet): {key: bytes freed} of those removed, and those min-free
+    wanted that had to stay. keys: the repositories of our layout (a newer version's are
+    never touched), though every repository's borrows count."""
+    everything = inventory(root_paths, sizes=NO_SIZES)
+    borrowed = borrowed_keys_of(everything)
+    repos = [info for info in everything if keys is None or info.key in keys]
+    targets = free_targets(limits, disk)
+    short_of_space = targets is not None and disk.free < targets[0]
+    facts = []
+    for info in repos:
+        with going_on(report, info.paths, root_paths):
+            fact = repo_entry(info, borrowed, with_size=False)
+            # Its size (a walk of its mirror and LFS objects) only when it may go.
+            if fact.busy is None and (short_of_space or limits.repo_max_idle is not None and
+                                      idle_seconds(fact.last_used, now) > limits.repo_max_idle):
+                fact = attrs.evolve(fact, size=disk_usage(info.paths.base))
+            facts.append(fact)
+    drops, kept = plan_repo_drops(facts, limits, disk, freed, now)
+    dropped: dict[str, int] = {}
+    for drop in drops:
+        key = drop.entry.repo
+        try:
+            outcome = drop_repository(root_paths, key, borrowed, dry_run=report.dry_run)
+        except OSError as exc:
+            report.unremovable.append({"repo": key, "path": os.path.relpath(root_paths.repo(key).base,
+                                                                            root_paths.root),
+                                       "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__),
+                                       "entry": None})
+            continue
+        if outcome.kept is not None:
+            if outcome.kept != GONE:
+                kept.append(RepoKept(key, outcome.kept))
+            continue
+        freed_now = drop.entry.size if outcome.removal is None else outcome.removal.freed
+        dropped[key] = freed_now
+        report.removed.append(Removed(REPOSITORY, key, "", freed_now, drop.limit))
+        for stuck in outcome.removal.unremovable if outcome.removal is not None else []:
+            report.unremovable.append({"repo": key, "path": stuck.path, "error": stuck.error, "entry": None})
+    return dropped, kept
+
+
+def unmet_entries(unmet: list[Unmet], report: GcReport, repos_kept: list[RepoKept]) -> list[dict]:
+    """What an operator needs of each unmet limit: by how much, what gc had to keep and why,
+    and what to do about it."""
+    found = []
+    for item in unmet:
+        kept = collections.Counter(k.why for k in report.kept if k.limit == item.limit)
+        entry = {**attrs.asdict(item), "short": abs(item.target - item.actual), "kept": dict(kept)}
+        whys = [f"{count} checkout(s) {why}" for why, count in sorted(kept.items())]
+        if item.limit == MIN_FREE:
+            entry["repos_kept"] = [{"repo": k.repo, "why": k.why} for k in repos_kept]
+            entry["repacks_skipped"] = [m["repo"] for m in report.mirrors if m.get("repack_skipped")]
+            whys += [f"{len(repos_kept)} repositor(ies) in use"] if repos_kept else []
+            whys += [f"{len(entry['repacks_skipped'])} repack(s) lacking space"] if entry["repacks_skipped"] else []
+        entry["why"] = ", ".join(whys) or "nothing more gc may remove"
+        entry["next"] = ("what is kept is in use or within its grace window: `checkoutcache evict REPO [COMMIT] "
+                         "--force` removes what only the grace window protects; otherwise add disk or lower "
+                         "the other limits")
+        found.append(entry)
+    return found
