@@ -21,6 +21,9 @@ run. MID is --back commits before the tip (the issue's "five behind the tip"), O
 Small repository (make_repo.py, 250 files): the CLI's new commit with a spare and without
 one, against `git worktree add --detach` plus `python3 -c pass` (the CLI's bar), rounds
 interleaved.
+
+Reviews (--reviews SECONDS): run.py's review scenario at a limit (16 reviewers, 24 distinct
+commits, gc every 2 s at max 8 checkouts, 3,000 files), spares on and off in one run.
 """
 
 from __future__ import annotations
@@ -164,6 +167,42 @@ def small_repo(work: str, rounds: int) -> dict:
             "ratio_cli_no_spare_to_worktree_plus_python": round(med["cli_no_spare"] / base, 2)}
 
 
+def reviews_at_a_limit(work: str, seconds: float) -> dict:
+    """The issue's review scenario (16 reviewers, 24 distinct commits, gc at max 8 checkouts) on
+    a 3,000-file repository, twice in this run: spares on (the default) and off. What counts:
+    0 lost, 0 errors, and the total time of the clones (journal: started to published)."""
+    import run
+
+    up = os.path.join(work, "reviews", "large")
+    os.makedirs(os.path.dirname(up))
+    shas = make_repo.generate(up, commits=40, files=3000, file_size=8192, depth=4, changes=12, seed=1)
+    paths = subprocess.run(["git", "-C", up, "ls-tree", "-r", "--name-only", shas[-1]], capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    daemon = GitDaemon(os.path.dirname(up))
+    url = daemon.url("large")
+    cfg = dict(reviewers=16, commits=24, review_seconds=seconds, tool_calls=5, think=(0.4, 1.2), gc_every=2.0,
+               max_checkouts=8)
+    out = {"config": cfg}
+    try:
+        for label, spares in (("spares on", None), ("spares off", "0")):
+            journal = os.path.join(work, f"journal-{spares or 'on'}")
+            impl = run.Ours(os.path.join(work, f"rev-{spares or 'on'}"), url, grace=5.0, max_checkouts=8, hold=False,
+                            journal=journal)
+            if spares is not None:
+                impl.env["CHECKOUTCACHE_MAX_SPARES"] = spares
+            result = run.run_reviews(impl, shas, paths, cfg, 1)
+            events = impl.clones()
+            published = [e for e in events if e["event"] == "published"]
+            result["clone_seconds_total"] = round(sum(e.get("seconds", 0.0) for e in published), 2)
+            result["clone_seconds_median"] = round(statistics.median([e.get("seconds", 0.0) for e in published]), 3) \
+                if published else None
+            result["recycled"] = sum(1 for r in impl.gc_reports for x in r["removed"] if x.get("spare"))
+            out[label] = result
+    finally:
+        daemon.stop()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a 5,000-file monorepo")
@@ -172,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="small-repository rounds")
     parser.add_argument("--skip-small", action="store_true")
     parser.add_argument("--skip-mono", action="store_true")
+    parser.add_argument("--reviews", type=float, default=0, help="also the review scenario, this many seconds each")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="spares-bench-")
@@ -195,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                 daemon.stop()
         if not args.skip_small:
             report["small"] = small_repo(work, args.rounds)
+        if args.reviews:
+            report["reviews"] = reviews_at_a_limit(work, args.reviews)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report["machine"]["loadavg_after"] = os.getloadavg()
