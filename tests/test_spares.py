@@ -346,3 +346,23 @@ def test_a_sparse_checkout_is_made_from_a_spare_of_the_same_cone_only(root, proj
     (left,) = only_repo(root).spare_entries()
     assert left[1] == a, "the whole tree's spare is kept for a whole checkout"
     assert_recycled(root, project, b)
+
+
+@pytest.mark.parametrize("sharing", ["writer", "group"])
+def test_a_recycled_tree_is_exact_in_either_sharing_mode(root, project, sharing, monkeypatch, tmp_path):
+    """One writer (nothing group-writable: only the writer's uid could have changed the tree) or
+    trusted peers (group-writable: a peer could have): the proof rests on neither."""
+    monkeypatch.setenv("CHECKOUTCACHE_SHARING", sharing)
+    a, b = project.shas
+    checkout = wait_ready(root, project.path, a)["path"]
+    for tamper in (tamper_modified, tamper_modes, tamper_added_ignored_untracked, tamper_nested_git,
+                   tamper_symlinks_swapped):
+        tamper(checkout, str(tmp_path))
+    evict_to_spare(root, checkout)
+    answer = assert_recycled(root, project, b)
+    fresh = wait_ready(root, project.path, a)["path"]  # made fresh: no spare is left
+    modes = {stat.S_IMODE(os.lstat(d).st_mode) for top in (answer["path"], fresh)
+             for d, _, _ in os.walk(top) if "/.git" not in d + "/"}
+    assert len(modes) == 1, f"a recycled tree's directories have a fresh one's mode: {modes}"
+    group_writable = bool(modes.pop() & 0o020)
+    assert group_writable == (sharing == "group")
