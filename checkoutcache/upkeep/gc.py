@@ -25,9 +25,10 @@ overlap, the second reports that it skipped):
    Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
    of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
    is above 0 and space is not short; spares count against max-bytes and min-free and are
-   the first thing deleted (oldest first) when either is short, or when a clone's last
-   attempt failed with DISK_FULL, before any checkout is planned; past max-spares the
-   oldest go; spares a killed gc was making go to trash/;
+   the first thing deleted (oldest first) when either is short, when a clone's last
+   attempt failed with DISK_FULL, or when they hold more than half the disk's free space, before
+   any checkout is planned; past max-spares the oldest go; spares a killed gc was making
+   go to trash/;
 4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
    keep refs/spares/<sha> for the spares' commits (their history stays; LFS objects go by
    keep-refs alone), drop keep-refs of commits with neither a checkout nor a live clone,
@@ -761,6 +762,10 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         disk_full = any(f.code == "DISK_FULL" for info in repos for f in info.failures.values())
         if disk_full:
             drop_spares(spares, report, "disk-full", lambda _freed: False)
+        # Spares never hold more than half of what the disk has free: a spare only saves time,
+        # and its bytes are better free when a fresh tree of its size would not fit beside it.
+        drop_spares(spares, report, "free-space",
+                    lambda _freed: 2 * sum(s.bytes for _, s in spares) <= disk.free)
         spare_bytes = sum(s.bytes for _, s in spares)
         if limits.max_bytes is not None:  # the spares left count against it too
             limits = attrs.evolve(limits, max_bytes=max(0, limits.max_bytes - spare_bytes))
@@ -770,11 +775,13 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             any(e.limit == "min-free" for e in plan.evict)
         room = None if limits.max_bytes is None else \
             limits.max_bytes - pinned_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
+        free_room = disk.free - 2 * spare_bytes
         evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry
             spare = None
-            if not short and eviction.limit in ("max-checkouts", "max-age") and (room is None or entry.size <= room):
+            if not short and eviction.limit in ("max-checkouts", "max-age") and (room is None or entry.size <= room) \
+                    and 2 * entry.size <= free_room:
                 spare = spare_record(by_key[entry.repo], entry.name, config)
             try:
                 kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.name, limits.grace, dry_run,
@@ -790,6 +797,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                     report.removed.append(Removed(eviction.reason, entry.repo, entry.name, 0, eviction.limit, True))
                     if room is not None:
                         room -= entry.size
+                    free_room -= 2 * entry.size
                     continue
                 freed = entry.size if removal is None else removal.freed
                 report.removed.append(Removed(eviction.reason, entry.repo, entry.name, freed, eviction.limit))
