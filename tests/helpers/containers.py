@@ -111,8 +111,13 @@ def build_image(tag: str = IMAGE, context: str = REPO_ROOT, once_in: str | None 
 def _build(tag: str, context: str) -> None:
     # --format docker: the OCI format drops HEALTHCHECK (with a warning), and the two formats
     # do not share cached layers.
+    # --label as well as the build argument: podman 4.3's buildah reuses a cached LABEL step
+    # whose ARG value changed (its cache key is the unexpanded instruction), so an image built
+    # after a commit would carry the previous commit's revision.
+    commit = revision()
     podman("build", "--format", "docker", "--network", "host", f"--build-arg=BASE_IMAGE={base_for_build()}",
-           f"--build-arg=REVISION={revision()}", "-t", tag, context, timeout=900)
+           f"--build-arg=REVISION={commit}", f"--label=org.opencontainers.image.revision={commit}",
+           "-t", tag, context, timeout=900)
 
 
 @dataclass(frozen=True)
