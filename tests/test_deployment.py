@@ -401,3 +401,13 @@ def test_the_persistent_variant_owns_a_new_volume_and_its_cache_outlives_the_pod
     review = again.run("review")
     assert client_ensure(review, url, upstream.shas[0])["path"] == made["path"]
     assert checkouts_of(status_of(sidecar)).keys() == {upstream.shas[0]}
+
+
+def test_the_example_review_container_ends_at_once_on_sigterm(containers):
+    """Regression: the example review ran `sleep infinity` as PID 1, which has no SIGTERM
+    handler: each stop waited out the whole grace period and ended in SIGKILL (exit 137)."""
+    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    review = pod.run("review")
+    wait_until(lambda: len(review.processes()) >= 2, 30, "the review's shell to start its sleep")
+    review.stop(timeout=pod.grace)
+    assert review.exit_code() == 0, (review.exit_code(), review.logs())
