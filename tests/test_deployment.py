@@ -362,12 +362,29 @@ def test_a_hostile_review_changes_nothing_another_review_sees(containers, served
     report = json.loads(done.stdout)
     assert report["succeeded"] == [], report["succeeded"][:20]
     assert report["attempts"] > 10 * len(before), report["attempts"]
+    assert report["errors"].get("EROFS"), report["errors"]
     # Its other doors: the socket is the store's group's; the API wants the token.
     knocked = hostile.exec("python3", "-c", "import socket; s = socket.socket(socket.AF_UNIX); "
                                             "s.connect('/cache/checkoutcache.sock')")
     assert knocked.returncode != 0 and "PermissionError" in knocked.stderr, knocked.stderr
     refused = hostile.exec("python3", "-c", ENSURE_ONE, url, shas[0], env={"CHECKOUTCACHE_API_TOKEN": "guessed"})
     assert "UNAUTHORIZED" in refused.stdout + refused.stderr, refused
+
+    assert store_digest(root) == before
+
+    # Beneath the root, the store's modes alone keep it: the same review with its cache mount
+    # writable by mistake (the volume's own root, an emptyDir's 0777, is kept by readOnly alone).
+    (mount,) = [m for m in pod.container_spec("review")["volumeMounts"] if m["mountPath"] == "/cache"]
+    mount["readOnly"] = False
+    careless = pod.run("review", as_name="hostile-rw", uid=10667)
+    mount["readOnly"] = True
+    done = careless.exec("python3", "-c", HOSTILE, "/cache/repos", timeout=900)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["succeeded"] == [], report["succeeded"][:20]
+    assert report["attempts"] > 10 * len([rel for rel in before if rel.startswith("repos/")]), report["attempts"]
+    # Refused by the modes (EACCES, EPERM), not by a read-only mount (EROFS): it was writable.
+    assert "EROFS" not in report["errors"] and report["errors"].get("EACCES"), report["errors"]
 
     assert store_digest(root) == before
     for sha in shas:  # another review is answered with the commit's own tree, as before
