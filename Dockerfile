@@ -44,12 +44,13 @@ RUN groupadd --system --gid 10001 checkoutcache \
  && mkdir /cache && chown checkoutcache:checkoutcache /cache && chmod 0755 /cache \
  && mkdir /workspaces && chmod 1777 /workspaces
 
-# The dependencies first, at the versions CI tests (constraints.txt): a layer that a change
-# of the code does not rebuild. Then the project alone.
-COPY constraints.txt /src/
-RUN pip install --no-cache-dir --disable-pip-version-check -c /src/constraints.txt \
-        attrs click granian prometheus-client psutil pygit2 setproctitle uvloop boto3
-COPY pyproject.toml README.md /src/
+# The dependencies first (pyproject's, with the s3 extra), at the versions CI tests
+# (constraints.txt): a layer that a change of the code does not rebuild. Then the project alone.
+COPY constraints.txt pyproject.toml /src/
+RUN python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["s3"]))' > /src/requirements.txt \
+ && pip install --no-cache-dir --disable-pip-version-check -c /src/constraints.txt -r /src/requirements.txt
+COPY README.md /src/
 COPY checkoutcache /src/checkoutcache
 RUN pip install --no-cache-dir --disable-pip-version-check --no-deps "/src[s3]" \
  && pip check && rm -rf /src
