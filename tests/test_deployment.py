@@ -428,3 +428,35 @@ def test_the_example_review_container_ends_at_once_on_sigterm(containers):
     wait_until(lambda: len(review.processes()) >= 2, 30, "the review's shell to start its sleep")
     review.stop(timeout=pod.grace)
     assert review.exit_code() == 0, (review.exit_code(), review.logs())
+
+
+def test_a_review_writes_in_a_workspace_of_its_own_that_the_sidecar_counts(containers, served):
+    """The review cannot write the shared checkout; `exec --writable` gives it a tree of its own
+    on the workspaces volume (read-write for it, read-only for the sidecar, whose status lists it),
+    gone when the command ends; the shared checkout stays the commit's."""
+    upstream, url, _proxy = served
+    sha = upstream.shas[0]
+    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    sidecar = pod.run("checkoutcache")
+    start_sidecar_checked(pod, sidecar)
+    review = pod.run("review")
+    shared = cli_ensure(review, url, sha)["path"]
+    wrote = review.exec("sh", "-c", 'echo changed > "$1/made-by-review"', "sh", shared)
+    assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, wrote.stderr
+
+    holder = subprocess.Popen(
+        ["podman", "exec", review.name, "checkoutcache", "exec", "--writable", url, sha, "--wait", "300", "--",
+         "sh", "-c", 'echo changed > made-by-review && git -c safe.directory=* status --porcelain '
+                     '--untracked-files=all | grep -q made-by-review && pwd && '
+                     'while [ ! -e /tmp/release ]; do sleep 0.2; done'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": "/var/tmp"})
+    workspace = holder.stdout.readline().strip()
+    assert workspace.startswith("/workspaces/"), (workspace, holder.stderr.read() if not workspace else "")
+    listed = status_of(sidecar)["workspaces"]["workspaces"]
+    assert [w["alive"] for w in listed if workspace.startswith(w["path"])] == [True], listed
+    review.exec("touch", "/tmp/release")
+    out, err = holder.communicate(timeout=120)
+    assert holder.returncode == 0, (out, err)
+    assert review.exec("test", "-e", workspace).returncode != 0  # removed when its command ended
+    assert not [w for w in status_of(sidecar)["workspaces"]["workspaces"] if w["alive"]]
+    cli_ensure(review, url, sha)  # the shared checkout is still the commit's own tree
