@@ -2,7 +2,7 @@
 #
 #   docker build --build-arg REVISION="$(git rev-parse HEAD)" -t checkoutcache .
 #   docker run -d --name cc -v cache:/cache -e CHECKOUTCACHE_MAX_CHECKOUTS=20 checkoutcache
-#   docker run --rm -v cache:/cache checkoutcache ensure https://github.com/org/repo SHA --wait 600
+#   docker run --rm -v cache:/cache:ro --user 10002:10001 checkoutcache ensure https://github.com/org/repo SHA --wait 600
 #
 # With no settings it serves the API on the Unix socket /cache/checkoutcache.sock
 # (the store's group may use it; no token). For TCP, set CHECKOUTCACHE_LISTEN and a
