@@ -26,6 +26,7 @@ import attrs
 from checkoutcache.bundles.location import BundleLocation, parse_bundle_uri
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_lfs, parse_submodules
+from checkoutcache.sharing import SHARING_VAR, WRITER, parse_sharing
 from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size
 
 
@@ -102,6 +103,13 @@ def _transport(value: str) -> str:
     if value not in ("auto", "cli", "pygit2"):
         raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not auto, cli or pygit2")
     return value
+
+
+def _sharing(value: Any) -> str:
+    try:
+        return parse_sharing(value)
+    except ValueError as exc:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=str(exc)) from None
 
 
 def _text(value: Any) -> str:
@@ -229,6 +237,10 @@ class Config(Settings):
     seed_timeout: float = setting(120.0, "CHECKOUTCACHE_SEED_TIMEOUT",
                                   "The longest a new mirror spends taking in bundles; not counted in the clone "
                                   "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")
+    sharing: str = setting(WRITER, SHARING_VAR,
+                           "Who writes the store: the writer's uid alone (writer: checkouts are not writable by "
+                           "other uids; readers use a read-only mount and ask the writer) or every member of the "
+                           "root's group (group: peers that trust each other; docs/security.md).", _sharing)
 
 
 

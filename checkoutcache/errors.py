@@ -55,6 +55,10 @@ _TABLE = [
     ErrorCode("ROOT_UNUSABLE", FAILURE,
               "the cache root {root} cannot be used: {why}",
               "pass --root (or set CHECKOUTCACHE_ROOT) to a writable local directory"),
+    ErrorCode("NO_WRITER", FAILURE,
+              "the cache root {root} is read-only here and its writer did not answer: {why}",
+              "run `checkoutcache serve` as the store's writer and set CHECKOUTCACHE_API_URL (with "
+              "CHECKOUTCACHE_API_TOKEN) to it, or use a root this user may write (docs/deployment.md)"),
     ErrorCode("UNREACHABLE", FAILURE,
               "the repository could not be reached: {detail}",
               "check the URL, the network and the credentials; it is retried after the back-off"),

@@ -65,6 +65,7 @@ class Coordinator:
         self.name = checkout_name(sha, cone_digest(cone) if cone else None)  # the checkout, for the store
         self.paths = root_paths.repo(spec.key)
         self.credential = credential_for(spec.url, spec.credential, os.environ)
+        self.started: dict | None = None  # the worker this coordinator started: pid, pidns
 
     # ------------------------------------------------------------ answers
     def ready(self) -> Answer:
@@ -80,6 +81,9 @@ class Coordinator:
 
     def cloning(self, record: dict | None) -> Answer:
         record = record or {}
+        if not record.get("pid") and self.started is not None and _owner_lives(self.started):
+            # Our own worker, slow to write its record (a loaded machine): we know its pid.
+            record = {**record, **self.started}
         return Answer(state=State.CLONING, commit=self.sha, repo=self.spec.url, sparse=list(self.cone) or None,
                       pid=record.get("pid"),
                       pid_namespace=record.get("pidns"),
@@ -211,9 +215,10 @@ class Coordinator:
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
         if pid is None:
             return self.outcome()
-        from checkoutcache.store.liveness import pid_namespace  # psutil only off the ready path
+        from checkoutcache.store.liveness import pid_namespace, process_start_time  # psutil only off the ready path
 
-        return self.cloning({**record, "pid": pid, "pidns": pid_namespace()})
+        self.started = {"pid": pid, "pid_start": process_start_time(pid), "pidns": pid_namespace()}
+        return self.cloning(record)
 
     def outcome(self) -> Answer:
         """What a clone that ran to its end here left: ready, or its failure."""

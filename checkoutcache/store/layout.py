@@ -125,11 +125,18 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
                 └── clone-<name>.lock exclusive for a clone's whole life: one clone per checkout
 
-Permissions (store/modes.py): directories DIR_MODE (2775: setgid, so what is
-made inside belongs to the root's group) and files FILE_MODE (0664), set by the
-store whatever the creator's umask; never world-writable. Mirrors are
-core.sharedRepository=group; the clone worker runs git under umask 002.
-Callers with different uids share a root through a common group (the root's).
+Permissions (store/modes.py), set by the store whatever the creator's umask,
+never world-writable, decided by CHECKOUTCACHE_SHARING:
+- writer (the default): directories 0755, files 0644, git under umask 022 and
+  mirrors core.sharedRepository=umask. Only the writer's uid (the sidecar, and
+  cron's gc as the same uid) writes anything here; a published checkout's
+  content cannot be changed by any other uid. Readers (review containers,
+  other uids, a read-only mount) read checkouts, take shared locks on markers
+  (flock needs no write access) and ask the writer, over the root's socket or
+  CHECKOUTCACHE_API_URL, to record their uses and to make new commits.
+- group (trusted peers): directories 2775 (setgid, so what is made inside
+  belongs to the root's group), files 0664, git under umask 002, mirrors
+  core.sharedRepository=group: every member writes the store.
 An entry a peer made unreadable costs that entry in status and gc (listed with
 its errno), never the whole run.
 
@@ -170,11 +177,6 @@ import os
 import re
 
 LAYOUT_VERSION = 1
-# Modes of what the store creates, whatever the umask (store/modes.py): group
-# members share the store (several uids in one group, e.g. a sidecar and review
-# containers); nothing is world-writable.
-DIR_MODE = 0o2775
-FILE_MODE = 0o664
 # What one clone attempt may write to its log: a server's endless `remote:`
 # output must not fill the disk.
 CLONE_LOG_CAP = 1 << 20
