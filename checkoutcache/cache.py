@@ -20,10 +20,10 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import (DEFAULT_SCOPE, LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE,
                                     SUBMODULES_SETTING_VAR, RepoSpec, parse_commit, parse_repo)
 from checkoutcache.store.create import store_key
-from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name, default_root
+from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, checkout_name, default_root
 from checkoutcache.handoff import record_use as record_use_by_writer
-from checkoutcache.store.ready import (SHARED_LOCK_WAIT, lfs_of, open_marker_shared, ready_record, record_use,
-                                      submodules_of)
+from checkoutcache.store.ready import (SHARED_LOCK_WAIT, layout_version_of, lfs_of, open_marker_shared,
+                                      ready_record, record_use, submodules_of)
 
 MAX_WAIT = 24 * 3600.0
 
@@ -87,6 +87,7 @@ class Cache:
         self.paths = RootPaths(self.root)
         self._config = config
         self.fork_workers = fork_workers
+        self._layouts: dict[str, tuple[tuple[int, int, int], int | None]] = {}  # newer_layout's memo
 
     @property
     def config(self):
@@ -153,6 +154,10 @@ class Cache:
         request to a thread that may wait)."""
         paths = self.paths.repo(want.spec.key)
         name = want.name
+        newer = self.newer_layout(paths)
+        if newer is not None:  # before the marker is touched: nothing is written in such a store
+            return Answer.from_error(CheckoutCacheError("NEWER_LAYOUT", repo=want.spec.url, found=newer,
+                                                        known=LAYOUT_VERSION))
 
         def through_writer() -> None:  # a reader (store/ready.py record_use): the writer records it
             why = record_use_by_writer(self.root, paths.checkout(name), want.spec.url, want.sha, want.spec.scope,
@@ -171,6 +176,23 @@ class Cache:
             return None
         return Answer(state=State.READY, commit=want.sha, repo=want.spec.url, path=paths.checkout(name),
                       lfs=lfs_of(record), submodules=submodules_of(record), sparse=list(want.cone) or None)
+
+    def newer_layout(self, paths: RepoPaths) -> int | None:
+        """The layout version of a repository's store when it is newer than this version's.
+        repo.json is written once (temp file + rename), so it is read again only when the
+        file at its path changes (a stat, not a read, on a long-lived process's ready path)."""
+        try:
+            info = os.stat(paths.repo_json)
+        except OSError:
+            return None
+        seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+        known = self._layouts.get(paths.repo_json)
+        if known is None or known[0] != seen:
+            if len(self._layouts) > 4096:
+                self._layouts.clear()
+            known = self._layouts[paths.repo_json] = (seen, layout_version_of(paths.repo_json))
+        version = known[1]
+        return version if version is not None and version > LAYOUT_VERSION else None
 
     def is_reader(self) -> bool:
         """True when this process may read the root but not write it (a read-only mount, or

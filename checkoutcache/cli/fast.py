@@ -40,8 +40,8 @@ def ready_answer(argv: list[str]) -> int | None:
     from checkoutcache.errors import CheckoutCacheError
     from checkoutcache.repospec import (LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE, SUBMODULES_SETTING_VAR,
                                         parse_commit, parse_repo)
-    from checkoutcache.store.layout import RootPaths, checkout_name, default_root, existing_key
-    from checkoutcache.store.ready import lfs_of, ready_record, submodules_of
+    from checkoutcache.store.layout import LAYOUT_VERSION, RootPaths, checkout_name, default_root, existing_key
+    from checkoutcache.store.ready import layout_version_of, lfs_of, ready_record, submodules_of
 
     try:
         sha = parse_commit(commit)
@@ -53,6 +53,9 @@ def ready_answer(argv: list[str]) -> int | None:
     root_paths = RootPaths(os.path.realpath(os.path.expanduser(root)) if root else default_root())
     paths = root_paths.repo(existing_key(root_paths, spec.key, spec.legacy_key))
     name = checkout_name(sha, cone_digest(cone) if cone else None)
+    found = layout_version_of(paths.repo_json)
+    if found is not None and found > LAYOUT_VERSION:
+        return None  # a newer version's store: the full CLI refuses it (NEWER_LAYOUT), touching nothing
     unrecorded: list[str] = []
 
     def through_writer() -> None:

@@ -30,7 +30,7 @@ from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
-from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists
+from checkoutcache.store.create import init_repo_store, make_dirs, refuse_newer_layout, root_error, store_exists
 from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name
 from checkoutcache.store.ready import lfs_of, submodules_of, touch_if_ready
 from checkoutcache.store.watch import StateWatch
@@ -124,6 +124,7 @@ class Coordinator:
         per back-off, not one per ask. Returns that failed answer, or None once the
         store exists."""
         if store_exists(self.paths):
+            refuse_newer_layout(self.paths, self.spec.url)  # nothing of ours goes into a newer store
             return None
         record_path = self.root_paths.unreachable_record(self.spec.key)
         previous = read_failure(record_path)

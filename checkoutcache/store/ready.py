@@ -122,6 +122,18 @@ def record_use(marker_fd: int) -> bool:
         raise
 
 
+def layout_version_of(repo_json: str) -> int | None:
+    """The layout version a repository's store says it was written in (repo.json); None when
+    there is no store yet or its record says none (stores before the field: version 1)."""
+    try:
+        with open(repo_json, "rb") as handle:
+            record = json.loads(handle.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    version = record.get("layout_version") if isinstance(record, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
 def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT,
                  on_unrecorded: "Callable[[], object] | None" = None) -> dict | None:
     """The marker's record if the checkout is published (its last use is then now), else None.
