@@ -191,6 +191,12 @@ def status_text(status: dict) -> str:
             lines.append(f"  mirror not seeded: {seed['why']}")
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
+    spaces = status.get("workspaces") or {}
+    if spaces.get("workspaces"):
+        lines.append(f"\nworkspaces in {spaces['dir']}")
+        for w in spaces["workspaces"]:
+            lines.append(f"  {(w['commit'] or '?')[:12]:<12}  {'live' if w['alive'] else 'dead':<4}  pid {w['pid']}  "
+                         f"{w['path']}")
     for u in status.get("unreachable", []):
         lines.append(f"\nunreachable {u['repo']} (scope {u['scope']}): {u['error']} (attempt {u['attempts']}, "
                      f"retry in {u['retry_after']}s): {u['message']}")

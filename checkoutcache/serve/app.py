@@ -53,7 +53,7 @@ RETRY_AFTER = "1"
 # Each endpoint and its methods (the OpenAPI document says the same; a test compares).
 ROUTES = {"/healthz": ("GET",), "/readyz": ("GET",), "/metrics": ("GET",), "/openapi.json": ("GET",),
           "/v1/ensure": ("GET", "POST"), "/v1/status": ("GET",), "/v1/gc": ("POST",), "/v1/hold": ("POST",),
-          "/v1/release": ("POST",)}
+          "/v1/release": ("POST",), "/v1/workspaces": ("GET",)}
 ENDPOINTS = tuple(ROUTES)
 PUBLIC = ("/healthz", "/readyz", "/openapi.json")
 HEALTH_ONLY = ("/healthz", "/readyz", "/metrics")
@@ -258,6 +258,8 @@ class Api:
             return status, json_bytes(body), JSON
         if path == "/v1/status":
             return 200, json_bytes(await self.run(self.pools.quick, service.status, grant)), JSON
+        if path == "/v1/workspaces":
+            return 200, json_bytes(await self.run(self.pools.quick, service.workspaces, grant)), JSON
         if path == "/v1/gc":
             params = await self.params(scope, proto)
             return 200, json_bytes(await self.run(self.pools.upkeep, service.gc, params, True, grant)), JSON

@@ -283,6 +283,21 @@ class Service:
             report["unreachable"] = [r for r in report.get("unreachable", []) if r.get("scope") in grant.scopes]
             visible = [c for r in report["repos"] for c in r["checkouts"] if c["ready"]]
             report["totals"].update(checkouts=len(visible), bytes=sum(c["size"] for c in visible))
+            keys = {r["key"] for r in report["repos"]}
+            spaces = report["workspaces"]
+            spaces["workspaces"] = [w for w in spaces["workspaces"] if w["key"] in keys]
+            report["totals"]["workspaces"] = sum(1 for w in spaces["workspaces"] if w["alive"])
+        return report
+
+    def workspaces(self, grant: Grant = ANONYMOUS) -> dict:
+        """GET /v1/workspaces: the workspaces directory as this sidecar sees it (read only: it
+        makes none, the caller's directory is not its to write), those of the caller's scopes."""
+        from checkoutcache.upkeep.status import workspace_status
+
+        report = workspace_status(self.cache.paths, self.config)
+        if grant.scopes is not None:
+            keys = {r["key"] for r in self.status(grant)["repos"]}
+            report["workspaces"] = [w for w in report["workspaces"] if w["key"] in keys]
         return report
 
     # ---------------------------------------------------------------- health

@@ -114,8 +114,22 @@ def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = N
         totals["disk"] = attrs.asdict(disk)
     except FileNotFoundError:
         totals["disk"] = None
+    workspaces = workspace_status(root_paths, config)
+    totals["workspaces"] = sum(1 for w in workspaces["workspaces"] if w["alive"])
     return {"root": root_paths.root, "repos": repos, "unreachable": unreachable(root_paths, now),
-            "totals": totals}
+            "totals": totals, "workspaces": workspaces}
+
+
+def workspace_status(root_paths: RootPaths, config: Config) -> dict:
+    """The workspaces directory as this process sees it (CHECKOUTCACHE_WORKSPACES), live and
+    dead ones, without sizes (status never walks a tree; gc's report has their bytes)."""
+    from checkoutcache.workspaces import list_workspaces, workspaces_dir_of
+
+    paths = workspaces_dir_of(root_paths.root, config)
+    try:
+        return {"dir": paths.base, "workspaces": list_workspaces(paths)}
+    except OSError as exc:  # a directory this process may not read: said, never the report's end
+        return {"dir": paths.base, "workspaces": [], "error": exc.strerror or type(exc).__name__}
 
 
 def unreachable(root_paths: RootPaths, now: float) -> list[dict]:
