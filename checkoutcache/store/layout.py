@@ -193,11 +193,26 @@ Run `checkoutcache status` to see what it holds and `checkoutcache gc` to trim i
 
 
 def entries(directory: str) -> list[str]:
-    """The sorted names in a directory of the store; none if it does not exist (yet, or any more)."""
-    try:
-        return sorted(os.listdir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    """The sorted names in a directory of the store; none if it does not exist (yet, or any more).
+    Listed through a descriptor resolved beneath the root (store/tree.py): a symlink where
+    the directory should be raises tree.NotBeneath (an OSError), never lists its target."""
+    from checkoutcache.store.tree import listdir  # not on the ready path's imports
+
+    return listdir(directory)
+
+
+# Every root this process works in: store/tree.py resolves a path beneath the
+# longest of them that contains it. Registered by RootPaths (and RepoPaths).
+_ROOTS: set[str] = set()
+
+
+def root_of(path: str) -> str | None:
+    """The known root a store path is under (None: under none, e.g. a test's own file)."""
+    found = None
+    for root in _ROOTS:
+        if (path == root or path.startswith(root + "/")) and (found is None or len(root) > len(found)):
+            found = root
+    return found
 
 
 def _names_like(names: list[str], prefix: str, suffix: str) -> list[str]:
@@ -258,6 +273,7 @@ class RootPaths:
 
     def __init__(self, root: str):
         self.root = root
+        _ROOTS.add(root.rstrip("/") or "/")
 
     @property
     def readme(self) -> str:
@@ -317,6 +333,7 @@ class RepoPaths:
 
     def __init__(self, base: str):
         self.base = base
+        _ROOTS.add(os.path.dirname(os.path.dirname(base)) or "/")
 
     @property
     def key(self) -> str:
