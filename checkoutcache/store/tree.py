@@ -6,14 +6,16 @@ root's group can replace any store directory (`repos/<key>/trash`, `logs/`,
 `state/`, `checkouts/`, `repos/<key>` itself, ...) with a symlink. A string
 path joined from the root and opened by name would then list, write, rename or
 delete wherever the symlink points. So the store's own files and directories
-are reached the way a submodule path is (store/beneath.py):
+are reached as Go's os.Root and systemd's chase() reach theirs:
 
 - the root is the one path taken by name (the operator chose it); its
   descriptor is the anchor;
-- the directory holding an entry is opened relative to that descriptor with
-  `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (an `O_NOFOLLOW` walk where
-  the kernel lacks it), atomically: a component swapped for a symlink at any
-  instant is refused, never followed;
+- the directory holding an entry is opened from that descriptor one component
+  at a time, each `openat(O_NOFOLLOW | O_DIRECTORY)` relative to the one
+  before (layout.open_store_dir; missing ones made with `mkdirat`): a
+  component swapped for a symlink at any instant is refused, never followed.
+  The same walk as store/beneath.py's fallback, without its ctypes (14 ms of
+  import on a new commit's path) for paths a few components deep;
 - the entry itself is then opened, made, renamed, unlinked or removed relative
   to that directory's descriptor (`O_NOFOLLOW`, `*at` calls), so its last
   component is never followed either; a removal walks descriptors from there
@@ -39,73 +41,65 @@ import os
 import stat
 from collections.abc import Iterator
 
-from checkoutcache.store import beneath
-from checkoutcache.store.layout import root_of
+from checkoutcache.store.layout import NotBeneath, open_step, open_store_dir, root_of
 from checkoutcache.store.modes import make_dir, open_created
+
+__all__ = ["NotBeneath"]  # raised here too; layout.py owns it (its listings raise it)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-class NotBeneath(OSError):
-    """A store path that passes through a symlink (or a file) where a directory should be."""
-
-    def __init__(self, path: str, why: str):
-        super().__init__(errno.ELOOP, f"{why}: the store never follows a symlink (move it away)", path)
-
-
-def _split(path: str) -> tuple[str | None, bytes]:
-    """The root a store path is under and the path relative to it (b"" for the root itself)."""
-    root = root_of(path)
-    if root is None:
-        return None, b""
-    return root, os.fsencode(path[len(root):].lstrip("/"))
-
-
-def _open_root(root: str) -> int:
-    return os.open(root, _DIR_FLAGS)
-
-
-def _open_beneath(root: str, root_fd: int, rel: bytes, path: str, create: bool) -> int:
-    if not rel:
-        return os.dup(root_fd)
-    try:
-        return beneath.open_dir_beneath(root_fd, rel, create=create)
-    except beneath.Escape as exc:
-        raise NotBeneath(path, str(exc).replace(beneath.shown(rel), repr(os.fsdecode(rel)))) from None
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
-
-
 def open_dir(path: str, create: bool = False) -> int:
     """A descriptor of a store directory, resolved beneath its root (made, with its
-    missing parents, when create is set). The caller closes it."""
-    root, rel = _split(path)
+    missing parents, each DIR_MODE, when create is set). The caller closes it."""
+    if not create:
+        return open_store_dir(path)
+    root = root_of(path)
     if root is None:
-        if create:
-            os.makedirs(path, exist_ok=True)
+        _make_by_name(path)
         return os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
-    if create:
-        _make_root(root)
-    root_fd = _open_root(root)
+    _make_by_name(root)
     try:
-        return _open_beneath(root, root_fd, rel, path, create)
-    finally:
-        os.close(root_fd)
+        return open_store_dir(path)
+    except FileNotFoundError:
+        pass
+    current = os.open(root, _DIR_FLAGS)
+    done = root
+    try:
+        for part in path[len(root):].strip("/").split("/"):
+            done = f"{done}/{part}"
+            try:
+                make_dir(part, dir_fd=current)
+            except FileExistsError:
+                pass  # there already (or made meanwhile): opened below, with the same checks
+            following = open_store_dir_at(current, part, root, done)
+            os.close(current)
+            current = following
+        return current
+    except BaseException:
+        os.close(current)
+        raise
 
 
-def _make_root(root: str) -> None:
-    """The root itself is the operator's path: made by name (each level DIR_MODE)."""
+def open_store_dir_at(dir_fd: int, part: str, root: str, done: str) -> int:
+    if part in ("", ".", ".."):
+        raise NotBeneath(done, f"{done[len(root):].strip('/')!r} has a {part or 'empty'!r} component")
+    return open_step(dir_fd, part, root, done)
+
+
+def _make_by_name(directory: str) -> None:
+    """The root itself (or a path under no root) is the operator's: made by name, each level DIR_MODE."""
     missing = []
-    current = root
+    current = directory
     while not os.path.isdir(current):
         missing.append(current)
         parent = os.path.dirname(current)
         if parent == current:
             break
         current = parent
-    for directory in reversed(missing):
+    for made in reversed(missing):
         try:
-            make_dir(directory)
+            make_dir(made)
         except FileExistsError:
             pass
 
@@ -241,5 +235,5 @@ def refusal(repo_base: str) -> NotBeneath | None:
 
 
 def _shown_rel(path: str) -> str:
-    root, rel = _split(path)
-    return repr(os.fsdecode(rel)) if root is not None else repr(path)
+    root = root_of(path)
+    return repr(path[len(root):].strip("/")) if root is not None else repr(path)
