@@ -218,3 +218,41 @@ def test_a_peer_uid_cannot_make_roots_gc_or_ensure_reach_outside(second_user, sh
     assert code != 0 and answer["error"] == "ROOT_UNUSABLE" and "symlink" in answer["message"], out
     assert gc_code == 0, gc_out
     assert problem_paths(report) == {f"repos/{paths.key}/{store_dir}": "ELOOP"}, report["problems"]
+
+
+def test_a_directory_swapped_after_the_gate_is_still_never_followed(root, upstream, tmp_path):
+    """What a peer swaps between ensure's look at the store and the write: every writer and
+    reader of the store (records, the clone log, locks, scratch, renames into trash) is
+    refused with NotBeneath on its own, and nothing is made outside the root."""
+    from checkoutcache.clone.worker import open_attempt_log
+    from checkoutcache.store import locks, records, tree
+    from checkoutcache.store.checkouts import to_trash
+    from checkoutcache.store.scratch import create_scratch
+
+    sha = upstream.shas[0]
+    wait_ready(root, upstream.path, sha, env=SHARED)
+    paths = only_repo(root)
+    outside = os.path.join(str(tmp_path), "outside")
+    os.makedirs(outside)
+    for name in ("state", "logs", "locks", "scratch", "trash"):
+        swap_for_symlink(os.path.join(paths.base, name), outside)
+    before = store_snapshot(outside)
+    attempts = {
+        "size record": lambda: records.write_json(paths.size_record(sha), {"bytes": 1}),
+        "record read": lambda: records.read_json(paths.size_record(sha)),
+        "clone log": lambda: open_attempt_log(paths, sha),
+        "clone lock": lambda: locks.clone_of(paths, sha),
+        "scratch": lambda: create_scratch(paths, sha),
+        "to trash": lambda: to_trash(paths, paths.checkout(sha), "evicted"),
+        "listing": lambda: tree.listdir(paths.trash_dir),
+    }
+    refused = {}
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+        except tree.NotBeneath as exc:
+            refused[what] = exc.filename
+    assert set(refused) == set(attempts), f"followed: {sorted(set(attempts) - set(refused))}"
+    assert all(path.startswith(paths.base + "/") for path in refused.values()), refused
+    assert store_snapshot(outside) == before
+    assert os.path.isdir(paths.checkout(sha)), "the checkout was not moved through the symlink"
