@@ -256,3 +256,27 @@ def test_a_directory_swapped_after_the_gate_is_still_never_followed(root, upstre
     assert all(path.startswith(paths.base + "/") for path in refused.values()), refused
     assert store_snapshot(outside) == before
     assert os.path.isdir(paths.checkout(sha)), "the checkout was not moved through the symlink"
+
+
+@pytest.mark.parametrize("store_dir", ["checkouts", "."])
+def test_a_ready_answer_never_goes_through_a_symlink(root, upstream, tmp_path, store_dir):
+    """checkouts/ (or repos/<key>) moved outside the root and symlinked back: the ready path
+    (the CLI's fast answer and the library's) neither answers from it nor records a use on
+    the marker there; ensure answers ROOT_UNUSABLE naming the symlink."""
+    from checkoutcache import Cache
+
+    sha = upstream.shas[0]
+    wait_ready(root, upstream.path, sha, env=SHARED)
+    paths = only_repo(root)
+    make_idle(paths.checkout(sha), 3600)
+    outside = os.path.join(str(tmp_path), "outside")
+    os.makedirs(outside)
+    target = paths.base if store_dir == "." else paths.checkouts_dir
+    swap_for_symlink(target, outside)
+    before = store_snapshot(outside)
+    code, answer, out = run_cli("ensure", upstream.path, sha, root=root, env=SHARED)
+    assert store_snapshot(outside) == before, "the ready answer recorded a use through the symlink"
+    assert code != 0 and answer["error"] == "ROOT_UNUSABLE" and "symlink" in answer["message"], out
+    answer = Cache(root).ensure(upstream.path, sha)
+    assert answer.state != "ready" and answer.error == "ROOT_UNUSABLE", answer
+    assert store_snapshot(outside) == before
