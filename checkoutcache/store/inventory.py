@@ -164,8 +164,10 @@ def repo_info(paths: RepoPaths, sizes: str = RECORDED_SIZES) -> RepoInfo:
     refused = tree.refusal(paths.base)
     if refused is not None:  # listed as a problem, never read or changed through the symlink
         reader.note(refused.filename, "ELOOP", refused.strerror or "")
-        return RepoInfo(key=paths.key, url=None, scope=None, paths=paths, checkouts=[], clones=[], failures={},
-                        scratch=[], problems=reader.problems, refused=refused.strerror)
+        meta = reader.read(paths.repo_json, records.REPO) or {} if refused.filename != paths.base else {}
+        return RepoInfo(key=paths.key, url=meta.get("url"), scope=meta.get("scope"), paths=paths, checkouts=[],
+                        clones=[], failures={}, scratch=[], meta=meta, problems=reader.problems,
+                        refused=refused.strerror)
     meta = reader.read(paths.repo_json, records.REPO) or {}
     checkouts = []
     for name in paths.checkout_names():
