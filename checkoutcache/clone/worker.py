@@ -60,7 +60,7 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.sizes import record_size
 from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths, RootPaths, commit_of
-from checkoutcache.store.modes import set_shared_umask
+from checkoutcache.store.modes import set_store_umask
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import Scratch, create_scratch
@@ -822,9 +822,9 @@ def run_inline(paths: RepoPaths, name: str, lock_fd: int, config: Config, creden
 
 def run_worker(root: str, key: str, name: str, config: Config, credential: Credential | None,
                deaths: int = 0, cone: Cone = ()) -> int:
-    # Group members share the root (several uids): what git writes for us is group
-    # writable and never world-writable, whatever the caller's umask was.
-    set_shared_umask()
+    # What git writes for us is writable by the writer alone (or, in the trusted-peers
+    # mode, by the root's group) and never world-writable, whatever the caller's umask was.
+    set_store_umask()
     worker = Worker(RootPaths(root).repo(key), name, config, credential, deaths, cone)
     stop_on_sigterm(worker.on_stop)
     return worker.run()

@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple, Protocol
 from checkoutcache.credentials import Credential, redact
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.env import SAFE_CONFIG
+from checkoutcache.store.modes import git_shared_repository
 
 Progress = Callable[[dict], None]
 Log = Callable[[str], None]
@@ -42,9 +43,13 @@ MIRROR_CONFIG = {
     "fetch.writeCommitGraph": "false",
     "core.fsmonitor": "false",
     "receive.autogc": "false",
-    # Several uids in one group share the store: objects stay group-writable.
-    "core.sharedRepository": "group",
 }
+
+
+def mirror_config() -> dict[str, str]:
+    """MIRROR_CONFIG and who may write the mirror's objects: the writer alone, or every
+    member of the root's group in the trusted-peers mode (store/modes.py)."""
+    return {**MIRROR_CONFIG, "core.sharedRepository": git_shared_repository()}
 
 
 def partial_mirror_config(filter: str) -> dict[str, str]:

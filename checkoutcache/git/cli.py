@@ -34,7 +34,7 @@ from checkoutcache.git.backend import (
     disk_full_text,
     KEEP_PREFIX,
     LFS_PROGRAM,
-    MIRROR_CONFIG,
+    mirror_config,
     PROMISOR_CHECKOUT_CONFIG,
     Log,
     Progress,
@@ -345,7 +345,7 @@ class GitCliBackend:
 
     def init_mirror(self, path: str, filter: str | None = None) -> None:
         self._check(self._run(["init", "-q", "--bare", "--template=", path]))
-        write_git_config(path, {**MIRROR_CONFIG, **(partial_mirror_config(filter) if filter else {})})
+        write_git_config(path, {**mirror_config(), **(partial_mirror_config(filter) if filter else {})})
 
     def partial_filter(self, mirror: str) -> str | None:
         return partial_filter_of(mirror, self.git)

@@ -16,7 +16,7 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
     CHECKOUT_CONFIG,
     KEEP_PREFIX,
-    MIRROR_CONFIG,
+    mirror_config,
     Log,
     Progress,
     git_failure,
@@ -178,7 +178,7 @@ class Pygit2Backend:
             raise ValueError("libgit2 makes no partial clones (supports_partial is False)")
 
         repo = pygit2.init_repository(path, bare=True)
-        for key, value in MIRROR_CONFIG.items():
+        for key, value in mirror_config().items():
             repo.config[key] = value
 
     def is_usable(self, mirror: str) -> bool:

@@ -43,7 +43,7 @@ import time
 from typing import Iterator
 
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.git.backend import MIRROR_CONFIG, partial_mirror_config
+from checkoutcache.git.backend import mirror_config, partial_mirror_config
 
 PACKED_REFS = "packed-refs"
 VIEW_PREFIX = "checkoutcache-view-"
@@ -64,7 +64,7 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
                 os.symlink(os.path.join(mirror, name), os.path.join(view, name))
             with open(os.path.join(view, "HEAD"), "w") as handle:
                 handle.write("ref: refs/heads/main\n")  # a fetch never reads it; git wants one
-            config = {"core.bare": "true", **MIRROR_CONFIG, **(partial_mirror_config(filter) if filter else {}),
+            config = {"core.bare": "true", **mirror_config(), **(partial_mirror_config(filter) if filter else {}),
                       **(settings or {})}
             with open(os.path.join(view, "config"), "w") as handle:
                 handle.write(_config_text(config, partial=filter is not None))

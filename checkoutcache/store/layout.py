@@ -2,7 +2,10 @@
 
 Every other module asks this one for a path; none joins path parts itself. The
 layout is a contract with operators and with other versions of this tool
-running on the same root, so a change here is a change of LAYOUT_VERSION.
+running on the same root, so a change here is a change of LAYOUT_VERSION. A
+repository store whose repo.json names a newer layout_version than this one's is
+never written by this version: its answers are NEWER_LAYOUT and gc leaves it
+alone (a rollback cannot corrupt what a newer version made).
 
     <root>/
     ├── README                     says which tool maintains this directory
@@ -14,11 +17,19 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     │                              never touched by checkoutcache.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
-    │   └── .health-<pid>-<n>      a probe file /healthz locks, writes and removes at once
+    │   └── .health-<nonce>        a probe file /readyz locks, writes and removes at once
+    │                              (a fresh random name per probe: serves of equal pids in
+    │                              other PID namespaces probe the same root)
     ├── serve/
-    │   └── <pid>.journal          a running serve's clone journal: its workers append one
-    │                              JSON line per event; opened without following symlinks;
-    │                              gc removes one untouched for a day (a serve gone)
+    │   └── <pid>-<nonce>.journal  a running serve's clone journal: its workers append one
+    │                              JSON line per event; opened without following symlinks.
+    │                              Named by a nonce (every container's serve has the same
+    │                              pid) and held exclusive (flock) by its serve for its whole
+    │                              life: THE proof that its serve lives. The serve removes its
+    │                              own when it stops; gc removes one whose lock is free (a
+    │                              serve killed; a worker that outlived it may write it anew).
+    │                              `<pid>.journal` (older versions, no lock): gc removes it
+    │                              once untouched for a day.
     ├── unreachable/
     │   └── <key>.failed.json      a repository never reached: its first contact failed (code
     │                              UNREACHABLE, message, attempts, retry time). Until the retry
@@ -125,11 +136,18 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
                 └── clone-<name>.lock exclusive for a clone's whole life: one clone per checkout
 
-Permissions (store/modes.py): directories DIR_MODE (2775: setgid, so what is
-made inside belongs to the root's group) and files FILE_MODE (0664), set by the
-store whatever the creator's umask; never world-writable. Mirrors are
-core.sharedRepository=group; the clone worker runs git under umask 002.
-Callers with different uids share a root through a common group (the root's).
+Permissions (store/modes.py), set by the store whatever the creator's umask,
+never world-writable, decided by CHECKOUTCACHE_SHARING:
+- writer (the default): directories 0755, files 0644, git under umask 022 and
+  mirrors core.sharedRepository=umask. Only the writer's uid (the sidecar, and
+  cron's gc as the same uid) writes anything here; a published checkout's
+  content cannot be changed by any other uid. Readers (review containers,
+  other uids, a read-only mount) read checkouts, take shared locks on markers
+  (flock needs no write access) and ask the writer, over the root's socket or
+  CHECKOUTCACHE_API_URL, to record their uses and to make new commits.
+- group (trusted peers): directories 2775 (setgid, so what is made inside
+  belongs to the root's group), files 0664, git under umask 002, mirrors
+  core.sharedRepository=group: every member writes the store.
 An entry a peer made unreadable costs that entry in status and gc (listed with
 its errno), never the whole run.
 
@@ -164,7 +182,8 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
                                          or /v1/hold (the command's run)      command
                               exclusive  eviction, moving a checkout aside   one rename (never
                                                                               waits)
-    locks/.health-<pid>-<n>   exclusive  /healthz (a fresh file per probe)   a probe
+    locks/.health-<nonce>     exclusive  /readyz (a fresh file per probe)    a probe
+    serve/<pid>-<nonce>.journal exclusive its serve; gc (never waits)        the serve's life
 
 Order in which locks may nest (outer first); an inner lock taken against this
 order is only ever tried without waiting, so no cycle can deadlock:
@@ -182,11 +201,6 @@ import re
 import stat
 
 LAYOUT_VERSION = 1
-# Modes of what the store creates, whatever the umask (store/modes.py): group
-# members share the store (several uids in one group, e.g. a sidecar and review
-# containers); nothing is world-writable.
-DIR_MODE = 0o2775
-FILE_MODE = 0o664
 # What one clone attempt may write to its log: a server's endless `remote:`
 # output must not fill the disk.
 CLONE_LOG_CAP = 1 << 20
@@ -196,6 +210,7 @@ CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
 CLONE_LOCK_PREFIX = "clone-"
+JOURNAL_SUFFIX = ".journal"
 
 ROOT_README = """\
 This directory is a checkoutcache store (layout version {version}).
@@ -379,8 +394,19 @@ class RootPaths:
     def serve_dir(self) -> str:
         return os.path.join(self.root, "serve")
 
-    def serve_journal(self, pid: int) -> str:
-        return os.path.join(self.root, "serve", f"{pid}.journal")
+    def serve_journal(self, pid: int, nonce: str) -> str:
+        return os.path.join(self.root, "serve", f"{pid}-{nonce}{JOURNAL_SUFFIX}")
+
+    def serve_journals(self) -> list[str]:
+        """Every journal in serve/: this version's (<pid>-<nonce>) and older ones' (<pid>)."""
+        return [os.path.join(self.root, "serve", name) for name in entries(self.serve_dir)
+                if name.endswith(JOURNAL_SUFFIX) and not name.startswith(".")]
+
+    @staticmethod
+    def journal_has_owner_lock(path: str) -> bool:
+        """Whether a journal is of the kind its serve holds locked (named with a nonce): an
+        older version's <pid>.journal is never locked, so its lock says nothing."""
+        return not os.path.basename(path)[:-len(JOURNAL_SUFFIX)].isdigit()
 
     @property
     def unreachable_dir(self) -> str:

@@ -37,6 +37,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 
@@ -60,7 +61,8 @@ from checkoutcache.store.checkouts import (
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
 from checkoutcache.store.sizes import disk_usage
-from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
@@ -305,21 +307,31 @@ STALE_JOURNAL_AGE = 86400.0
 
 
 def forget_stale_journals(root_paths: RootPaths, report: GcReport, now: float) -> None:
-    """A serve's journal left behind: written by a worker that outlived its serve
-    (O_APPEND|O_CREAT makes it anew), or by a serve killed. A running serve's
-    journal is written at every clone and truncated in place; one untouched for
-    a day is removed (a serve still running just gets a new one at its next clone)."""
+    """A serve's journal left behind: by a serve killed (SIGKILL, OOM), or written anew by a
+    worker that outlived its serve (O_APPEND|O_CREAT). A running serve holds its journal's
+    lock for its whole life, so one whose lock is free is removed, however recent (its age
+    proves nothing: serves of equal pids in other containers share this directory), and
+    removed while we hold that lock. An older version's <pid>.journal has no lock: it goes
+    once untouched for a day."""
     if report.dry_run:
         return
     try:
-        names = entries(root_paths.serve_dir)
-    except OSError:  # serve/ a symlink: never listed through (status shows nothing of it either)
+        journals = root_paths.serve_journals()
+    except OSError:  # serve/ a symlink: never listed through
         return
-    for name in names:
-        path = os.path.join(root_paths.serve_dir, name)
+    for path in journals:
         try:
-            if name.endswith(".journal") and now - tree.lstat(path).st_mtime > STALE_JOURNAL_AGE:
-                records.remove_quietly(path)
+            if not RootPaths.journal_has_owner_lock(path):
+                if now - tree.lstat(path).st_mtime > STALE_JOURNAL_AGE:
+                    records.remove_quietly(path)
+                continue
+            if stat.S_ISLNK(tree.lstat(path).st_mode):
+                records.remove_quietly(path)  # never a journal: nothing to lock through it
+                continue
+            held = locks.abandoned_journal(path)
+            if held is not None:
+                with held:
+                    records.remove_quietly(path)
         except OSError:
             continue
 
@@ -530,6 +542,23 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
     return True
 
 
+def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
+    """The repository stores this version may change: one a newer version wrote (its layout
+    version above ours) is not even measured (its size records stay as they are), and said:
+    a rollback must not corrupt it."""
+    keys = []
+    for key in root_paths.repo_keys():
+        paths = root_paths.repo(key)
+        found = layout_version_of(paths.repo_json)
+        if found is not None and found > LAYOUT_VERSION:
+            report.problems.append({"path": os.path.relpath(paths.repo_json, root_paths.root), "error": "NEWER_LAYOUT",
+                                    "why": f"written by a newer checkoutcache (layout version {found}; this one "
+                                           f"knows up to {LAYOUT_VERSION}): left as it is"})
+            continue
+        keys.append(key)
+    return keys
+
+
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
            used_within_grace: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
     """used_within_grace: (repository key, checkout name) pairs the caller knows were used
@@ -554,15 +583,17 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     with gc_lock:
         before = disk_of(root_paths.root)
         report.disk_before = attrs.asdict(before)
-        for info in inventory(root_paths, sizes=NO_SIZES):
+        keys = our_keys(root_paths, report)
+        newer = list(report.problems)
+        for info in inventory(root_paths, sizes=NO_SIZES, keys=keys):
             if info.refused:
                 continue  # a symlink where a store directory should be: left alone (a problem below)
             with going_on(report, info.paths, root_paths):
                 empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
-        repos = inventory(root_paths, sizes=FRESH_SIZES)
-        report.problems = [problem for info in repos for problem in info.problems]
+        repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
+        report.problems = newer + [problem for info in repos for problem in info.problems]
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
