@@ -315,6 +315,10 @@ class Config(Settings):
                                         parse_free, "2%")
     max_age: float | None = setting(None, "CHECKOUTCACHE_MAX_AGE",
                                     "gc evicts checkouts unused for longer than this.", parse_duration, "off")
+    repo_max_idle: float = setting(7 * 86400.0, "CHECKOUTCACHE_REPO_MAX_IDLE",
+                                   "gc removes a whole repository (mirror, LFS objects) that has no checkout, "
+                                   "hold or clone left and was unused for longer than this; past the grace "
+                                   "window already when min-free is unmet.", parse_duration, "7d")
     mirror_gc_interval: float = setting(3600.0, "CHECKOUTCACHE_MIRROR_GC_INTERVAL",
                                         "gc repacks a mirror to drop objects no checkout needs at most this often.",
                                         parse_duration, "1h")

@@ -52,6 +52,10 @@ _TABLE = [
     ErrorCode("NOT_A_REPOSITORY", INPUT,
               "{path} is not a git repository",
               "pass the path of a git repository (its work tree or its .git/bare directory)"),
+    ErrorCode("IN_USE", FAILURE,
+              "not everything asked could be evicted: {detail}",
+              "a checkout an exec or hold uses, or a running clone, is never evicted: wait until it "
+              "ends; one used within its grace window goes with --force", 409),
     ErrorCode("ROOT_UNUSABLE", FAILURE,
               "the cache root {root} cannot be used: {why}",
               "pass --root (or set CHECKOUTCACHE_ROOT) to a writable local directory"),

@@ -77,7 +77,10 @@ def test_a_checkout_used_a_moment_ago_survives_max_checkouts_zero(root, three_re
     assert os.path.isdir(paths[0])
     kept = {k["commit"]: k["why"] for k in report["kept_over_limit"]}
     assert kept == {upstream.shas[0]: "grace"}
-    assert report["unmet"] == [{"limit": "max-checkouts", "target": 0, "actual": 1}]
+    (unmet,) = report["unmet"]
+    assert {k: unmet[k] for k in ("limit", "target", "actual", "short", "kept")} == {
+        "limit": "max-checkouts", "target": 0, "actual": 1, "short": 1, "kept": {"grace": 1}}
+    assert "grace" in unmet["why"] and "evict" in unmet["next"]  # what an operator needs (issue 27)
 
 
 @pytest.mark.slow

@@ -450,7 +450,7 @@ class Worker:
         except CheckoutCacheError:
             if not mirror.git_lock_files(self.paths.mirror):
                 raise
-            for stale in mirror.remove_stale_leftovers(self.paths.mirror, min_age=0.0):
+            for stale in mirror.remove_stale_leftovers_of(self.paths, min_age=0.0):
                 self.log(f"removed git lock {stale} left by a killed process")
             return operation()
 
@@ -472,7 +472,7 @@ class Worker:
         except CheckoutCacheError:
             # What the failed fetch wrote (a part of a pack, loose objects) goes now: under our
             # mirror lock no other git writes, and on a full disk it is what the retry needs.
-            mirror.remove_stale_leftovers(self.paths.mirror, min_age=0.0)
+            mirror.remove_stale_leftovers_of(self.paths, min_age=0.0)
             raise
         seed = records.read_json(self.paths.seed_record, records.SEED)
         if seed and seed.get("seeded"):  # what upstream sent since seeding, for status and metrics
@@ -609,7 +609,7 @@ class Worker:
             mirror_dir = self.paths.mirror
             kept = False
             if not self.commit_present(mirror_dir):  # absent, or there without its history: fetch it
-                for stale in mirror.remove_stale_leftovers(mirror_dir):
+                for stale in mirror.remove_stale_leftovers_of(self.paths):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
                 checkpoint("before-fetch")
@@ -672,15 +672,22 @@ class Worker:
             checkpoint("before-lfs-fetch")
             failure = None
             try:
+                # Exactly the objects this checkout lacks (a cone's: never the whole tree's).
                 self.write_mirror(lambda: self.backend.lfs_fetch(
-                    self.paths.mirror, self.url, self.is_local, self.sha, self.paths.lfs_store, self.credential,
-                    self.on_progress, self.log, keep_fds, [p.path for p in missing] if self.cone else None))
+                    self.paths.mirror, self.url, self.is_local, missing, self.paths.lfs_store, self.credential,
+                    self.on_progress, self.log, keep_fds))
             except CheckoutCacheError as exc:
                 if exc.code == "DISK_FULL":
                     raise
-                # git-lfs also fails for pointer-shaped files no attribute routes through it:
-                # only the objects the checkout needs decide.
+                # Only the objects the checkout needs decide (an operator's fetchexclude may
+                # have left one out, which then fails below).
                 failure = exc
+            finally:
+                # What a failed download left (a body longer than its pointer, wrong bytes)
+                # goes now, under the mirror lock every download runs under.
+                count, freed = mirror.remove_lfs_partials(self.paths, {p.oid for p in missing})
+                if count:
+                    self.log(f"removed {count} partial LFS download(s), {freed} bytes")
             absent = [p for p in missing if not self.lfs_in_store(p)]
             if absent:
                 why = f"{failure.detail}" if failure is not None else "git-lfs did not download it"

@@ -124,6 +124,29 @@ def parse_lfs_pointer(data: bytes) -> tuple[str, int] | None:
     return (match["oid"].decode(), int(match["size"])) if match else None
 
 
+def lfs_pointer_text(pointer: LfsPointer) -> bytes:
+    """The canonical pointer file of an object (what git-lfs reads it back as)."""
+    return b"version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (pointer.oid.encode(),
+                                                                                      pointer.size)
+
+
+# What one LFS download may write whatever a server sends: git-lfs runs under a file size
+# limit (RLIMIT_FSIZE), so its objects are fetched in batches of like size, each under the
+# power of two at or above its largest object (and at least this much: small objects share
+# one batch). A body longer than its pointer says is cut there: under twice its size.
+LFS_BATCH_FLOOR = 1 << 20
+
+
+def lfs_fetch_batches(pointers: list[LfsPointer]) -> list[tuple[int, list[LfsPointer]]]:
+    """(file size limit, pointers) of each git-lfs run, smallest first: every object's
+    limit is at least its size and less than twice max(its size, LFS_BATCH_FLOOR)."""
+    batches: dict[int, list[LfsPointer]] = {}
+    for pointer in pointers:
+        limit = 1 << (max(pointer.size, LFS_BATCH_FLOOR) - 1).bit_length()
+        batches.setdefault(limit, []).append(pointer)
+    return sorted(batches.items())
+
+
 def lfs_checkout_config(store: str, endpoint: str | None) -> dict[str, str]:
     """What a checkout with LFS content adds to CHECKOUT_CONFIG (in its .git/config, so the
     review's own `git status` runs the same filter and finds the tree clean)."""
@@ -213,10 +236,11 @@ class GitBackend(Protocol):
     # The files of the commit git's attributes route through filter=lfs whose content is a
     # pointer: what a checkout's smudge needs from the store (every .gitattributes counts).
     def lfs_pointers(self, mirror: str, sha: str, cone: tuple[str, ...] = ()) -> list[LfsPointer]: ...
-    # paths: only the LFS files at these paths (a sparse checkout's), where that can be said
-    def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
+    # Downloads exactly these objects (never a scan of the commit's tree: a partial mirror
+    # lacks the pointers outside a cone), each cut near its declared size (lfs_fetch_batches).
+    def lfs_fetch(self, mirror: str, url: str, is_local: bool, pointers: list[LfsPointer], store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
-                  keep_fds: tuple[int, ...] = (), paths: list[bytes] | None = None) -> None: ...
+                  keep_fds: tuple[int, ...] = ()) -> None: ...
     def lfs_in_tree(self, tree_dir: str) -> bool: ...
     def deep_problems(self, checkout_dir: str, sha: str) -> list[str]: ...
 

@@ -314,9 +314,9 @@ class Pygit2Backend:
     def lfs_pointers(self, mirror: str, sha: str, cone: tuple[str, ...] = ()) -> list:
         return []
 
-    def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
+    def lfs_fetch(self, mirror: str, url: str, is_local: bool, pointers: list, store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
-                  keep_fds: tuple[int, ...] = (), paths: list[bytes] | None = None) -> None:
+                  keep_fds: tuple[int, ...] = ()) -> None:
         raise CheckoutCacheError("LFS_FAILED", detail=self.lfs_unsupported())
 
     def lfs_in_tree(self, tree_dir: str) -> bool:

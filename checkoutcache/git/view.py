@@ -53,15 +53,22 @@ DEAD_VIEW_AGE = 6 * 3600
 
 
 @contextlib.contextmanager
-def private_view(mirror: str, filter: str | None = None, settings: dict[str, str] | None = None) -> Iterator[str]:
-    """Yields the private git directory that shows the mirror: run git with `-C` it."""
+def private_view(mirror: str, filter: str | None = None, settings: dict[str, str] | None = None,
+                 own_objects: bool = False) -> Iterator[str]:
+    """Yields the private git directory that shows the mirror: run git with `-C` it.
+    own_objects: objects written in the view stay in it (an objects directory of its own that
+    borrows the mirror's as an alternate), for what only one command needs (git-lfs's list)."""
     remove_dead_views()
     view = None
     try:
         try:
             view = tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-")
-            for name in ("objects", "refs", PACKED_REFS):
+            for name in ("refs", PACKED_REFS) if own_objects else ("objects", "refs", PACKED_REFS):
                 os.symlink(os.path.join(mirror, name), os.path.join(view, name))
+            if own_objects:
+                os.makedirs(os.path.join(view, "objects", "info"))
+                with open(os.path.join(view, "objects", "info", "alternates"), "w") as handle:
+                    handle.write(os.path.abspath(os.path.join(mirror, "objects")) + "\n")
             with open(os.path.join(view, "HEAD"), "w") as handle:
                 handle.write("ref: refs/heads/main\n")  # a fetch never reads it; git wants one
             config = {"core.bare": "true", **mirror_config(), **(partial_mirror_config(filter) if filter else {}),

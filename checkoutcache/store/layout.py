@@ -37,6 +37,11 @@ alone (a rollback cannot corrupt what a newer version made).
     │                              is reached, or by gc a day after its retry time. Nothing else
     │                              is written for a repository before its first contact succeeds.
     └── repos/
+        ├── .dropped-<key>-<pid>-<hex>/  a whole repository being removed (gc past
+        │                          CHECKOUTCACHE_REPO_MAX_IDLE or min-free, `evict REPO`): renamed
+        │                          here in one step under its mirror lock and every clone lock
+        │                          (so an asker finds the whole store or none and starts anew),
+        │                          then deleted; one a killed gc left is deleted by the next gc.
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
             │                      identity), identity being the URL with equivalent spellings
@@ -67,7 +72,10 @@ alone (a rollback cannot corrupt what a newer version made).
             │   │                  the mirror under locks/mirror.lock, before the checkout whose
             │   │                  smudge filter copies it; removed by gc, under mirror.lock,
             │   │                  when no commit kept in mirror.git (refs/keep/) references it.
-            │   └── tmp/           git-lfs's partial downloads (its own business).
+            │   ├── incomplete/<oid>*  git-lfs's partial downloads, under locks/mirror.lock: each cut
+            │   │                  near its pointer's size (RLIMIT_FSIZE), removed by the worker after
+            │   │                  its fetch, else by gc under mirror.lock once an hour old.
+            │   └── tmp/           git-lfs's own temporary files (its business).
             ├── checkouts/
             │   └── <name>/        a published checkout: work tree plus a .git whose
             │       │              objects/info/alternates points at mirror.git/objects.
@@ -113,6 +121,9 @@ alone (a rollback cannot corrupt what a newer version made).
             │   │                      when gc removes a dead clone's record (so an OOM-killed
             │   │                      worker still ends in WORKER_DIED); removed when a clone
             │   │                      publishes or fails, or a day after the last death.
+            │   ├── last-use.json      the latest last use of the checkouts gc or `evict` removed
+            │   │                      (a repository's own last use once none is left). Written whole
+            │   │                      by the evictor; gc drops a repository unused past a limit.
             │   ├── <name>.size.json   the checkout's size and the last use it was measured at:
             │   │                      written at publish, measured again by gc only after a use.
             │   ├── mirror-seed.json   how mirror.git began (CHECKOUTCACHE_BUNDLE_URI set): the
@@ -210,6 +221,7 @@ CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
 CLONE_LOCK_PREFIX = "clone-"
+DROPPED_PREFIX = ".dropped-"
 JOURNAL_SUFFIX = ".journal"
 
 ROOT_README = """\
@@ -426,6 +438,15 @@ class RootPaths:
     def repo_keys(self) -> list[str]:
         return [name for name in entries(self.repos_dir) if not name.startswith(".")]
 
+    def dropped_repo_slot(self, key: str) -> str:
+        """A fresh name in repos/ for a whole repository about to be removed (hidden from repo_keys)."""
+        return os.path.join(self.root, "repos", f"{DROPPED_PREFIX}{key}-{os.getpid()}-{os.urandom(4).hex()}")
+
+    def dropped_repos(self) -> list[str]:
+        """Repositories renamed aside for removal that are still there (a removal killed or under way)."""
+        return [os.path.join(self.root, "repos", name) for name in entries(self.repos_dir)
+                if name.startswith(DROPPED_PREFIX)]
+
 
 class RepoPaths:
     """Paths inside one repository's store (repos/<key>/)."""
@@ -465,6 +486,11 @@ class RepoPaths:
     @property
     def lfs_objects(self) -> str:
         return os.path.join(self.base, "lfs", "objects")
+
+    @property
+    def lfs_incomplete(self) -> str:
+        """Where git-lfs writes a download until its content checks out (names start with the oid)."""
+        return os.path.join(self.base, "lfs", "incomplete")
 
     def lfs_object(self, oid: str) -> str:
         return os.path.join(self.base, "lfs", "objects", oid[0:2], oid[2:4], oid)
@@ -564,6 +590,10 @@ class RepoPaths:
 
     def size_record(self, name: str) -> str:
         return os.path.join(self.base, "state", f"{name}.size.json")
+
+    @property
+    def last_use_record(self) -> str:
+        return os.path.join(self.base, "state", "last-use.json")
 
     @property
     def mirror_gc_stamp(self) -> str:

@@ -212,7 +212,7 @@ def fd_name(fd: int) -> bytes:
 # What a repository's store holds that is a directory: gc lists, writes or deletes in each
 # (mirror.git: stale git lock files; lfs/objects: unused LFS objects).
 STORE_DIRS = ("checkouts", "scratch", "trash", "state", "logs", "locks", "mirror.git", "mirror.git/objects",
-              "lfs", "lfs/objects")
+              "lfs", "lfs/objects", "lfs/incomplete")
 
 
 def refusal(repo_base: str) -> NotBeneath | None:
