@@ -118,10 +118,12 @@ def test_no_store_directory_is_followed_by_ensure_or_gc(root, upstream, tmp_path
     assert store_snapshot(outside) == before, f"ensure wrote outside the root through {shown}"
     assert code != 0 and answer["error"] == "ROOT_UNUSABLE", out
     assert shown in answer["message"] and "symlink" in answer["message"], answer
+    # Whole idle repositories are dropped too (CHECKOUTCACHE_REPO_MAX_IDLE): never a refused one.
     code, report, out = run_cli("gc", "--max-checkouts", "0", "--grace", "0", "--mirror-gc-interval", "0",
-                                root=root, env=SHARED)
+                                root=root, env={**SHARED, "CHECKOUTCACHE_REPO_MAX_IDLE": "1s"})
     assert code == 0, out
     assert store_snapshot(outside) == before, f"something changed outside the root through {shown}"
+    assert os.path.islink(target), "the refused store was dropped"
     assert problem_paths(report).get(shown) == "ELOOP", report["problems"]
     # One bad repository costs that repository: the other one was trimmed.
     assert [r["name"] for r in report["removed"] if r["reason"] == "lru"] == [first]
