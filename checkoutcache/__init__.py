@@ -14,12 +14,13 @@ The package, bottom layer first (each folder's __init__ says which file does wha
 - git/      every git operation, behind one interface (git CLI or libgit2)
 - clone/    making a checkout that is not ready: decide, coordinate, work
 - cache     the library API (the ready path)
+- workspaces  writable workspaces: a review's own tree of a commit (make_workspace)
 - upkeep/   gc, eviction, verify, status
 - serve/    the sidecar: HTTP, service, policy, metrics
 - cli/, client   the command line; the sidecar's typed client
 """
 
-__all__ = ["Answer", "Cache"]
+__all__ = ["Answer", "Cache", "make_workspace"]
 
 
 def __getattr__(name: str):
@@ -33,4 +34,8 @@ def __getattr__(name: str):
         from checkoutcache.answers import Answer
 
         return Answer
+    if name == "make_workspace":
+        from checkoutcache.workspaces import make_workspace
+
+        return make_workspace
     raise AttributeError(name)

@@ -8,6 +8,16 @@ the same Answer objects as the library.
     with client.hold(repo, commit, wait=60) as held:              # held against gc until the block ends
         run_tool(held.answer.path)                                # (HoldFailed if it could not be held)
     report = client.status()                                      # Status: .repos, .totals, ...
+    with client.workspace(repo, commit, wait=60) as ws:           # a writable tree of its own
+        subprocess.run(["make", "test"], cwd=ws.path)             # (HoldFailed if not made)
+
+The sidecar makes no workspace (it cannot write the caller's directory): the
+client holds the checkout through /v1/hold while it copies it into this
+process's workspaces directory (CHECKOUTCACHE_WORKSPACES, as the CLI's), then
+holds it itself (the marker's shared lock, through the root it reads) for as
+long as the workspace lives. The copy is owned by this process: it goes at
+remove() or the end of the `with`, or, when the process dies, at its uid's
+next workspace call or the writer's gc (workspaces.py).
 
 Every API failure (bad input, unauthorized, forbidden repository, too many
 holds, a busy server) comes back as an Answer with state `failed` and its
@@ -80,6 +90,11 @@ class Totals:
     grace_seconds: float | None = None
     min_free: str | None = None
     disk: dict | None = None
+    workspaces: int | None = None  # live ones in the workspaces directory the sidecar sees
+    free_headroom: str | None = None
+    max_age_seconds: float | None = None
+    clone_timeout_seconds: float | None = None
+    limits_from: dict | None = None  # whose limits these are: the writer's record (serve, gc) or the caller's
 
 
 @attrs.frozen
@@ -121,13 +136,14 @@ class Status:
     repos: list[RepoStatus]
     totals: Totals
     unreachable: list[dict] = attrs.Factory(list)
+    workspaces: dict | None = None  # {"dir", "workspaces": [...]}, as GET /v1/workspaces
 
     @classmethod
     def from_json(cls, data: dict) -> "Status":
         repos = [_typed(RepoStatus, {**r, "checkouts": [_typed(Checkout, c) for c in r.get("checkouts", [])]})
                  for r in data.get("repos", [])]
         return cls(root=data["root"], repos=repos, totals=_typed(Totals, data["totals"]),
-                   unreachable=data.get("unreachable", []))
+                   unreachable=data.get("unreachable", []), workspaces=data.get("workspaces"))
 
 
 @attrs.frozen
@@ -242,6 +258,42 @@ class Client:
         if not body.get("hold"):
             raise HoldFailed(answer)
         return ClientHold(self, answer, body["hold"], body.get("expires_in"))
+
+    def workspace(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default",
+                  sparse: Sequence[str] | None = None):
+        """A writable workspace of the commit, made on this side (see the module's docstring):
+        a workspaces.Workspace owned by this process; HoldFailed when it could not be made."""
+        from checkoutcache.cache import Hold
+        from checkoutcache.config import Config
+        from checkoutcache.errors import CheckoutCacheError
+        from checkoutcache.store.layout import RepoPaths
+        from checkoutcache.store.ready import open_marker_shared
+        from checkoutcache.workspaces import Workspace, copy_checkout, reap_own, workspaces_dir_of
+
+        with self.hold(repo, commit, wait=wait, scope=scope, sparse=sparse) as held:
+            answer = held.answer
+            try:
+                # The same path: the review mounts the root where the sidecar does (deploy/).
+                fd = open_marker_shared(RepoPaths.ready_marker_in(answer.path or ""))
+                if fd is None:
+                    raise CheckoutCacheError("WORKSPACE_FAILED", detail=f"the checkout {answer.path} the sidecar "
+                                             f"answered is not visible here: mount the cache volume at the same path")
+                local = Hold(answer, fd)
+                try:
+                    repo_paths = RepoPaths(os.path.dirname(os.path.dirname(answer.path)))
+                    paths = workspaces_dir_of(repo_paths.root, Config.from_env())
+                    reap_own(paths)
+                    made = copy_checkout(paths, answer.path, fd, {"repo": answer.repo or repo})
+                except BaseException:
+                    local.release()
+                    raise
+            except CheckoutCacheError as exc:
+                raise HoldFailed(Answer.from_error(exc, commit=answer.commit, repo=answer.repo)) from None
+        return Workspace(answer, made, local, answer.path)
+
+    def workspaces(self) -> dict:
+        """GET /v1/workspaces: the workspaces directory as the sidecar sees it."""
+        return self._json_or_error("GET", "/v1/workspaces")
 
     def release(self, hold_id: str) -> Answer | None:
         """None when released; the failed Answer (UNKNOWN_HOLD) otherwise."""

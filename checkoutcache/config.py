@@ -116,6 +116,13 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _directory(value: Any) -> str:
+    text = os.path.expanduser(str(value).strip())
+    if not os.path.isabs(text) or "\0" in text:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:60]!r} is not an absolute directory path")
+    return text
+
+
 def _shown(value: Any) -> str:
     """A value as an error shows it: quoted, cut, control characters escaped."""
     return repr(str(value)[:120])
@@ -370,6 +377,11 @@ class Config(Settings):
     seed_timeout: float = setting(120.0, "CHECKOUTCACHE_SEED_TIMEOUT",
                                   "The longest a new mirror spends taking in bundles; not counted in the clone "
                                   "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")
+    workspaces: str | None = setting(None, "CHECKOUTCACHE_WORKSPACES",
+                                     "Where writable workspaces go (`exec --writable`, `workspace`): a directory the "
+                                     "review owns; gc counts and reaps what it sees there.", _directory,
+                                     "ROOT/workspaces if this user may write the root, else "
+                                     "$XDG_CACHE_HOME/checkoutcache-workspaces")
     sharing: str = setting(WRITER, SHARING_VAR,
                            "Who writes the store: the writer's uid alone (writer: checkouts are not writable by "
                            "other uids; readers use a read-only mount and ask the writer) or every member of the "
@@ -416,6 +428,10 @@ class ServeSettings(Settings):
                                      "Bearer tokens, one `TOKEN [SCOPE,...]` per line (a token is needed over TCP; "
                                      "or give one in CHECKOUTCACHE_API_TOKEN).", _input_file, "none",
                                      present=_readable_file)
+    token_overlap: float = setting(600.0, "CHECKOUTCACHE_API_TOKEN_OVERLAP",
+                                   "When the tokens file changes (checked every second, and on SIGHUP), a token it "
+                                   "no longer holds stays valid this long, so clients move to the new one.",
+                                   parse_duration, "10m")
     allow_repo: tuple[str, ...] = setting((), "CHECKOUTCACHE_API_REPOS",
                                           "Repositories the API may name: shell patterns over the normalized URL, "
                                           "e.g. 'https://github.com/acme/*' (repeatable, or comma-separated).",

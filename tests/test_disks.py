@@ -224,3 +224,22 @@ def test_a_full_disk_is_reclaimed_by_gc_alone(tmp_path):
         os.unlink(os.path.join(mount, "balloon"))
         again = wait_ready(root, upstream.path, upstream.shas[0])["path"]
         assert_checkout_matches(again, upstream.path, upstream.shas[0])
+
+
+def test_a_keep_file_a_worker_removes_makes_gcs_repack_due(root, upstream):
+    """A worker's fetch clears a killed fetch's `.keep` first (under the mirror lock): the
+    pack it kept goes only with a repack, so the next gc's is due though no ref was dropped."""
+    wait_ready(root, upstream.path, upstream.shas[0])
+    store = only_repo(root)
+    git("repack", "-q", cwd=store.mirror)
+    pack_dir = os.path.join(store.mirror, "objects", "pack")
+    pack = next(n for n in os.listdir(pack_dir) if n.endswith(".pack"))
+    keep = os.path.join(pack_dir, pack[:-len(".pack")] + ".keep")
+    with open(keep, "w") as handle:
+        handle.write("fetch-pack 12345 on a-dead-host\n")
+    os.utime(keep, (1, 1))
+    wait_ready(root, upstream.path, upstream.shas[1])  # its fetch clears the stale .keep
+    assert not os.path.exists(keep)
+    assert json.loads(open(store.mirror_gc_stamp).read())["pending"] is True
+    code, report, out = run_cli("gc", "--mirror-gc-interval", "0", root=root)
+    assert code == 0 and report["mirrors"][0]["refs_dropped"] == 0 and report["mirrors"][0]["repacked"] is True, out

@@ -169,7 +169,7 @@ def gc(ctx: Context, dry_run: bool, **options) -> int:
     try:
         config = load_config(ctx, options)
         check_root(ctx, write=not dry_run)
-        report = run_gc(ctx.cache().paths, config, dry_run=dry_run)
+        report = run_gc(ctx.cache().paths, config, dry_run=dry_run, record_as="gc")
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
     if ctx.as_json:
@@ -282,16 +282,20 @@ def evict(ctx: Context, repo: str, commit: str | None, scope: str, force: bool, 
 @click.option("--wait", default="10m", metavar="SECONDS", help="Wait up to this long for the checkout. Default 10m.")
 @click.option("--scope", default="default", metavar="NAME", help="Owner scope.")
 @click.option("--sparse", multiple=True, metavar="DIR", help=SPARSE_HELP)
+@click.option("--writable", is_flag=True,
+              help="Run COMMAND in a writable workspace of its own (a copy of the checkout, removed afterwards), "
+                   "not in the shared read-only checkout.")
 @settings_options(Config)
 @pass_context
 def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...], wait: str, scope: str,
-                 sparse: tuple[str, ...], **options) -> int:
+                 sparse: tuple[str, ...], writable: bool, **options) -> int:
     """Run COMMAND in the checkout, holding it against eviction; exit with its status.
 
     Use `--` before COMMAND. If the checkout cannot be made ready, the answer
-    goes to stderr and the status is 125 (the command did not run).
+    goes to stderr and the status is 125 (the command did not run). With
+    --writable the command runs in a workspace of its own, removed when it ends.
     """
-    from checkoutcache.cli.execute import run_held
+    from checkoutcache.cli.execute import run_held, run_in_workspace
 
     if command and command[0] == "--":  # click keeps the separator once arguments have started
         command = command[1:]
@@ -303,7 +307,101 @@ def exec_command(ctx: Context, repo: str, commit: str, command: tuple[str, ...],
     except CheckoutCacheError as exc:
         emit_answer(Answer.from_error(exc), True, sys.stderr)
         return EXIT_EXEC_FAILED
+    if writable:
+        return run_in_workspace(ctx.cache(), repo, commit, list(command), seconds, scope, sparse)
     return run_held(ctx.cache(), repo, commit, list(command), seconds, scope, sparse)
+
+
+@cli.group()
+def workspace() -> None:
+    """Writable workspaces: a review's own tree of a commit (docs/commands.md)."""
+
+
+@workspace.command(name="create")
+@click.argument("repo")
+@click.argument("commit")
+@click.option("--wait", default="10m", metavar="SECONDS", help="Wait up to this long for the checkout. Default 10m.")
+@click.option("--scope", default="default", metavar="NAME", help="Owner scope.")
+@click.option("--sparse", multiple=True, metavar="DIR", help=SPARSE_HELP)
+@click.option("--owner-pid", type=int, default=None, metavar="PID",
+              help="The process the workspace lives as long as. Default: the caller of this command (its parent).")
+@click.option("--path", "path_only", is_flag=True, help="Print only the path, whatever stdout is (for `$(...)`).")
+@settings_options(Config)
+@pass_context
+def workspace_create(ctx: Context, repo: str, commit: str, wait: str, scope: str, sparse: tuple[str, ...],
+                     owner_pid: int | None, path_only: bool, **options) -> int:
+    """Make a writable workspace of COMMIT, print its path and exit; a keeper process removes it
+    when the owner ends (or at `workspace remove`)."""
+    from checkoutcache.cli.output import emit_json
+    from checkoutcache.workspaces import keep_for, make_workspace, owner_process
+
+    try:
+        load_config(ctx, options)
+        seconds = parse_wait(wait)
+        owner, owner_start = owner_process(owner_pid)
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    made = make_workspace(ctx.cache(), repo, commit, wait=seconds, scope=scope, sparse=sparse)
+    if not made.made:
+        emit_answer(made.answer, ctx.as_json)
+        return made.answer.exit_code
+    result = made.to_json()
+    try:
+        result["keeper"] = keep_for(made, owner, owner_start)
+    except CheckoutCacheError as exc:
+        made.remove()
+        return fail(ctx, exc)
+    result["owner_pid"] = owner
+    if ctx.as_json and not path_only:
+        emit_json(result)
+    else:
+        click.echo(result["path"])
+    return 0
+
+
+@workspace.command(name="remove")
+@click.argument("path")
+@settings_options(Config)
+@pass_context
+def workspace_remove(ctx: Context, path: str, **options) -> int:
+    """Remove the workspace at PATH now (its keeper deletes it and exits)."""
+    from checkoutcache.cli.output import emit_json
+    from checkoutcache.workspaces import remove_kept, workspaces_dir
+
+    try:
+        load_config(ctx, options)
+        result = remove_kept(workspaces_dir(ctx.cache()), path)
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    if ctx.as_json:
+        emit_json(result)
+    else:
+        click.echo(f"removed {result['removed']}" if result["done"] else f"asked to remove {result['removed']}")
+    return 0 if result["done"] else 1
+
+
+@workspace.command(name="list")
+@settings_options(Config)
+@pass_context
+def workspace_list(ctx: Context, **options) -> int:
+    """List the workspaces (live or dead) in the workspaces directory."""
+    from checkoutcache.cli.output import emit_json
+    from checkoutcache.workspaces import list_workspaces, workspaces_dir
+
+    try:
+        load_config(ctx, options)
+        paths = workspaces_dir(ctx.cache())
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    found = list_workspaces(paths)
+    if ctx.as_json:
+        emit_json({"workspaces_dir": paths.base, "workspaces": found})
+    else:
+        click.echo(f"workspaces in {paths.base}: {len(found)}")
+        for w in found:
+            state = "live" if w["alive"] else "dead"
+            click.echo(f"  {w['path']}  {state}  {(w['commit'] or '?')[:12]}  pid {w['pid']}")
+    return 0
 
 
 @cli.command()

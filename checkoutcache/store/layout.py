@@ -15,6 +15,11 @@ alone (a rollback cannot corrupt what a newer version made).
     │                              worker server clones it) and checks the answer on disk.
     │                              Names at this level other than those listed here are
     │                              never touched by checkoutcache.
+    ├── limits.json                the limits in force of the writer that enforces them
+    │                              (max checkouts and bytes, min free, grace, clone timeout),
+    │                              who wrote it (serve at start, gc at each run) and when:
+    │                              written whole (temp file + rename); `status` reads it, never
+    │                              writes it, so a read-only reader shows the writer's limits.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
     │   └── .health-<nonce>        a probe file /readyz locks, writes and removes at once
@@ -147,6 +152,31 @@ alone (a rollback cannot corrupt what a newer version made).
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
                 └── clone-<name>.lock exclusive for a clone's whole life: one clone per checkout
 
+Workspaces (store/workspaces.py): a review's own writable trees, in a directory the
+review owns (CHECKOUTCACHE_WORKSPACES; default: <root>/workspaces when this user may
+write the root, a single user's case; else $XDG_CACHE_HOME/checkoutcache-workspaces,
+the read-only reader's own). Not part of the store: nothing in it is ever served, and
+the writer's gc only reads it (counts its bytes, reaps what it may delete):
+
+    <workspaces>/
+    ├── ws-<pid>-<nonce>/          one workspace, owned by process <pid> (the caller of
+    │   │                          the library, `exec --writable`, or a `workspace` keeper)
+    │   ├── owner.lock             held exclusive for the owner's whole life: THE proof
+    │   │                          that it lives (free: reaped by its uid's next workspace
+    │   │                          call, or by gc where gc may delete it)
+    │   ├── owner.json             pid, start time, PID namespace, uid, root, repository
+    │   │                          key and URL, commit, checkout name, source checkout, the
+    │   │                          watched owner (keeper), bytes at creation
+    │   └── tree/                  the writable work tree: a copy of the ready checkout with
+    │                              its own .git (objects borrowed from the mirror by
+    │                              alternates, read only; LFS storage in tree/.git/lfs)
+    ├── .making-<pid>-<nonce>/     being made: locked and recorded first, then renamed to
+    │                              ws-*; one older than an hour with a free lock is reaped
+    └── .trash-<pid>-<nonce>/      a workspace being deleted; anyone's to finish
+
+While a workspace lives, its owner also holds its source checkout's marker shared (as
+exec does): the checkout and the mirror objects the workspace borrows stay.
+
 Permissions (store/modes.py), set by the store whatever the creator's umask,
 never world-writable, decided by CHECKOUTCACHE_SHARING:
 - writer (the default): directories 0755, files 0644, git under umask 022 and
@@ -186,6 +216,8 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
     <key>/locks/scratch.lock  exclusive  a worker creating its scratch;       milliseconds
                                          gc reaping dead scratch
     scratch/.clone-*/owner.lock exclusive the scratch's owner                 the owner's life
+    <workspaces>/ws-*/owner.lock exclusive the workspace's owner (or keeper)  the owner's life
+                              (try)      a reaper (its uid's next call, gc)   one rename + delete
     <key>/locks/mirror.lock   exclusive  a worker's fetch, keep-ref and LFS   the write (bounded
                                          download; gc's keep-ref drop,        wait, then skip)
                                          repack and LFS prune (lfs/)
@@ -349,6 +381,22 @@ def _checkouts_named(names: list[str], prefix: str, suffix: str) -> list[str]:
     return found
 
 
+# A published workspace's name (store/workspaces.py): ws-<pid>-<12 hex>.
+WORKSPACE_NAME = re.compile(r"ws-[0-9]{1,10}-[0-9a-f]{12}")
+WORKSPACES_DIR_NAME = "workspaces"
+
+
+def default_workspaces(root: str, root_writable: bool, environ: dict | os._Environ | None = None) -> str:
+    """Where workspaces go when CHECKOUTCACHE_WORKSPACES is not set: <root>/workspaces for
+    a user who may write the root (one directory to think about, and gc sees it); else
+    (a read-only reader) $XDG_CACHE_HOME/checkoutcache-workspaces, else ~/.cache/..."""
+    if root_writable:
+        return os.path.join(root, WORKSPACES_DIR_NAME)
+    environ = os.environ if environ is None else environ
+    cache_home = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.realpath(os.path.join(cache_home, "checkoutcache-workspaces"))
+
+
 def existing_key(root_paths: "RootPaths", key: str, legacy_key: str | None) -> str:
     """The key of the store to use: a store made under an older key for this
     spelling (layout v1 keyed some spellings apart) goes on serving, unless the
@@ -401,6 +449,10 @@ class RootPaths:
         """Where the image's serve listens (CHECKOUTCACHE_UNIX_SOCKET's default there), and
         where the CLI looks for a serve of this root to hand a new commit to."""
         return os.path.join(self.root, "checkoutcache.sock")
+
+    @property
+    def limits_record(self) -> str:
+        return os.path.join(self.root, "limits.json")
 
     @property
     def serve_dir(self) -> str:
@@ -646,3 +698,36 @@ class RepoPaths:
 
     def checkout_names(self) -> list[str]:
         return [name for name in entries(self.checkouts_dir) if CHECKOUT_NAME.fullmatch(name)]
+
+
+class WorkspacePaths:
+    """Paths in a workspaces directory (CHECKOUTCACHE_WORKSPACES; drawn in the docstring)."""
+
+    __slots__ = ("base",)
+    MAKING_PREFIX = ".making-"
+    TRASH_PREFIX = ".trash-"
+    TREE = "tree"
+
+    def __init__(self, base: str):
+        self.base = base
+
+    def workspace(self, name: str) -> str:
+        return os.path.join(self.base, name)
+
+    def making(self, pid: int, nonce: str) -> str:
+        return os.path.join(self.base, f"{self.MAKING_PREFIX}{pid}-{nonce}")
+
+    def trash_slot(self) -> str:
+        return os.path.join(self.base, f"{self.TRASH_PREFIX}{os.getpid()}-{os.urandom(6).hex()}")
+
+    @staticmethod
+    def owner_lock(workspace: str) -> str:
+        return os.path.join(workspace, "owner.lock")
+
+    @staticmethod
+    def owner_json(workspace: str) -> str:
+        return os.path.join(workspace, "owner.json")
+
+    @classmethod
+    def tree(cls, workspace: str) -> str:
+        return os.path.join(workspace, cls.TREE)

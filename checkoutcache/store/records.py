@@ -163,6 +163,8 @@ MIRROR_GC = schema({"at": finite}, {"pending": one_of(True, False), "lfs_pending
 SEED = schema({"seeded": one_of(True, False)},
               {"bundles": list_of(text), "why": text, "reason": text, "store": text, "bundle_bytes": count,
                "seconds": finite, "at": finite, "upstream": mapping, "bundle_refs_dropped": one_of(True, False)})
+LIMITS = schema({"limits": mapping, "writer": one_of("serve", "gc"), "at": finite},
+                {"pid": count, "version": text})
 UNREMOVABLE = schema({"entries": list_of(mapping)}, {"checked_at": finite})
 
 

@@ -2,7 +2,9 @@
 
 Invariant 4, the decision: least recently used first; never a checkout used
 within the grace window (a use exactly `grace` seconds ago still counts as
-within it) and never one held by a running exec, whatever a limit says. What
+within it) and never one held by a running exec, whatever a limit says. Live
+workspaces (a review's own trees) count against max-bytes but are never
+evicted: checkouts are evicted to make room for them. What
 a protected checkout keeps over a limit is reported (which checkout, why),
 never silently dropped. Free-space targets use hysteresis: eviction for disk
 starts only below `min_free` and then goes on until `min_free + headroom`, so
@@ -113,7 +115,10 @@ def protection(entry: Entry, grace: float, now: float) -> str | None:
     return None
 
 
-def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: float) -> Plan:
+def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: float,
+                  pinned_bytes: int = 0) -> Plan:
+    """pinned_bytes: what live workspaces hold (gc cannot evict them): counted against
+    max-bytes, so checkouts make room for them."""
     evict: list[Eviction] = []
     kept: list[Kept] = []
     chosen: set[tuple[str, str]] = set()
@@ -126,7 +131,7 @@ def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: 
                 chosen.add((entry.repo, entry.name))
 
     count = len(entries) - len(evict)
-    size = sum(e.size for e in entries) - sum(e.entry.size for e in evict)
+    size = sum(e.size for e in entries) + pinned_bytes - sum(e.entry.size for e in evict)
     freed = sum(e.entry.size for e in evict)
     low = high = None
     if limits.min_free is not None and disk is not None:

@@ -17,7 +17,11 @@ overlap, the second reports that it skipped):
    plan eviction (eviction.py, pure, where a future last use counts as now) from the inventory, then for each planned
    checkout: take its marker's exclusive lock without waiting, re-check its
    last use against the grace window, rename it into trash/, release, delete.
-   A checkout held by an exec or touched meanwhile is skipped, not waited on;
+   A checkout held by an exec or touched meanwhile is skipped, not waited on.
+   Workspaces (store/workspaces.py, in CHECKOUTCACHE_WORKSPACES as this gc
+   sees it): dead ones are reaped where gc may delete them (its own uid's, or
+   as root; others are listed for their uid's next call), and the bytes of live
+   ones count against max-bytes (their source checkouts stay held meanwhile);
 4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
    drop keep-refs of commits with neither a checkout nor a live clone,
    remove stale git lock files, and repack/prune at most every
@@ -97,6 +101,7 @@ from checkoutcache.upkeep.eviction import (
     plan_repo_drops,
     unmet_after,
 )
+from checkoutcache.upkeep.limits import record_limits
 
 log = logging.getLogger(__name__)
 REPOSITORY = "repository"  # a Removed whole repository (name empty)
@@ -141,6 +146,8 @@ class GcReport:
     problems: list[dict] = attrs.Factory(list)
     disk_before: dict | None = None
     disk_after: dict | None = None
+    # The workspaces directory as this gc sees it: {"dir", "live", "bytes", "dead_left": [...]}.
+    workspaces: dict | None = None
     # What the store holds after this run (ready, intact checkouts): computed
     # from the inventory gc already made, so callers need no second walk.
     checkouts_after: int | None = None
@@ -157,6 +164,7 @@ class GcReport:
             "kept_over_limit": [attrs.asdict(k) for k in self.kept],
             "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
             "unremovable": self.unremovable, "clock_repaired": self.clock_repaired, "problems": self.problems,
+            "workspaces": self.workspaces,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
             "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after},
         }
@@ -591,6 +599,27 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
     return True
 
 
+def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport) -> int:
+    """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts)."""
+    from checkoutcache.store import workspaces
+    from checkoutcache.workspaces import workspaces_dir_of
+
+    paths = workspaces_dir_of(root_paths.root, config)
+    seen = {"dir": paths.base, "live": 0, "bytes": 0, "dead_left": []}
+    report.workspaces = seen
+    if not os.path.isdir(paths.base):
+        return 0
+    if not report.dry_run:
+        reaped, left = workspaces.reap_dead(paths)
+        report.removed += [Removed("dead-workspace", "", r.name, r.bytes) for r in reaped]
+        seen["dead_left"] = [{"workspace": n.name, "uid": n.uid, "why": n.why} for n in left]
+    for fact in workspaces.workspace_facts(paths):
+        if fact.alive:
+            seen["live"] += 1
+            seen["bytes"] += size_of(fact.path)
+    return seen["bytes"]
+
+
 def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
     """The repository stores this version may change: one a newer version wrote (its layout
     version above ours) is not even measured (its size records stay as they are), and said:
@@ -609,10 +638,13 @@ def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
 
 
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
-           used_within_grace: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
+           used_within_grace: frozenset[tuple[str, str]] = frozenset(), record_as: str | None = None) -> GcReport:
     """used_within_grace: (repository key, checkout name) pairs the caller knows were used
     within the grace window by a clock that cannot jump (serve's monotonic record
-    of its own ready answers); they count as used now, whatever the markers say."""
+    of its own ready answers); they count as used now, whatever the markers say.
+    record_as: the writer (gc, serve) whose limits these are, recorded in the root for
+    status (upkeep/limits.py); None for a one-off run with limits not in force (a
+    tightened gc over the API)."""
     report = GcReport(dry_run=dry_run)
     checkpoint("gc-start")
     forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
@@ -644,8 +676,21 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
+        try:
+            pinned_bytes = workspace_upkeep(root_paths, config, report)
+        except OSError as exc:  # a workspaces directory this gc may not read: said, never the run's end
+            pinned_bytes = 0
+            newer.append({"path": str(exc.filename), "error": errno.errorcode.get(exc.errno or 0, "OSError"),
+                          "why": "the workspaces directory cannot be read: its bytes are not counted"})
         repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
         report.problems = newer + [problem for info in repos for problem in info.problems]
+        if record_as is not None and not dry_run:
+            try:
+                record_limits(root_paths, config, record_as)
+            except OSError as exc:  # status then shows the caller's own limits: said, never fatal
+                report.problems.append({"path": os.path.relpath(root_paths.limits_record, root_paths.root),
+                                        "error": records.errno_name(exc), "why": "the limits in force could not "
+                                                                                 "be recorded"})
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
@@ -656,7 +701,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             for c in info.checkouts:
                 if c.ready and c.last_used is not None and c.last_used > now:
                     repair_future_last_use(info.paths, c.name, now, report)
-        plan = plan_eviction(entries, limits, before, now)
+        plan = plan_eviction(entries, limits, before, now, pinned_bytes)
         evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry

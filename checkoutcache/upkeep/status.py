@@ -1,7 +1,9 @@
 """status: what the store holds, per repository, against the limits.
 
-Read-only: built from the same inventory gc plans from. How it reads to a
-person is cli/output.py's business.
+Read-only (a reader of a read-only root runs it): built from the same
+inventory gc plans from. The limits it shows, and judges protection by, are
+those the writer recorded in the root (upkeep/limits.py), else the caller's
+own. How it reads to a person is cli/output.py's business.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from checkoutcache.store.ready import lfs_of
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
 from checkoutcache.upkeep.gc import disk_of
+from checkoutcache.upkeep.limits import in_force
 
 
 def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
@@ -106,20 +109,37 @@ def stuck_in_trash(info: RepoInfo) -> list[dict]:
 
 def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = None) -> dict:
     now = time.time()
+    config, limits_from = in_force(root_paths, config)
     repos = [repo_status(info, config, now) for info in inventory(root_paths)
              if repo_key is None or info.key == repo_key]
     count = sum(1 for r in repos for c in r["checkouts"] if c["ready"])
     size = sum(c["size"] for r in repos for c in r["checkouts"])
     totals = {"checkouts": count, "bytes": size, "max_checkouts": config.max_checkouts,
               "max_bytes": config.max_bytes, "grace_seconds": config.grace,
-              "min_free": str(config.min_free) if config.min_free else None}
+              "min_free": str(config.min_free) if config.min_free else None,
+              "free_headroom": str(config.free_headroom), "max_age_seconds": config.max_age,
+              "clone_timeout_seconds": config.clone_timeout, "limits_from": limits_from}
     try:
         disk = disk_of(root_paths.root)
         totals["disk"] = attrs.asdict(disk)
     except FileNotFoundError:
         totals["disk"] = None
+    workspaces = workspace_status(root_paths, config)
+    totals["workspaces"] = sum(1 for w in workspaces["workspaces"] if w["alive"])
     return {"root": root_paths.root, "repos": repos, "unreachable": unreachable(root_paths, now),
-            "totals": totals}
+            "totals": totals, "workspaces": workspaces}
+
+
+def workspace_status(root_paths: RootPaths, config: Config) -> dict:
+    """The workspaces directory as this process sees it (CHECKOUTCACHE_WORKSPACES), live and
+    dead ones, without sizes (status never walks a tree; gc's report has their bytes)."""
+    from checkoutcache.workspaces import list_workspaces, workspaces_dir_of
+
+    paths = workspaces_dir_of(root_paths.root, config)
+    try:
+        return {"dir": paths.base, "workspaces": list_workspaces(paths)}
+    except OSError as exc:  # a directory this process may not read: said, never the report's end
+        return {"dir": paths.base, "workspaces": [], "error": exc.strerror or type(exc).__name__}
 
 
 def unreachable(root_paths: RootPaths, now: float) -> list[dict]:
