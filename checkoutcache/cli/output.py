@@ -191,17 +191,14 @@ def status_text(status: dict) -> str:
             lines.append(f"  mirror not seeded: {seed['why']}")
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
-<<<<<<< HEAD
         if repo.get("refused"):  # a symlink where a store directory should be: gc leaves it alone
             lines.append(f"  REFUSED: {repo['refused']}")
-=======
     spaces = status.get("workspaces") or {}
     if spaces.get("workspaces"):
         lines.append(f"\nworkspaces in {spaces['dir']}")
         for w in spaces["workspaces"]:
             lines.append(f"  {(w['commit'] or '?')[:12]:<12}  {'live' if w['alive'] else 'dead':<4}  pid {w['pid']}  "
                          f"{w['path']}")
->>>>>>> main
     for u in status.get("unreachable", []):
         lines.append(f"\nunreachable {u['repo']} (scope {u['scope']}): {u['error']} (attempt {u['attempts']}, "
                      f"retry in {u['retry_after']}s): {u['message']}")
