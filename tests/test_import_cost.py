@@ -27,6 +27,7 @@ CLI_MODULES = {
     "checkoutcache.repospec", "checkoutcache.store", "checkoutcache.store.create", "checkoutcache.store.layout",
     "checkoutcache.store.liveness", "checkoutcache.store.locks", "checkoutcache.store.modes", "checkoutcache.sharing", "checkoutcache.handoff",
     "checkoutcache.store.ready", "checkoutcache.store.records", "checkoutcache.store.watch", "checkoutcache.units",
+    "checkoutcache.store.tree",  # every store path reached beneath the root (standard library only, no ctypes)
 }
 WORKER_MODULES = {
     "checkoutcache.clone.worker", "checkoutcache.git.cli", "checkoutcache.git.mirror",

@@ -48,7 +48,7 @@ from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, Git
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
 from checkoutcache.repospec import LFS_OFF, LFS_ON, SUBMODULES_NONE, SUBMODULES_RECURSIVE
-from checkoutcache.store import locks, records
+from checkoutcache.store import locks, records, tree
 from checkoutcache.store.checkouts import (
     GONE,
     HELD,
@@ -60,7 +60,7 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.sizes import record_size
 from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths, RootPaths, commit_of
-from checkoutcache.store.modes import open_created, set_store_umask
+from checkoutcache.store.modes import set_store_umask
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import Scratch, create_scratch
@@ -90,11 +90,13 @@ def open_attempt_log(paths: RepoPaths, name: str):
     first rotated to <name>.log.1 (one previous generation is kept)."""
     log = paths.clone_log(name)
     try:
-        if os.path.getsize(log) > CLONE_LOG_CAP:
-            os.replace(log, paths.previous_clone_log(name))
+        if tree.lstat(log).st_size > CLONE_LOG_CAP:
+            tree.rename(log, paths.previous_clone_log(name))
+    except tree.NotBeneath:
+        raise
     except OSError:
         pass
-    fd = open_created(log, os.O_WRONLY | os.O_APPEND)
+    fd = tree.open_file(log, os.O_WRONLY | os.O_APPEND, create=True)
     return os.fdopen(fd, "a", buffering=1, errors="replace")
 
 
@@ -163,7 +165,7 @@ class Worker:
                            "pid": self.pid,
                            "at": time.time(), **fields})
         try:
-            fd = open_created(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+            fd = tree.open_file(path, os.O_WRONLY | os.O_APPEND, create=True)  # serve/ beneath the root
             try:
                 os.write(fd, (line + "\n").encode())  # one O_APPEND write: lines never interleave
             finally:

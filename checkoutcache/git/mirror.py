@@ -21,7 +21,7 @@ import re
 import time
 from typing import Callable
 
-from checkoutcache.store import records
+from checkoutcache.store import records, tree
 from checkoutcache.store.layout import RepoPaths
 
 # A leftover younger than this may belong to a git process that is still
@@ -65,11 +65,11 @@ def remove_stale_leftovers(mirror: str, now: float | None = None, min_age: float
     removed = []
     for relative in git_lock_files(mirror) + pack_leftovers(mirror):
         path = os.path.join(mirror, relative)
-        try:
-            if now - os.lstat(path).st_mtime >= min_age:
-                os.unlink(path)
+        try:  # beneath the root: a directory of the mirror swapped for a symlink is refused, never followed
+            if now - tree.lstat(path).st_mtime >= min_age:
+                tree.unlink(path, missing_ok=False)
                 removed.append(relative)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             pass
     return removed
 
@@ -93,12 +93,12 @@ def remove_lfs_partials(paths: RepoPaths, oids: set[str] | None = None, min_age:
         if oids is not None and name[:64] not in oids:
             continue
         path = os.path.join(paths.lfs_incomplete, name)
-        try:
-            info = os.lstat(path)
+        try:  # beneath the root: lfs/ swapped for a symlink is refused, never followed
+            info = tree.lstat(path)
             if now - info.st_mtime < min_age:
                 continue
-            os.unlink(path)
-        except FileNotFoundError:
+            tree.unlink(path, missing_ok=False)
+        except (FileNotFoundError, NotADirectoryError):
             continue
         removed += 1
         freed += info.st_size
@@ -181,4 +181,4 @@ def install_new_mirror(paths: RepoPaths, backend, workdir: str, filter: str | No
         # A bundle's take-in writes an ordinary pack: as a promisor pack it survives gc
         # (benchmarks/MONOREPO.md A6).
         mark_packs_promisor(build)
-    os.rename(build, paths.mirror)
+    tree.rename(build, paths.mirror)
