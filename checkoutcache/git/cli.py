@@ -409,17 +409,28 @@ class GitCliBackend:
         return kind, target
 
     def is_connected(self, mirror: str, sha: str) -> bool:
-        # allow-promisor: a partial mirror's blobs not fetched are promised, not missing (a
-        # full mirror has no promisor objects: anything missing there still fails the walk).
-        done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", "--missing=allow-promisor", sha,
+        # Only blobs may be promised (DESIGN invariant 13). In a partial mirror git counts any
+        # object a promisor pack refers to as promised, a commit's parent and a tree
+        # included (`--missing=allow-promisor`, fsck, fetch's own check): a server that sent
+        # a commit without its parent would pass. So blobs are left out of the walk
+        # (--filter=blob:none: never read, so never missing), and every commit and tree
+        # must be there; nothing is fetched lazily (GIT_NO_LAZY_FETCH, git_env).
+        blobs = ["--filter=blob:none"] if self.partial_filter(mirror) is not None else []
+        done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", *blobs, sha,
                           "--not", f"--exclude={keep_ref(sha)}", "--all"], stdout=subprocess.DEVNULL)
         return done.returncode == 0
 
     def is_sound(self, mirror: str) -> bool:
         if not self.is_usable(mirror):
             return False
-        done = self._run(["-C", mirror, "fsck", "--connectivity-only", "--no-dangling", "--no-progress"],
-                         stdout=subprocess.DEVNULL)
+        if self.partial_filter(mirror) is not None:
+            # fsck --connectivity-only takes a missing commit or tree for promised, as
+            # is_connected says: every commit and tree every ref reaches, blobs left out.
+            done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", "--filter=blob:none", "--all"],
+                             stdout=subprocess.DEVNULL)
+        else:
+            done = self._run(["-C", mirror, "fsck", "--connectivity-only", "--no-dangling", "--no-progress"],
+                             stdout=subprocess.DEVNULL)
         return done.returncode == 0
 
     def objects_readable(self, mirror: str, sha: str, cone: Cone = ()) -> bool:
@@ -468,18 +479,19 @@ class GitCliBackend:
             return False
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> bool:
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False) -> bool:
         """Fetch into the mirror; into a partial one always with its filter (an unfiltered pack
         there is not a promisor pack, and gc would drop what only promisor commits reach).
         True when the server ignored the filter (it sent every object)."""
         secrets = secrets_of(credential)
         filter = self.partial_filter(mirror)
+        again = ["--refetch"] if refetch else []  # git 2.36+
         if filter is None:
-            cmd = ["fetch", "--no-tags", "--no-write-fetch-head", "--progress", "--", url, *refspecs]
+            cmd = ["fetch", "--no-tags", "--no-write-fetch-head", "--progress", *again, "--", url, *refspecs]
         else:
             remote, remote_config = one_time_promisor_remote(url, filter)
             cmd = [*remote_config, "fetch", "--no-tags", "--no-write-fetch-head",
-                   "--progress", f"--filter={filter}", remote, *refspecs]
+                   "--progress", *again, f"--filter={filter}", remote, *refspecs]
         log("$ git " + redact(" ".join(cmd), secrets))
         with private_view(mirror, filter) as view:
             code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
@@ -674,6 +686,12 @@ class GitCliBackend:
 
         if run("cat-file", "-e", f"{sha}^{{tree}}").returncode != 0:
             return ["the commit's objects cannot be read (is the mirror damaged?)"]
+        # `git log` must work (invariant 1): every commit of its history is there (a partial
+        # mirror once took a commit without its parent for a promised one).
+        history = run("rev-list", "--quiet", sha)
+        if history.returncode != 0:
+            return ["the commit's history is not all there (git log fails): "
+                    + (history.stderr.strip().splitlines() or ["?"])[-1][:200]]
         status = run("status", "--porcelain", "--untracked-files=no")
         if status.returncode != 0:
             return ["git status fails: " + (status.stderr.strip().splitlines() or ["?"])[-1][:200]]

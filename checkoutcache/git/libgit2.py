@@ -286,7 +286,9 @@ class Pygit2Backend:
         return None
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> bool:
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False) -> bool:
+        # refetch is not libgit2's to give: its mirrors are never partial, and a bundle's
+        # stray commits are dropped after seeding (seed_mirror reachable_only).
         import pygit2
 
         secrets = secrets_of(credential)
@@ -373,4 +375,9 @@ class Pygit2Backend:
             changed = [p for p, flags in repo.status(untracked_files="no").items() if flags]
         except _errors() as exc:
             return [f"the commit's objects cannot be read: {exc}"]
+        try:
+            for _commit in repo.walk(sha, pygit2.enums.SortMode.NONE):
+                pass  # `git log` must work: every commit of its history is there
+        except _errors() as exc:
+            return [f"the commit's history is not all there (git log fails): {exc}"]
         return [f"{len(changed)} tracked file(s) differ from the commit, e.g. {changed[0]}"] if changed else []

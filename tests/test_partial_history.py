@@ -1,0 +1,125 @@
+"""Connected or absent in a partial mirror (DESIGN invariant 13, issue 27): only blobs
+may be promised. A server that sends a commit without its parent gets no ready answer,
+a mirror left holding such a commit repairs itself, and verify finds the checkout.
+
+The lying server is a real `git daemon` serving a repository whose `info/grafts` cuts
+the commit from its parent: its upload-pack walks the commit alone and sends it, its
+tree and blobs, never the parent (git's own connectivity check of a partial fetch takes
+the parent for a promised object)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from .helpers import GitDaemon, SHORT_BACKOFF, Upstream, git, only_repo, run_cli
+
+PARTIAL = {"CHECKOUTCACHE_FILTER": "blob:none", **SHORT_BACKOFF}
+
+
+@pytest.fixture
+def history(tmp_path):
+    """P, its children C and D (each with files of its own), served bare by a git daemon
+    of this test; returns (daemon, served path, url, {name: sha})."""
+    work = Upstream(str(tmp_path / "work"))
+    shas = {"P": work.commit({"p.txt": "parent\n", "shared/s.txt": "s\n"}, message="P")}
+    shas["C"] = work.commit({"c/c.txt": "child c\n"}, message="C")
+    git("checkout", "-q", "-b", "other", shas["P"], cwd=work.path)
+    shas["D"] = work.commit({"d/d.txt": "child d\n"}, message="D")
+    base = str(tmp_path / "served")
+    os.makedirs(base)
+    served = os.path.join(base, "repo.git")
+    git("clone", "-q", "--bare", work.path, served)
+    git("config", "uploadpack.allowFilter", "true", cwd=served)
+    daemon = GitDaemon(base)
+    try:
+        yield daemon, served, daemon.url("repo.git"), shas
+    finally:
+        daemon.stop()
+
+
+def lie_about(served: str, *shas: str) -> None:
+    """The server takes the commits for roots: it sends them without their parent."""
+    with open(os.path.join(served, "info", "grafts"), "w") as handle:
+        handle.write("".join(sha + "\n" for sha in shas))
+
+
+def be_honest(served: str) -> None:
+    os.unlink(os.path.join(served, "info", "grafts"))
+
+
+def log_works(path: str) -> int:
+    done = subprocess.run(["git", "-C", path, "log", "--format=%H"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return len(done.stdout.split())
+
+
+def test_a_commit_sent_without_its_parent_is_never_ready(root, history):
+    daemon, served, url, shas = history
+    lie_about(served, shas["C"])
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=PARTIAL)
+    assert code != 0 and answer["state"] == "failed", err  # it was `ready`, and `git log` exited 128 there
+    assert answer["error"] == "CLONE_FAILED" and "without its whole history" in answer["message"]
+    store = only_repo(root)
+    assert not os.path.exists(store.checkout(shas["C"]))
+    assert git("for-each-ref", "refs/keep/", cwd=store.mirror) == ""  # nothing kept for it
+    # The server is honest again: the commit and its sibling come whole (it was wedged:
+    # every commit needing P failed "could not fetch P from promisor remote").
+    be_honest(served)
+    time.sleep(1.0)  # the back-off (SHORT_BACKOFF) passes: a wait for a state, not for a speed
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=PARTIAL)
+    assert code == 0 and answer["state"] == "ready", err
+    assert log_works(answer["path"]) == 2
+    code, answer, err = run_cli("ensure", url, shas["D"], "--wait", "60", root=root, env=PARTIAL)
+    assert code == 0 and answer["state"] == "ready", err
+    assert log_works(answer["path"]) == 2
+
+
+def test_a_full_mirror_refuses_the_same_server(root, history):
+    daemon, served, url, shas = history
+    lie_about(served, shas["C"], shas["D"])  # no branch reaches P: the fallback fetch of all refs lacks it too
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=SHORT_BACKOFF)
+    assert code != 0 and answer["state"] == "failed" and answer["error"] == "CLONE_FAILED", err
+    assert not os.path.exists(only_repo(root).checkout(shas["C"]))
+
+
+def drop_from_mirror(mirror: str, sha: str) -> None:
+    """What an older version left: the mirror holds every object but this one (kept
+    commits whose parent it is included), all in promisor packs."""
+    listed = git("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=mirror).split()
+    assert sha in listed
+    pack_dir = os.path.join(mirror, "objects", "pack")
+    old = os.listdir(pack_dir)
+    name = subprocess.run(["git", "-C", mirror, "pack-objects", "-q", os.path.join(pack_dir, "pack")],
+                          input="".join(o + "\n" for o in listed if o != sha), capture_output=True, text=True,
+                          check=True).stdout.strip()
+    for entry in old:
+        os.unlink(os.path.join(pack_dir, entry))
+    open(os.path.join(pack_dir, f"pack-{name}.promisor"), "w").close()
+    for directory in os.listdir(os.path.join(mirror, "objects")):
+        if len(directory) == 2:  # loose objects
+            subprocess.run(["rm", "-rf", os.path.join(mirror, "objects", directory)], check=True)
+
+
+def test_a_mirror_holding_a_commit_without_its_parent_repairs_itself_and_verify_sees_it(root, history):
+    daemon, served, url, shas = history
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=PARTIAL)
+    assert code == 0, err
+    store = only_repo(root)
+    drop_from_mirror(store.mirror, shas["P"])
+    # verify notices the checkout whose history is gone (it said ok).
+    code, report, err = run_cli("verify", "--json", root=root)
+    assert code == 1, (report, err)
+    broken = [c for c in report["checkouts"] if not c["ok"]]
+    assert [c["commit"] for c in broken] == [shas["C"]] and "history" in broken[0]["problems"][0]
+    # D needs P: the mirror is rebuilt instead of failing every such commit (a wedge).
+    code, answer, err = run_cli("ensure", url, shas["D"], "--wait", "60", root=root, env=PARTIAL)
+    assert code == 0 and answer["state"] == "ready", err
+    assert log_works(answer["path"]) == 2
+    # The rebuild fetched back what C's checkout borrows: its history works again.
+    assert log_works(store.checkout(shas["C"])) == 2
+    code, report, err = run_cli("verify", "--json", root=root)
+    assert code == 0, (report, err)
