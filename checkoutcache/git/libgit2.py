@@ -3,6 +3,8 @@ git, or CHECKOUTCACHE_TRANSPORT=pygit2. pygit2 is imported by each method
 that needs it, so a process that never uses this backend never loads it.
 
 libgit2 has no repack: `repack` answers None (not done), and gc says so.
+Its fetches run in the private view of the mirror (git/view.py), as the git
+CLI's do: no setting in the mirror's config decides where a fetch goes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from checkoutcache.git.backend import (
     write_alternates,
 )
 from checkoutcache.git.env import SSH_KEY_FILE_VAR, SSH_KNOWN_HOSTS_VAR
+from checkoutcache.git.view import private_view
 
 
 def _errors():
@@ -294,9 +297,16 @@ class Pygit2Backend:
         secrets = secrets_of(credential)
         log("libgit2 fetch " + redact(url, secrets) + " " + " ".join(refspecs))
         try:
-            repo = pygit2.Repository(mirror)
-            stats = repo.remotes.create_anonymous(url).fetch(
-                refspecs, callbacks=self._callbacks(credential, on_progress, url))
+            # libgit2 reads the repository's config as git does (`url.<other>.insteadOf` would
+            # send the fetch elsewhere, `http.*` settings would apply): it fetches in the
+            # same private view as the git CLI (git/view.py), whose config is ours alone,
+            # and what it brings still lands in the mirror.
+            with private_view(mirror) as view:
+                repo = pygit2.Repository(view)
+                stats = repo.remotes.create_anonymous(url).fetch(
+                    refspecs, callbacks=self._callbacks(credential, on_progress, url))
+        except CheckoutCacheError:
+            raise  # TMPDIR could not hold the view: its own error says so
         except (pygit2.GitError, OSError, KeyError) as exc:
             text = str(exc) or type(exc).__name__
             log(redact(text, secrets))

@@ -27,15 +27,22 @@ symlinks), so a rewrite of packed-refs (a packed ref deleted by `fetch
 git ran there (tests/test_git_view.py).
 
 Callers hold the mirror lock (locks/mirror.lock), as for any write of a mirror.
-The view is removed when the command is done, whatever happened; one a killed
-process left (its name carries its pid) is removed by a later view made by
-the same uid, once it is older than any fetch runs.
+The view is removed when the command is done, whatever happened. Its owner
+holds `owner.lock` inside it (flock, exclusive) for the view's whole life, as a
+clone holds its scratch's (DESIGN invariant 3): the lock appears already held
+(taken on a temporary name, then renamed into place), and a view whose
+owner.lock can be taken is a killed process's, removed by the next view this
+uid makes, however young. A view without one (a process killed in the instant
+before it took it, or a version without owner locks) is judged by its pid, and
+only once it is older than any fetch runs: a pid names its process only in its
+own PID namespace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
@@ -47,6 +54,7 @@ from checkoutcache.git.backend import MIRROR_CONFIG, partial_mirror_config
 
 PACKED_REFS = "packed-refs"
 VIEW_PREFIX = "checkoutcache-view-"
+OWNER_LOCK = "owner.lock"
 # A pid names its process only in its own PID namespace: a view younger than this may be a
 # live fetch's in another namespace sharing this TMPDIR (no fetch of ours runs this long).
 DEAD_VIEW_AGE = 6 * 3600
@@ -57,9 +65,11 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
     """Yields the private git directory that shows the mirror: run git with `-C` it."""
     remove_dead_views()
     view = None
+    owner = None
     try:
         try:
             view = tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-")
+            owner = _take_owner_lock(view)
             for name in ("objects", "refs", PACKED_REFS):
                 os.symlink(os.path.join(mirror, name), os.path.join(view, name))
             with open(os.path.join(view, "HEAD"), "w") as handle:
@@ -78,6 +88,22 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
     finally:
         if view is not None:
             shutil.rmtree(view, ignore_errors=True)
+        if owner is not None:
+            os.close(owner)  # after the removal: no reaper takes a view still being removed
+
+
+def _take_owner_lock(view: str) -> int:
+    """The view's owner.lock, held: taken on a temporary name and renamed into place, so no
+    reaper ever finds it free while its owner lives."""
+    fresh = os.path.join(view, f".{OWNER_LOCK}.new")
+    handle = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(fresh, os.path.join(view, OWNER_LOCK))
+    except BaseException:
+        os.close(handle)
+        raise
+    return handle
 
 
 def _config_text(entries: dict[str, str], partial: bool) -> str:
@@ -107,13 +133,39 @@ def remove_dead_views() -> None:
     except OSError:
         return
     for name in names:
-        pid = name[len(VIEW_PREFIX):].split("-", 1)[0]
         path = os.path.join(where, name)
         try:
             info = os.lstat(path)
-            if not pid.isdigit() or info.st_uid != os.getuid() or os.path.exists(f"/proc/{pid}") \
-                    or time.time() - info.st_mtime < DEAD_VIEW_AGE:
-                continue
         except OSError:
             continue
+        if info.st_uid != os.getuid() or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        owner = owner_gone(path)
+        if owner is None:
+            owner = _pid_gone_long_ago(name, info.st_mtime)
+        if not owner:
+            continue
         shutil.rmtree(path, ignore_errors=True)
+
+
+def owner_gone(view: str) -> bool | None:
+    """Whether the view's owner is gone, as its owner.lock says (None: the view has none)."""
+    try:
+        handle = os.open(os.path.join(view, OWNER_LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False  # not ours to judge (a symlink, unreadable)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # held: its owner lives
+        return True
+    finally:
+        os.close(handle)
+
+
+def _pid_gone_long_ago(name: str, mtime: float) -> bool:
+    pid = name[len(VIEW_PREFIX):].split("-", 1)[0]
+    return pid.isdigit() and not os.path.exists(f"/proc/{pid}") and time.time() - mtime >= DEAD_VIEW_AGE
