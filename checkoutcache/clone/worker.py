@@ -514,6 +514,12 @@ class Worker:
         if still:
             raise CheckoutCacheError("CLONE_FAILED", detail=f"the server did not send {len(still)} of the "
                                                             f"{len(missing)} blobs the checkout needs, e.g. {still[0]}")
+        # What fsck checks of a .gitmodules at a full mirror's fetch (its tree and blob come
+        # together there): here its blob came alone, so it is checked now.
+        refused = self.backend.gitmodules_refused(self.paths.mirror, self.sha, filter)
+        if refused is not None:
+            self.backend.drop_keep(self.paths.mirror, self.sha)  # refused as a full mirror's fetch would be
+            raise CheckoutCacheError("CLONE_FAILED", detail=refused)
         self.log(f"fetched {len(missing)} blob(s) the checkout needs")
 
     def seed(self, build: str, keep_fds: tuple[int, ...], skip: str | None = None) -> None:

@@ -112,10 +112,11 @@ FSCK_CONFIG = {"fetch.fsckObjects": "true", **{f"fetch.fsck.{msg}": level for ms
 
 
 def git_env(base: dict[str, str] | None = None, credential: Credential | None = None,
-            url: str | None = None, takes_objects: bool = False) -> dict[str, str]:
+            url: str | None = None, takes_objects: bool = False, fsck: bool = True) -> dict[str, str]:
     """The environment of one git process; url is given for network operations
     (which alone read the operator's config and may carry a credential). Fetches
-    (url given, or takes_objects: a bundle's take-in) check what they bring in."""
+    (url given, or takes_objects: a bundle's take-in) check what they bring in, but
+    for fsck=False: a quarantined fetch, checked after (git/quarantine.py)."""
     base = dict(os.environ if base is None else base)
     env = {k: v for k, v in base.items()
            if not k.startswith("GIT_") and k not in CREDENTIAL_VARS and k != OPERATOR_CONFIG_VAR}
@@ -137,8 +138,10 @@ def git_env(base: dict[str, str] | None = None, credential: Credential | None = 
         "LANGUAGE": "C",
     })
     config = list(SAFE_CONFIG.items())
-    if (url is not None or takes_objects) and base.get(FSCK_VAR, "on") != "off":
+    if (url is not None or takes_objects) and fsck and base.get(FSCK_VAR, "on") != "off":
         config += FSCK_CONFIG.items()
+    elif not fsck:
+        config += [("fetch.fsckObjects", "false"), ("transfer.fsckObjects", "false")]  # not an operator's either
     if url is not None:
         operator = operator_settings(operator_config)
         env["GIT_SSH_COMMAND"] = ssh_command(base) or operator.ssh_command or SSH_DEFAULT

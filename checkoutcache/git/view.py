@@ -61,8 +61,13 @@ DEAD_VIEW_AGE = 6 * 3600
 
 
 @contextlib.contextmanager
-def private_view(mirror: str, filter: str | None = None, settings: dict[str, str] | None = None) -> Iterator[str]:
-    """Yields the private git directory that shows the mirror: run git with `-C` it."""
+def private_view(mirror: str, filter: str | None = None, settings: dict[str, str] | None = None,
+                 objects: str | None = None, refs: dict[str, str] | None = None) -> Iterator[str]:
+    """Yields the private git directory that shows the mirror: run git with `-C` it.
+
+    objects: another object store to show instead of the mirror's (a quarantine). refs: the
+    view's own refs instead of the mirror's, these (ref -> id) as its packed-refs: what git
+    writes to a ref then stays in the view (git/quarantine.py)."""
     remove_dead_views()
     view = None
     owner = None
@@ -70,8 +75,16 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
         try:
             view = tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-")
             owner = _take_owner_lock(view)
-            for name in ("objects", "refs", PACKED_REFS):
-                os.symlink(os.path.join(mirror, name), os.path.join(view, name))
+            os.symlink(objects or os.path.join(mirror, "objects"), os.path.join(view, "objects"))
+            if refs is None:
+                for name in ("refs", PACKED_REFS):
+                    os.symlink(os.path.join(mirror, name), os.path.join(view, name))
+            else:
+                for name in ("refs/heads", "refs/tags"):
+                    os.makedirs(os.path.join(view, name))
+                with open(os.path.join(view, PACKED_REFS), "w") as handle:
+                    # No header: git sorts the lines itself and trusts no peeled value.
+                    handle.write("".join(f"{sha} {ref}\n" for ref, sha in sorted(refs.items())))
             with open(os.path.join(view, "HEAD"), "w") as handle:
                 handle.write("ref: refs/heads/main\n")  # a fetch never reads it; git wants one
             config = {"core.bare": "true", **MIRROR_CONFIG, **(partial_mirror_config(filter) if filter else {}),
