@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from .helpers import GitDaemon, SHORT_BACKOFF, Upstream, git, only_repo, run_cli
+from .helpers import GitDaemon, SHORT_BACKOFF, Upstream, git, only_repo, pid_alive, run_cli
 
 PARTIAL = {"CHECKOUTCACHE_FILTER": "blob:none", **SHORT_BACKOFF}
 
@@ -123,3 +123,36 @@ def test_a_mirror_holding_a_commit_without_its_parent_repairs_itself_and_verify_
     assert log_works(store.checkout(shas["C"])) == 2
     code, report, err = run_cli("verify", "--json", root=root)
     assert code == 0, (report, err)
+
+
+def test_a_fetch_killed_in_quarantine_leaves_the_mirror_as_it_was(root, history, fake_git, tmp_path):
+    """A partial mirror's fetch lands in a quarantine first (git/quarantine.py): a worker
+    SIGKILLed while its git fetch runs leaves nothing the mirror reads, and the next clone
+    removes the quarantine (under the mirror lock) and the dead view (its owner lock is free)."""
+    from checkoutcache.store.layout import QUARANTINE_PREFIX
+
+    daemon, served, url, shas = history
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=PARTIAL)
+    assert code == 0, err
+    store = only_repo(root)
+    objects = os.path.join(store.mirror, "objects")
+    kills = tmp_path / "kills"
+    # The worker is killed by the git it started for the fetch (which then dies with it).
+    killing = fake_git(f'case " $* " in *" fetch "*) echo "$PPID" >> {kills}; kill -9 "$PPID"; sleep 5;; esac')
+    code, answer, err = run_cli("ensure", url, shas["D"], "--wait", "60", root=root, env={**PARTIAL, **killing})
+    assert code == 1 and answer["error"] == "WORKER_DIED", err
+    killed = [int(pid) for pid in kills.read_text().split()]
+    assert len(killed) >= 3 and not any(pid_alive(pid) for pid in killed)
+    left = [name for name in os.listdir(objects) if name.startswith(QUARANTINE_PREFIX)]
+    assert left, "a worker killed during the fetch left its quarantine"
+    assert subprocess.run(["git", "-C", store.mirror, "cat-file", "-e", shas["D"]]).returncode != 0
+    assert git("for-each-ref", f"refs/keep/{shas['D']}", cwd=store.mirror) == ""
+    for name in left:  # older than a live writer's could be (git/mirror.py STALE_GIT_LOCK_AGE)
+        os.utime(os.path.join(objects, name), (time.time() - 60, time.time() - 60))
+    time.sleep(1.0)  # the back-off (SHORT_BACKOFF) passes
+    code, answer, err = run_cli("ensure", url, shas["D"], "--wait", "60", root=root, env=PARTIAL)
+    assert code == 0 and answer["state"] == "ready", err
+    assert log_works(answer["path"]) == 2
+    assert not [name for name in os.listdir(objects) if name.startswith(QUARANTINE_PREFIX)]
+    private_tmp = tmp_path / "private" / "tmp"
+    assert not [name for name in os.listdir(private_tmp) if name.startswith("checkoutcache-view-")]
