@@ -156,3 +156,46 @@ def test_a_fetch_killed_in_quarantine_leaves_the_mirror_as_it_was(root, history,
     assert not [name for name in os.listdir(objects) if name.startswith(QUARANTINE_PREFIX)]
     private_tmp = tmp_path / "private" / "tmp"
     assert not [name for name in os.listdir(private_tmp) if name.startswith("checkoutcache-view-")]
+
+
+def crafted_bundle(repo_path: str, ref_sha: str, objects: list[str]) -> bytes:
+    pack = subprocess.run(["git", "-C", repo_path, "pack-objects", "--stdout"], input="\n".join(objects).encode(),
+                          capture_output=True, check=True).stdout
+    return f"# v2 git bundle\n{ref_sha} refs/heads/main\n\n".encode() + pack  # no prerequisites named
+
+
+def test_bundle_take_ins_into_a_partial_mirror_count_only_connected_history(tmp_path, served_upstream):
+    """Bundle take-ins into a partial mirror are held to the same rule (issue 27): a bundle whose
+    ref lacks its history is not taken in, and a commit a sound bundle carries without its
+    parents (its pack is marked promisor once seeded) is fetched whole from upstream, never kept
+    as it came."""
+    from .test_bundles import seed_record, write_store
+
+    repo, url = served_upstream
+    first, middle, head = repo.shas
+    # A bundle whose ref is a commit without its parents.
+    lacking = [head, git("rev-parse", f"{head}^{{tree}}", cwd=repo.path)]
+    lacking += [line.split()[2] for line in git("ls-tree", "-r", head, cwd=repo.path).splitlines()]
+    node = str(tmp_path / "node-lacking")
+    env = {**PARTIAL, "CHECKOUTCACHE_BUNDLE_URI": write_store(tmp_path / "store-lacking", url, {
+        "100-abcdef12.bundle": crafted_bundle(repo.path, head, lacking)})}
+    code, answer, err = run_cli("ensure", url, head, "--wait", "60", root=node, env=env)
+    assert code == 0, err
+    record = seed_record(node)
+    assert not record["seeded"] and record["reason"] == "bundle-unusable", record
+    assert log_works(answer["path"]) == 3
+    # A sound bundle (its ref is `first`) that also carries `head` alone.
+    sound = git("rev-list", "--objects", first, cwd=repo.path).splitlines()
+    planted = git("rev-list", "--objects", "--no-walk", head, cwd=repo.path).splitlines()
+    node = str(tmp_path / "node-planted")
+    env = {**PARTIAL, "CHECKOUTCACHE_BUNDLE_URI": write_store(tmp_path / "store-planted", url, {
+        "100-abcdef12.bundle": crafted_bundle(repo.path, first, sorted({line.split()[0] for line in sound + planted}))})}
+    code, answer, err = run_cli("ensure", url, head, "--wait", "60", root=node, env=env)
+    assert code == 0, err
+    assert seed_record(node)["seeded"]
+    assert log_works(answer["path"]) == 3
+    code, answer, err = run_cli("ensure", url, middle, "--wait", "60", root=node, env=env)
+    assert code == 0, err
+    assert log_works(answer["path"]) == 2
+    code, report, err = run_cli("verify", "--json", root=node)
+    assert code == 0 and report["broken"] == 0, (report, err)
