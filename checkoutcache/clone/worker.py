@@ -616,9 +616,12 @@ class Worker:
             mirror_dir = self.paths.mirror
             kept = False
             if not self.commit_present(mirror_dir):  # absent, or there without its history: fetch it
-                # There without its history (a server once left a parent out): git would take
-                # it for fetched and send nothing, so it is asked for as a new clone would.
-                refetch = self.backend.object_kind(mirror_dir, self.sha) is not None
+                # There without its history (a server once left a parent out): in a partial
+                # mirror git takes it for fetched (the parent counts as promised) and sends
+                # nothing, so it is asked for as a new clone would (a full mirror's git
+                # sees the gap itself and fetches only what is missing).
+                refetch = self.backend.partial_filter(mirror_dir) is not None and \
+                    self.backend.object_kind(mirror_dir, self.sha) is not None
                 for stale in mirror.remove_stale_leftovers(mirror_dir):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
