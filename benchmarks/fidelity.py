@@ -166,7 +166,7 @@ def bench_submodules(cfg: dict, work: str, env: dict) -> dict:
         # (a ready answer: a Python start), paid again by each nested ensure.
         from checkoutcache.store.layout import RootPaths
         paths = RootPaths(root)
-        store_checkouts = sum(len(paths.repo(key).checkout_shas()) for key in paths.repo_keys())
+        store_checkouts = sum(len(paths.repo(key).checkout_names()) for key in paths.repo_keys())
         ready = sorted(ours_ensure(root, f"git://127.0.0.1:{proxies['ours'].port}/top", top, env)[0]
                        for _ in range(5))[2]
         start = time.perf_counter()

@@ -855,13 +855,14 @@ end
 """
 
 
-def wrk(port: int, path: str, method: str, body: str, headers: dict, seconds: float, work: str) -> dict:
-    lua = os.path.join(work, "load.lua")
+def wrk(port: int, path: str, method: str, body: str, headers: dict, seconds: float, work: str,
+        connections: int = CONNECTIONS, name: str = "load") -> dict:
+    lua = os.path.join(work, f"{name}.lua")
     with open(lua, "w") as handle:
         handle.write(WRK_LUA % {"method": json.dumps(method), "body": json.dumps(body) if body else "nil",
                                 "headers": "\n".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}"
                                                      for k, v in headers.items())})
-    cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s", "--timeout", "5s", "-s", lua,
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "5s", "-s", lua,
            f"http://127.0.0.1:{port}{path}"]
     with tempfile.TemporaryFile("w+") as handle:
         proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, text=True)
@@ -1019,11 +1020,12 @@ class CloneLock:
 
 
 def probe(port: int, payload: bytes, n: int) -> dict:
-    lat, bad, failures = [], collections.Counter(), 0
+    lat, bad, failures, ok = [], collections.Counter(), 0, 0
     for _ in range(n):
         try:
             r = raw_request(port, payload, PROBE_TIMEOUT)
             lat.append(r["ms"])
+            ok += r["status"] == 200
             if r["status"] != 200:
                 bad[str(r["status"])] += 1
         except OSError as exc:
@@ -1035,7 +1037,7 @@ def probe(port: int, payload: bytes, n: int) -> dict:
                 break
         time.sleep(0.02)
     lat.sort()
-    return {"p50_ms": round(statistics.median(lat), 2), "max_ms": round(lat[-1], 2), "n": n,
+    return {"p50_ms": round(statistics.median(lat), 2), "max_ms": round(lat[-1], 2), "n": n, "ok": ok,
             "over_bar": sum(1 for x in lat if x > BAR_ATTACK_MS), "not_200": dict(bad)}
 
 
@@ -1073,6 +1075,72 @@ def measure_attack(run: Running, args, lock: CloneLock) -> dict:
             "at_ready": at_ready, "attacker": final,
             "meets_bar": health["max_ms"] <= BAR_ATTACK_MS and ready["max_ms"] <= BAR_ATTACK_MS
             and not health["not_200"] and not ready["not_200"] and mem["hwm_mib"] < BAR_RSS_MIB}
+
+
+# =============================================================== 2b. keep-alive flood (serve only)
+
+def measure_keepalive_flood(run: Running, args) -> dict:
+    """Issue 27's flood: unauthenticated keep-alive clients (wrk, two processes: GET /healthz,
+    and GET /v1/status without a token, a 401) against a serve of CHECKOUTCACHE_MAX_CONNECTIONS
+    slots, more clients than slots. Ready answers on fresh connections are timed before the
+    flood (quiet) and during it, on the same server: how many came within PROBE_TIMEOUT, p50, max."""
+    port = run.ports.api
+    quiet = probe(port, run.ready_request(), args.probes)
+    seconds = args.flood_seconds
+    results: dict = {}
+
+    def flood(name: str, path: str) -> None:
+        try:
+            results[name] = wrk(port, path, "GET", "", {}, seconds, run.ports.work,
+                                connections=max(1, args.keepalive_flooders // 2), name=f"flood-{name}")
+        except Exception as exc:  # a flood that could not run is a result too
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    floods = [threading.Thread(target=flood, args=("healthz", "/healthz")),
+              threading.Thread(target=flood, args=("status_401", "/v1/status"))]
+    for thread in floods:
+        thread.start()
+    time.sleep(min(1.0, seconds / 4))  # the flood holds its connections before the first probe
+    during = probe(port, run.ready_request(), args.probes)
+    during["probes_done_before_flood_ended"] = all(thread.is_alive() for thread in floods)
+    for thread in floods:
+        thread.join()
+    return {"slots": args.slots, "flooders": args.keepalive_flooders, "quiet": quiet, "during": during,
+            "flood": results, "ready_answered": f"{during['ok']}/{during['n']}",
+            "meets_bar": not during["not_200"] and during["max_ms"] <= BAR_ATTACK_MS}
+
+
+def keepalive_flood_main(args, env: dict, token: str, work: str, info: dict) -> dict:
+    """Only the keep-alive flood, against `serve` of this checkout and, with --baseline-tree,
+    of another tree (e.g. main before a change), one after the other in one run."""
+    serve_root = os.path.join(work, "serve-root")
+    subprocess.run([PY, "-m", "checkoutcache", "--root", serve_root, "ensure", info["repo"], info["commit"],
+                    "--wait", "60"], check=True, capture_output=True, env=env)
+    limited = {"CHECKOUTCACHE_MAX_CONNECTIONS": str(args.slots)}
+    stacks = [attrs_replace(serve_variant(serve_root, info["repo"], info["commit"]), env=limited)]
+    if args.baseline_tree:
+        base = serve_variant(serve_root, info["repo"], info["commit"])
+        path = os.pathsep.join((HERE, os.path.abspath(args.baseline_tree)))
+        stacks.append(attrs_replace(base, name="serve@baseline", env={**limited, "PYTHONPATH": path},
+                                    notes=f"checkoutcache serve from {args.baseline_tree}"))
+    out = {}
+    for variant in stacks:
+        run = Running(variant, env, token, work)
+        try:
+            out[variant.name] = r = measure_keepalive_flood(run, args)
+            print(f"{variant.name:16s} quiet ready p50 {r['quiet']['p50_ms']} max {r['quiet']['max_ms']} ms; "
+                  f"during the flood: {r['ready_answered']} ready answers, p50 {r['during']['p50_ms']} max "
+                  f"{r['during']['max_ms']} ms, failures {r['during']['not_200']}; flood "
+                  + ", ".join(f"{k} {v.get('rps')}/s" for k, v in r["flood"].items()), flush=True)
+        finally:
+            run.stop()
+    return out
+
+
+def attrs_replace(variant: Variant, **changes) -> Variant:
+    import dataclasses
+
+    return dataclasses.replace(variant, **changes)
 
 
 # =============================================================== 3. battery
@@ -1450,13 +1518,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--header-timeout", type=float, default=5.0, help="servers' header read timeout (s)")
     ap.add_argument("--drain", type=float, default=5.0, help="servers' graceful shutdown bound (s)")
     ap.add_argument("--with-serve", action="store_true", help="also today's `checkoutcache serve` (serve_variant)")
+    ap.add_argument("--keepalive-flood", action="store_true",
+                    help="only issue 27's keep-alive flood against `checkoutcache serve` (see --baseline-tree)")
+    ap.add_argument("--baseline-tree", default=None,
+                    help="with --keepalive-flood: also serve from this source tree (e.g. /work/main), same run")
+    ap.add_argument("--slots", type=int, default=16, help="CHECKOUTCACHE_MAX_CONNECTIONS in the keep-alive flood")
+    ap.add_argument("--keepalive-flooders", type=int, default=20,
+                    help="unauthenticated keep-alive connections in the keep-alive flood (default 20)")
+    ap.add_argument("--flood-seconds", type=float, default=12.0, help="how long the keep-alive flood runs")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds, args.probes, args.attack_hold = 2.0, 1, 10, 1.0
         args.header_timeout, args.drain = 3.0, 2.0
     args.warmup, args.slow_cap = 1.0, args.header_timeout + 1.5
-    missing = [m for m in MODULES if __import__("importlib").util.find_spec(m) is None]
+    needed = ("granian", "uvloop") if args.keepalive_flood else MODULES  # serve's own stack only
+    missing = [m for m in needed if __import__("importlib").util.find_spec(m) is None]
     if missing or not shutil.which("wrk"):
         print(f"missing: {', '.join(missing + ([] if shutil.which('wrk') else ['wrk']))}\n"
               f"    pip install granian uvicorn httptools h11 hypercorn uvloop; apt-get install wrk", file=sys.stderr)
@@ -1469,6 +1546,15 @@ def main(argv: list[str] | None = None) -> int:
                                                            if p),
                "SERVE_STACKS_ROOT": info["root"], "SERVE_STACKS_TOKEN": token, "CHECKOUTCACHE_API_TOKEN": token,
                "SERVE_STACKS_BODY_DEADLINE": str(args.header_timeout)}
+        if args.keepalive_flood:
+            results = {"keepalive_flood": keepalive_flood_main(args, env, token, work, info),
+                       "config": {"slots": args.slots, "flooders": args.keepalive_flooders,
+                                  "flood_seconds": args.flood_seconds, "probes": args.probes,
+                                  "probe_timeout_s": PROBE_TIMEOUT, "bar_ms": BAR_ATTACK_MS}}
+            if args.json_out:
+                with open(args.json_out, "w") as handle:
+                    json.dump(results, handle, indent=1, default=str)
+            return 0
         stacks = variants(args)
         if args.with_serve:
             serve_root = os.path.join(work, "serve-root")

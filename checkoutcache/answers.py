@@ -75,4 +75,18 @@ class Answer:
                    message=exc.message, next=exc.next, retry_after=retry_after)
 
 
+    @classmethod
+    def from_json(cls, body: dict) -> "Answer":
+        """The answer a serve sent (the typed client's, and a read-only reader's): its known
+        fields (a newer server may add others); a state this version does not know is failed."""
+        values = {k: v for k, v in body.items() if k in _FIELDS}
+        values.setdefault("commit", None)
+        values.setdefault("repo", None)
+        try:
+            values["state"] = State(values.get("state", "failed"))
+        except ValueError:
+            values["state"] = State.FAILED
+        return cls(**values)
+
+
 _FIELDS = tuple(field.name for field in attrs.fields(Answer))

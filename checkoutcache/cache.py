@@ -20,9 +20,10 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import (DEFAULT_SCOPE, LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE,
                                     SUBMODULES_SETTING_VAR, RepoSpec, parse_commit, parse_repo)
 from checkoutcache.store.create import store_key
-from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name, default_root
-from checkoutcache.store.ready import (SHARED_LOCK_WAIT, lfs_of, open_marker_shared, ready_record, record_use,
-                                      submodules_of)
+from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, checkout_name, default_root
+from checkoutcache.handoff import record_use as record_use_by_writer
+from checkoutcache.store.ready import (SHARED_LOCK_WAIT, layout_version_of, lfs_of, open_marker_shared,
+                                      ready_record, record_use, submodules_of)
 
 MAX_WAIT = 24 * 3600.0
 
@@ -47,9 +48,10 @@ class Hold:
     released; releasing records the end of the use. `held` is False when the
     checkout could not be made ready: see `answer`."""
 
-    def __init__(self, answer: Answer, fd: int | None):
+    def __init__(self, answer: Answer, fd: int | None, on_unrecorded: Callable[[], object] | None = None):
         self.answer = answer
         self._fd = fd
+        self._on_unrecorded = on_unrecorded  # a reader's: the writer records the end of the use
 
     @property
     def held(self) -> bool:
@@ -63,7 +65,8 @@ class Hold:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:
-                record_use(fd)
+                if not record_use(fd) and self._on_unrecorded is not None:
+                    self._on_unrecorded()
             finally:
                 os.close(fd)
 
@@ -84,6 +87,7 @@ class Cache:
         self.paths = RootPaths(self.root)
         self._config = config
         self.fork_workers = fork_workers
+        self._layouts: dict[str, tuple[tuple[int, int, int], int | None]] = {}  # newer_layout's memo
 
     @property
     def config(self):
@@ -123,6 +127,8 @@ class Cache:
         ready = self.ready_answer(want)
         if ready is not None:
             return ready
+        if self.is_reader():
+            return self.ensure_through_writer(want, float(wait), on_progress)
         from checkoutcache.clone.coordinator import Coordinator
         from checkoutcache.clone.spawn import worker_starter
 
@@ -148,14 +154,91 @@ class Cache:
         request to a thread that may wait)."""
         paths = self.paths.repo(want.spec.key)
         name = want.name
+        newer = self.newer_layout(paths)
+        if newer is not None:  # before the marker is touched: nothing is written in such a store
+            return Answer.from_error(CheckoutCacheError("NEWER_LAYOUT", repo=want.spec.url, found=newer,
+                                                        known=LAYOUT_VERSION))
+
+        def through_writer() -> None:  # a reader (store/ready.py record_use): the writer records it
+            why = record_use_by_writer(self.root, paths.checkout(name), want.spec.url, want.sha, want.spec.scope,
+                                       want.cone)
+            if why:
+                import logging
+
+                logging.getLogger("checkoutcache").warning("this use of %s was not recorded: %s",
+                                                           paths.checkout(name), why)
+
         try:
-            record = ready_record(paths.ready_marker(name), lock_wait)
+            record = ready_record(paths.ready_marker(name), lock_wait, on_unrecorded=through_writer)
         except OSError:
             record = None  # a marker we may not open: the coordinator answers what and where
         if record is None:
             return None
         return Answer(state=State.READY, commit=want.sha, repo=want.spec.url, path=paths.checkout(name),
                       lfs=lfs_of(record), submodules=submodules_of(record), sparse=list(want.cone) or None)
+
+    def newer_layout(self, paths: RepoPaths) -> int | None:
+        """The layout version of a repository's store when it is newer than this version's.
+        repo.json is written once (temp file + rename), so it is read again only when the
+        file at its path changes (a stat, not a read, on a long-lived process's ready path)."""
+        try:
+            info = os.stat(paths.repo_json)
+        except OSError:
+            return None
+        seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+        known = self._layouts.get(paths.repo_json)
+        if known is None or known[0] != seen:
+            if len(self._layouts) > 4096:
+                self._layouts.clear()
+            known = self._layouts[paths.repo_json] = (seen, layout_version_of(paths.repo_json))
+        version = known[1]
+        return version if version is not None and version > LAYOUT_VERSION else None
+
+    def is_reader(self) -> bool:
+        """True when this process may read the root but not write it (a read-only mount, or
+        another uid than the one writer, DESIGN invariant 16): what needs a write is asked of
+        the writer."""
+        return os.path.isdir(self.root) and not os.access(self.root, os.W_OK | os.X_OK)
+
+    def ensure_through_writer(self, want: Want, wait: float,
+                              on_progress: Callable[[Answer], None] | None) -> Answer:
+        """A reader's new commit: the writer clones it (serve's /v1/ensure over the root's
+        socket or CHECKOUTCACHE_API_URL), and only a checkout ready on this process's own view
+        of the root counts. With on_progress, the writer is asked at most a second at a time
+        so each cloning answer reaches it."""
+        from checkoutcache.handoff import HANDOFF_SLACK, NoWriter, post
+
+        deadline = time.monotonic() + wait
+        request = {"repo": want.spec.url, "commit": want.sha, "scope": want.spec.scope,
+                   **({"sparse": list(want.cone)} if want.cone else {})}
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            step = min(left, 1.0) if on_progress is not None else left
+            try:
+                _, body = post(self.root, "/v1/ensure", {**request, "wait": round(step, 3)}, step + HANDOFF_SLACK)
+            except NoWriter as exc:
+                return Answer.from_error(CheckoutCacheError("NO_WRITER", root=self.root, why=str(exc)),
+                                         want.sha, want.spec.url)
+            except Exception as exc:  # reached, but no answer in the API's shape
+                return Answer.from_error(CheckoutCacheError("NO_WRITER", root=self.root,
+                                                            why=f"its answer failed ({type(exc).__name__})"),
+                                         want.sha, want.spec.url)
+            answer = Answer.from_json(body)
+            if answer.state == State.READY:
+                # Checked on our own disk: the writer's path is its view of the root.
+                mine = self.ready_answer(want)
+                if mine is not None:
+                    return mine
+                if time.monotonic() >= deadline:
+                    return Answer.from_error(CheckoutCacheError(
+                        "NO_WRITER", root=self.root, why=f"it answered ready at {answer.path}, which is not "
+                                                         f"ready here (is it the writer of this root?)"),
+                        want.sha, want.spec.url)
+                continue
+            if answer.state != State.CLONING or time.monotonic() >= deadline:
+                return answer
+            if on_progress is not None:
+                on_progress(answer)
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
              on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None) -> Hold:
@@ -171,5 +254,7 @@ class Cache:
                 return Hold(answer, None)
             fd = open_marker_shared(RepoPaths.ready_marker_in(answer.path))
             if fd is not None:
-                return Hold(answer, fd)
+                want = self.request(repo, commit, scope, sparse)  # valid: it was answered ready
+                return Hold(answer, fd, lambda: record_use_by_writer(self.root, answer.path, want.spec.url, want.sha,
+                                                                     want.spec.scope, want.cone))
             wait = max(0.0, deadline - time.monotonic())

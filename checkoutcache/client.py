@@ -35,7 +35,6 @@ import attrs
 
 from checkoutcache.answers import Answer, State
 
-_ANSWER_FIELDS = {field.name for field in attrs.fields(Answer)}
 Duration = float | int | str
 
 
@@ -63,12 +62,7 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def answer_from_json(body: dict) -> Answer:
-    values = {k: v for k, v in body.items() if k in _ANSWER_FIELDS}
-    values.setdefault("commit", None)
-    values.setdefault("repo", None)
-    values["state"] = State(values.get("state", "failed"))
-    return Answer(**values)
+answer_from_json = Answer.from_json
 
 
 def _typed(cls, data: dict):

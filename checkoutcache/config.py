@@ -26,6 +26,7 @@ import attrs
 from checkoutcache.bundles.location import BundleLocation, parse_bundle_uri
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_lfs, parse_submodules
+from checkoutcache.sharing import SHARING_VAR, WRITER, parse_sharing
 from checkoutcache.units import FreeTarget, parse_duration, parse_free, parse_size
 
 
@@ -104,8 +105,135 @@ def _transport(value: str) -> str:
     return value
 
 
+def _sharing(value: Any) -> str:
+    try:
+        return parse_sharing(value)
+    except ValueError as exc:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=str(exc)) from None
+
+
 def _text(value: Any) -> str:
     return str(value)
+
+
+def _shown(value: Any) -> str:
+    """A value as an error shows it: quoted, cut, control characters escaped."""
+    return repr(str(value)[:120])
+
+
+# Paths in settings are checked twice: their form when parsed (pure: the deploy manifests'
+# values are checked so, away from the container), and what is there when read on the machine
+# that uses them (a `present` check: Settings.from_env).
+
+def _path(value: Any, what: str) -> str:
+    text = str(value)
+    if not text or any(ord(c) < 32 for c in text):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is not a path ({what})")
+    return text
+
+
+def _absolute(value: Any, what: str) -> str:
+    text = _path(value, what)
+    if not os.path.isabs(text):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is not an absolute path ({what}; a relative "
+                                                      f"one would depend on the working directory)")
+    return text
+
+
+def _in_a_directory(what: str) -> Callable[[str], None]:
+    """path's directory exists and is one; path itself is not a directory."""
+    def present(path: str) -> None:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(path)}: its directory {_shown(parent)} does not "
+                                                          f"exist ({what})")
+        if os.path.isdir(path):
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(path)} is a directory ({what})")
+
+    return present
+
+
+def _readable_file(path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(path)} cannot be read: "
+                                                      f"{exc.strerror or type(exc).__name__}") from None
+    if not os.path.isfile(path):
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(path)} is not a regular file")
+
+
+def _output_file(value: Any) -> str:
+    return _path(value, "a file to write")
+
+
+def _input_file(value: Any) -> str:
+    return _path(value, "a file to read")
+
+
+# sun_path holds 108 bytes, the last a NUL.
+UNIX_PATH_MAX = 107
+
+
+def _socket_path(value: Any) -> str:
+    """A Unix socket to listen on: absolute (never relative to wherever serve started) and
+    short enough for sun_path."""
+    text = _absolute(value, "a Unix socket to listen on")
+    if len(os.fsencode(text)) > UNIX_PATH_MAX:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(text)} is longer than a Unix socket's path may be "
+                                                      f"({UNIX_PATH_MAX} bytes)")
+    return text
+
+
+# A host CHECKOUTCACHE_GIT_HOSTS may bind the credential to: host or host:port, as https_host
+# writes it (lower case, no scheme, no path, no user).
+HOST_NAME = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+                       r"|\[[0-9a-f:.]+\]")
+
+
+def _git_hosts(value: Any) -> str:
+    hosts = [h.strip().lower() for h in str(value).split(",") if h.strip()]  # as parse_hosts reads them
+    for host in hosts:
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if not colon:
+            name, port = host, ""
+        if not HOST_NAME.fullmatch(name) or (colon and not (port.isdigit() and 0 < int(port) < 65536)):
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{_shown(host)} in {_shown(value)} is not a host or "
+                                                          f"host:port (comma-separated, no scheme or path: e.g. "
+                                                          f"github.com,git.example.com:8443)")
+    return str(value)
+
+
+def _git_config(value: Any) -> str:
+    return _absolute(value, "a git config file")
+
+
+def _clone_journal(value: Any) -> str:
+    return _absolute(value, "a file clone workers append to")
+
+
+# Variables read where they are used (the clone worker, git's environment, the credential),
+# not through Config: each is checked when Config is read (its form, then, on this machine,
+# what is there), so a bad value is BAD_ARGUMENT naming it before anything is written, never
+# a silent no-op later. name -> (parse, present)
+CHECKED_VARIABLES: dict[str, tuple[Callable[[Any], Any], Callable[[str], None] | None]] = {
+    "CHECKOUTCACHE_GIT_CONFIG": (_git_config, _readable_file),
+    "CHECKOUTCACHE_GIT_HOSTS": (_git_hosts, None),
+    "CHECKOUTCACHE_CLONE_JOURNAL": (_clone_journal, _in_a_directory("a file clone workers append to")),
+}
+
+
+def check_variables(environ: os._Environ | dict[str, str], here: bool = True) -> None:
+    for name, (parse, present) in CHECKED_VARIABLES.items():
+        value = environ.get(name)
+        if value:
+            try:
+                parse(value)
+                if here and present is not None:
+                    present(value)
+            except CheckoutCacheError as exc:
+                raise CheckoutCacheError("BAD_ARGUMENT", what=f"{name}: {exc.message}") from None
 
 
 def _size_text(value: int | None) -> str:
@@ -113,20 +241,24 @@ def _size_text(value: int | None) -> str:
 
 
 def setting(default: Any, env: str, help: str, parse: Callable[[Any], Any], show: str | None = None,
-            render: Callable[[Any], str] = str, flag: bool = False, many: bool = False):
+            render: Callable[[Any], str] = str, flag: bool = False, many: bool = False,
+            present: Callable[[Any], None] | None = None):
     """One setting: its environment variable, default, help, parser; render gives the value
-    back as the environment carries it; flag: a command-line switch; many: a repeatable option."""
+    back as the environment carries it; flag: a command-line switch; many: a repeatable option;
+    present: what must be there on the machine that reads it (a path's directory, a file)."""
     return attrs.field(default=default, metadata={"env": env, "help": help, "parse": parse, "render": render,
                                                   "show": show if show is not None else str(default),
-                                                  "flag": flag, "many": many})
+                                                  "flag": flag, "many": many, "present": present})
 
 
 class Settings:
     """What Config and ServeSettings share: reading, overriding and handing on."""
 
     @classmethod
-    def from_env(cls, environ: os._Environ | dict[str, str] | None = None, **overrides: Any):
-        """Explicit overrides (command-line options) win over the environment, which wins over defaults."""
+    def from_env(cls, environ: os._Environ | dict[str, str] | None = None, *, here: bool = True, **overrides: Any):
+        """Explicit overrides (command-line options) win over the environment, which wins over defaults.
+        here: also check what the settings name on this machine (False: their form only, e.g. a
+        manifest's values away from its container)."""
         environ = os.environ if environ is None else environ
         values = {}
         for field in attrs.fields(cls):
@@ -134,7 +266,9 @@ class Settings:
             if raw is None or raw == ():
                 raw, source = environ.get(field.metadata["env"]) or None, field.metadata["env"]
             if raw is not None:
-                values[field.name] = _parsed(field, raw, source)
+                values[field.name] = _parsed(field, raw, source, here)
+        if cls is Config:
+            check_variables(environ, here)
         return cls(**values)
 
     def with_overrides(self, **raw: Any):
@@ -154,9 +288,12 @@ class Settings:
         return env
 
 
-def _parsed(field, raw: Any, source: str) -> Any:
+def _parsed(field, raw: Any, source: str, here: bool = False) -> Any:
     try:
-        return field.metadata["parse"](raw)
+        value = field.metadata["parse"](raw)
+        if here and value is not None and field.metadata.get("present") is not None:
+            field.metadata["present"](value)
+        return value
     except CheckoutCacheError as exc:
         raise CheckoutCacheError("BAD_ARGUMENT", what=f"{source}: {exc.message}") from None
 
@@ -178,6 +315,10 @@ class Config(Settings):
                                         parse_free, "2%")
     max_age: float | None = setting(None, "CHECKOUTCACHE_MAX_AGE",
                                     "gc evicts checkouts unused for longer than this.", parse_duration, "off")
+    repo_max_idle: float = setting(7 * 86400.0, "CHECKOUTCACHE_REPO_MAX_IDLE",
+                                   "gc removes a whole repository (mirror, LFS objects) that has no checkout, "
+                                   "hold or clone left and was unused for longer than this; past the grace "
+                                   "window already when min-free is unmet.", parse_duration, "7d")
     mirror_gc_interval: float = setting(3600.0, "CHECKOUTCACHE_MIRROR_GC_INTERVAL",
                                         "gc repacks a mirror to drop objects no checkout needs at most this often.",
                                         parse_duration, "1h")
@@ -229,6 +370,10 @@ class Config(Settings):
     seed_timeout: float = setting(120.0, "CHECKOUTCACHE_SEED_TIMEOUT",
                                   "The longest a new mirror spends taking in bundles; not counted in the clone "
                                   "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")
+    sharing: str = setting(WRITER, SHARING_VAR,
+                           "Who writes the store: the writer's uid alone (writer: checkouts are not writable by "
+                           "other uids; readers use a read-only mount and ask the writer) or every member of the "
+                           "root's group (group: peers that trust each other; docs/security.md).", _sharing)
 
 
 
@@ -257,7 +402,9 @@ class ServeSettings(Settings):
                                  "Needs a token.", _listen, "127.0.0.1:8787, or off with --unix")
     unix: str | None = setting(None, "CHECKOUTCACHE_UNIX_SOCKET",
                                "Serve the API on this Unix socket (mode 0660, the directory's group; no token: the "
-                               "file's permissions decide); with --listen too, on both.", _text, "off")
+                               "file's permissions decide); with --listen too, on both. An absolute path in an "
+                               "existing directory.", _socket_path, "off",
+                               present=_in_a_directory("a Unix socket to listen on"))
     health_listen: str | None = setting(None, "CHECKOUTCACHE_HEALTH_LISTEN",
                                         "A second TCP address serving only /healthz, /readyz and /metrics, without "
                                         "a token (for a kubelet and Prometheus; e.g. 0.0.0.0:8788).", _listen, "off")
@@ -267,7 +414,8 @@ class ServeSettings(Settings):
                                  parse_duration, "5m")
     token_file: str | None = setting(None, "CHECKOUTCACHE_API_TOKEN_FILE",
                                      "Bearer tokens, one `TOKEN [SCOPE,...]` per line (a token is needed over TCP; "
-                                     "or give one in CHECKOUTCACHE_API_TOKEN).", _text, "none")
+                                     "or give one in CHECKOUTCACHE_API_TOKEN).", _input_file, "none",
+                                     present=_readable_file)
     allow_repo: tuple[str, ...] = setting((), "CHECKOUTCACHE_API_REPOS",
                                           "Repositories the API may name: shell patterns over the normalized URL, "
                                           "e.g. 'https://github.com/acme/*' (repeatable, or comma-separated).",
@@ -276,7 +424,7 @@ class ServeSettings(Settings):
                                 "Let the API name absolute local paths and file:// URLs.", _flag, "off", flag=True)
     max_connections: int = setting(4096, "CHECKOUTCACHE_MAX_CONNECTIONS",
                                    "Connections open at once, idle ones included (each idle one is closed after "
-                                   "the 5 s header deadline).", _count)
+                                   "the 5 s header deadline; one that showed no token, after its answer).", _count)
     max_waiting: int = setting(64, "CHECKOUTCACHE_MAX_WAITING",
                                "Requests waiting on a clone at once (`wait` > 0); the next one is SERVER_BUSY with "
                                "Retry-After. Ready answers never wait behind them.", _count)
@@ -295,8 +443,9 @@ class ServeSettings(Settings):
                              "The least severe log lines written: debug, info (one access line per request), "
                              "warning or error.", _one_of("debug", "info", "warning", "error"))
     ready_file: str | None = setting(None, "CHECKOUTCACHE_READY_FILE",
-                                     "Write the listening addresses here once serving (for scripts and tests).",
-                                     _text, "none")
+                                     "Write the listening addresses here once serving (for scripts and tests); "
+                                     "its directory must exist.", _output_file, "none",
+                                     present=_in_a_directory("a file to write"))
 
 
 @attrs.frozen

@@ -52,9 +52,17 @@ _TABLE = [
     ErrorCode("NOT_A_REPOSITORY", INPUT,
               "{path} is not a git repository",
               "pass the path of a git repository (its work tree or its .git/bare directory)"),
+    ErrorCode("IN_USE", FAILURE,
+              "not everything asked could be evicted: {detail}",
+              "a checkout an exec or hold uses, or a running clone, is never evicted: wait until it "
+              "ends; one used within its grace window goes with --force", 409),
     ErrorCode("ROOT_UNUSABLE", FAILURE,
               "the cache root {root} cannot be used: {why}",
               "pass --root (or set CHECKOUTCACHE_ROOT) to a writable local directory"),
+    ErrorCode("NO_WRITER", FAILURE,
+              "the cache root {root} is read-only here and its writer did not answer: {why}",
+              "run `checkoutcache serve` as the store's writer and set CHECKOUTCACHE_API_URL (with "
+              "CHECKOUTCACHE_API_TOKEN) to it, or use a root this user may write (docs/deployment.md)"),
     ErrorCode("UNREACHABLE", FAILURE,
               "the repository could not be reached: {detail}",
               "check the URL, the network and the credentials; it is retried after the back-off"),
@@ -86,6 +94,11 @@ _TABLE = [
     ErrorCode("WORKER_DIED", FAILURE,
               "the clone worker died {deaths} times in a row without finishing (killed, or out of memory?)",
               "check the machine's memory and the clone log; it is retried after the back-off"),
+    ErrorCode("NEWER_LAYOUT", FAILURE,
+              "the store of {repo} was written by a newer checkoutcache (layout version {found}; this one "
+              "knows up to {known}): refused, nothing was changed",
+              "run the newer checkoutcache on this root (or give this version a root of its own with --root); "
+              "an older version writing a newer store could corrupt it"),
     ErrorCode("INTERNAL_ERROR", FAILURE,
               "checkoutcache failed unexpectedly: {detail}",
               "this is a bug: report it with the output of `checkoutcache status`; the store is left consistent"),

@@ -34,6 +34,7 @@ class GitHttpsServer:
         self.accept = accept
         self.lfs_objects: dict[str, bytes] | None = None
         self.lfs_downloads: collections.Counter[str] = collections.Counter()
+        self.lfs_sent: list[int] = []  # bytes of each object body the client took before it stopped reading
         ca = trustme.CA()
         cert = ca.issue_cert("localhost", "127.0.0.1")
         self.ca_file = os.path.join(workdir, "test-ca.pem")
@@ -127,7 +128,17 @@ class GitHttpsServer:
                     self.reply(404, b"", "text/plain")
                     return
                 server.lfs_downloads[oid] += 1
-                self.reply(200, data, "application/octet-stream")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                sent = 0
+                try:
+                    for start in range(0, len(data), 65536):
+                        self.wfile.write(data[start:start + 65536])
+                        sent += len(data[start:start + 65536])
+                finally:
+                    server.lfs_sent.append(sent)
 
             def reply(self, status: int, payload: bytes, content_type: str) -> None:
                 self.send_response(status)

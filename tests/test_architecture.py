@@ -5,10 +5,10 @@ above its own.
 
 Layers, bottom to top (a module may import its own layer and those below):
 
-    ground  errors, units, testhooks, credentials
+    ground  errors, units, testhooks, credentials, sharing
     base    config, repospec, cones, answers, bundles.location (what a bundle store
             location is: pure parsing the settings need; the rest of bundles/ is its layer)
-    store < git < bundles < clone < cache < upkeep < serve < cli, client (the API's typed client)
+    store < git < bundles < clone < cache (and handoff: asking the writer) < upkeep < serve < cli, client (the API's typed client)
 
 checkoutcache/__init__.py (the public API) and __main__.py are exempt from
 layering: they sit on top of everything.
@@ -25,9 +25,9 @@ PACKAGE = "checkoutcache"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", PACKAGE)
 
 LAYERS = [
-    {"errors", "units", "testhooks", "credentials"},
+    {"errors", "units", "testhooks", "credentials", "sharing"},
     {"config", "repospec", "cones", "answers", "bundles.location"},
-    {"store"}, {"git"}, {"bundles"}, {"clone"}, {"cache"}, {"upkeep"}, {"serve"}, {"cli", "client"},
+    {"store"}, {"git"}, {"bundles"}, {"clone"}, {"cache", "handoff"}, {"upkeep"}, {"serve"}, {"cli", "client"},
 ]
 EXEMPT = {PACKAGE, f"{PACKAGE}.__main__"}
 

@@ -90,14 +90,14 @@ def test_every_setting_in_deploy_is_one_the_code_reads_with_a_value_it_accepts()
     for env in environments:
         unknown = {name for name in env if name.startswith("CHECKOUTCACHE_")} - known
         assert not unknown, unknown
-        ServeSettings.from_env(env)  # raises BAD_ARGUMENT naming the variable
-        Config.from_env(env)
+        ServeSettings.from_env(env, here=False)  # raises BAD_ARGUMENT naming the variable (paths are the container's)
+        Config.from_env(env, here=False)
 
 
 def test_the_probes_the_stop_and_the_uids_agree_with_the_image_and_serve():
     spec = pod_spec()
     sidecar, review = sidecar_and_review()
-    settings = ServeSettings.from_env(env_of(sidecar))
+    settings = ServeSettings.from_env(env_of(sidecar), here=False)
     openapi = json.load(open(os.path.join(PACKAGE, "serve", "openapi.json")))
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
     assert settings.health_listen and settings.health_listen.endswith(f":{ports['health']}")
@@ -120,7 +120,7 @@ def test_the_probes_the_stop_and_the_uids_agree_with_the_image_and_serve():
 def test_the_compose_file_is_the_same_deployment_on_one_host():
     services = compose()["services"]
     sidecar, review = services["checkoutcache"], services["review"]
-    settings = ServeSettings.from_env({k: str(v) for k, v in sidecar["environment"].items()})
+    settings = ServeSettings.from_env({k: str(v) for k, v in sidecar["environment"].items()}, here=False)
     assert parse_duration(sidecar["stop_grace_period"]) >= settings.stop_timeout + 5
     assert "healthcheck" not in sidecar  # the image's own HEALTHCHECK
     uid, gid = (int(n) for n in review["user"].split(":"))

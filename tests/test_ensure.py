@@ -145,7 +145,7 @@ def test_wait_shows_cloning_progress_then_ready(root, upstream):
     answer = Cache(root).ensure(upstream.path, sha, wait=60, on_progress=seen.append)
     assert answer.state == "ready"
     assert seen, "a wait on a fresh commit reports progress at least once"
-    assert all(a.state == "cloning" and a.pid for a in seen)
+    assert all(a.state == "cloning" and a.pid for a in seen), [a for a in seen if not (a.state == "cloning" and a.pid)]
 
 
 def test_demo_runs_without_setup(tmp_path):

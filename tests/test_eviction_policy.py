@@ -110,3 +110,51 @@ def test_plan_is_deterministic_for_equal_last_use():
 def test_within_limits_nothing_is_evicted(limits):
     now = 1_000_000.0
     assert plan_eviction([Entry("r", "a", now - 7200, 1)], limits, Disk(10, 5), now).evict == []
+
+
+# ------------------------------------------------------------ whole repositories (issue 27)
+
+from checkoutcache.upkeep.eviction import RepoEntry, plan_repo_drops, unmet_after, Unmet  # noqa: E402
+
+DAY = 86400.0
+
+
+def repo(name: str, idle: float, size: int = 1 * G, busy: str | None = None) -> RepoEntry:
+    return RepoEntry(repo=name, last_used=time.time() - idle, size=size, busy=busy)
+
+
+def dropped(drops) -> list[str]:
+    return [d.entry.repo for d in drops]
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_repositories_unused_past_the_limit_go_and_busy_ones_never():
+    repos = [repo("old", 8 * DAY), repo("recent", 2 * DAY), repo("held", 30 * DAY, busy="held"),
+             repo("cloning", 30 * DAY, busy="cloning"), repo("borrowed", 30 * DAY, busy="borrowed")]
+    drops, kept = plan_repo_drops(repos, Limits(repo_max_idle=7 * DAY), None, 0, time.time())
+    assert dropped(drops) == ["old"] and {d.limit for d in drops} == {"repo-max-idle"} and kept == []
+    assert plan_repo_drops(repos, Limits(repo_max_idle=None), None, 0, time.time()) == ([], [])
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_an_unmet_min_free_drops_repositories_past_the_grace_window_least_recently_used_first():
+    limits = Limits(min_free=FreeTarget(bytes=10 * G), free_headroom=FreeTarget(bytes=2 * G),
+                    repo_max_idle=7 * DAY)
+    repos = [repo("a", 3 * 3600, size=3 * G), repo("b", 5 * 3600, size=3 * G), repo("c", 1 * 3600, size=3 * G),
+             repo("fresh", 5 * MIN), repo("busy", DAY, busy="checkouts")]
+    # 5G free, 1G freed by checkouts: 12G is the stop mark, so two of 3G (oldest first).
+    drops, kept = plan_repo_drops(repos, limits, Disk(total=100 * G, free=5 * G), 1 * G, time.time())
+    assert dropped(drops) == ["b", "a"] and {d.limit for d in drops} == {"min-free"}
+    assert [(k.repo, k.why) for k in kept] == [("busy", "checkouts")]  # met before "fresh" was looked at
+    # Not below min-free: nothing goes before its idle limit.
+    assert plan_repo_drops(repos, limits, Disk(total=100 * G, free=11 * G), 0, time.time()) == ([], [])
+    # Nothing idle enough: what stayed, and why, for the report.
+    drops, kept = plan_repo_drops([repo("fresh", 5 * MIN), repo("busy", DAY, busy="held")], limits,
+                                  Disk(total=100 * G, free=1 * G), 0, time.time())
+    assert drops == [] and sorted((k.repo, k.why) for k in kept) == [("busy", "held"), ("fresh", "grace")]
+
+
+def test_dropped_repositories_count_toward_min_free_only():
+    unmet = [Unmet("min-free", 12 * G, 6 * G), Unmet("max-checkouts", 1, 3)]
+    assert unmet_after(unmet, 7 * G) == [Unmet("max-checkouts", 1, 3)]
+    assert unmet_after(unmet, 1 * G) == [Unmet("min-free", 12 * G, 7 * G), Unmet("max-checkouts", 1, 3)]

@@ -77,7 +77,10 @@ def test_a_checkout_used_a_moment_ago_survives_max_checkouts_zero(root, three_re
     assert os.path.isdir(paths[0])
     kept = {k["commit"]: k["why"] for k in report["kept_over_limit"]}
     assert kept == {upstream.shas[0]: "grace"}
-    assert report["unmet"] == [{"limit": "max-checkouts", "target": 0, "actual": 1}]
+    (unmet,) = report["unmet"]
+    assert {k: unmet[k] for k in ("limit", "target", "actual", "short", "kept")} == {
+        "limit": "max-checkouts", "target": 0, "actual": 1, "short": 1, "kept": {"grace": 1}}
+    assert "grace" in unmet["why"] and "evict" in unmet["next"]  # what an operator needs (issue 27)
 
 
 @pytest.mark.slow
@@ -375,16 +378,39 @@ def test_concurrent_ensure_during_gc_never_answers_a_missing_path(root, upstream
     assert len(publications) > len(upstream.shas), "gc evicted and ensure re-cloned during the run"
 
 
-def test_gc_removes_a_serve_journal_untouched_for_a_day(root, upstream):
+def test_gc_removes_an_older_version_s_serve_journal_untouched_for_a_day(root, upstream):
+    """An older version's <pid>.journal has no lock to ask: its age decides."""
     from checkoutcache.store.layout import RootPaths
 
     wait_ready(root, upstream.path, upstream.shas[0])
     paths = RootPaths(root)
     os.makedirs(paths.serve_dir, exist_ok=True)
-    old, fresh = paths.serve_journal(111), paths.serve_journal(222)
+    old, fresh = os.path.join(paths.serve_dir, "111.journal"), os.path.join(paths.serve_dir, "222.journal")
     for journal in (old, fresh):
         with open(journal, "w") as handle:
             handle.write('{"event": "published"}\n')
     os.utime(old, (time.time() - 2 * 86400,) * 2)
     assert run_cli("gc", root=root)[0] == 0
     assert not os.path.exists(old) and os.path.exists(fresh)
+
+
+def test_gc_removes_a_serve_journal_by_its_lock_not_its_age(root, upstream):
+    """Issue 27: a journal whose lock nobody holds is a dead serve's, however recent; one held
+    is a running serve's, however old."""
+    from checkoutcache.store import locks
+    from checkoutcache.store.layout import RootPaths
+
+    wait_ready(root, upstream.path, upstream.shas[0])
+    paths = RootPaths(root)
+    os.makedirs(paths.serve_dir, exist_ok=True)
+    dead, live = paths.serve_journal(6, "a" * 16), paths.serve_journal(6, "b" * 16)
+    held = locks.serve_journal_owned(live)
+    try:
+        with open(dead, "w") as handle:
+            handle.write('{"event": "published"}\n')
+        os.utime(live, (time.time() - 3 * 86400,) * 2)
+        assert run_cli("gc", root=root)[0] == 0
+        assert not os.path.exists(dead) and os.path.exists(live)
+        assert sorted(paths.serve_journals()) == [live]
+    finally:
+        held.release()

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from checkoutcache.cli.fast import HANDOFF_SLACK
+from checkoutcache.handoff import HANDOFF_SLACK
 
 from .helpers import TOKEN, Serve, assert_checkout_matches, run_cli, wait_until
 from .helpers.daemons import answer_each

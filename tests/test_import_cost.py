@@ -25,7 +25,7 @@ CLI_MODULES = {
     "checkoutcache.cones", "checkoutcache.config", "checkoutcache.credentials", "checkoutcache.errors",
     "checkoutcache.git", "checkoutcache.git.backend", "checkoutcache.git.env", "checkoutcache.git.transport",
     "checkoutcache.repospec", "checkoutcache.store", "checkoutcache.store.create", "checkoutcache.store.layout",
-    "checkoutcache.store.liveness", "checkoutcache.store.locks", "checkoutcache.store.modes",
+    "checkoutcache.store.liveness", "checkoutcache.store.locks", "checkoutcache.store.modes", "checkoutcache.sharing", "checkoutcache.handoff",
     "checkoutcache.store.ready", "checkoutcache.store.records", "checkoutcache.store.watch", "checkoutcache.units",
 }
 WORKER_MODULES = {
@@ -73,7 +73,7 @@ def test_a_new_commits_path_imports_only_the_agreed_modules(root, tmp_path):
 HANDOFF_MODULES = {
     "checkoutcache", "checkoutcache.cli", "checkoutcache.cli.fast", "checkoutcache.cones",
     "checkoutcache.credentials", "checkoutcache.errors", "checkoutcache.repospec", "checkoutcache.store",
-    "checkoutcache.store.layout", "checkoutcache.store.ready", "checkoutcache.units",
+    "checkoutcache.store.layout", "checkoutcache.store.ready", "checkoutcache.units", "checkoutcache.handoff",
 }
 
 
@@ -94,7 +94,7 @@ def test_a_new_commit_handed_to_serve_imports_neither_attrs_nor_the_library(root
     assert done.returncode == 0, done.stderr[-2000:]
     lines = imported(done.stderr)
     cli = lines[lines.index("site") + 1:]
-    assert "checkoutcache.cli.fast" in cli and "socket" in cli  # it asked serve
+    assert "checkoutcache.cli.fast" in cli and "_socket" in cli  # it asked serve
     ours = {m for m in cli if m.startswith("checkoutcache")}
     assert ours <= HANDOFF_MODULES, sorted(ours - HANDOFF_MODULES)  # never the library: serve answered
     assert not {m for m in cli if m.split(".")[0] in ("attrs", "attr", "click")}

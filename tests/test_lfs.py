@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -293,3 +294,81 @@ def test_the_smudge_filter_never_downloads(root, lfs_upstream, fake_git):
     code, answer, out = run_cli("ensure", lfs_upstream.path, sha, "--wait", "60", root=root, env=vanish)
     assert code == 1 and answer["error"] == "LFS_FAILED", out
     assert only_store(root).checkout_names() == []
+
+
+# ------------------------------------------------------------ issue 27: LFS in the monorepo mode
+
+def test_a_partial_mirrors_cone_gets_its_lfs_content_without_a_scan_of_the_whole_tree(root, lfs_server):
+    """Regression: with CHECKOUTCACHE_FILTER=blob:none and a cone, `git lfs fetch URL SHA`
+    scanned the whole tree and read pointer blobs outside the cone, which a partial mirror
+    lacks: LFS_FAILED "Could not scan for Git LFS files", again after every back-off."""
+    up = lfs_server.upstream
+    git("config", "uploadpack.allowFilter", "true", cwd=up.path)
+    sha = up.commit_lfs({"a/in.bin": A, "outside/far.bin": B}, {"outside/README": "far\n"})
+    env = {**lfs_server.env, "CHECKOUTCACHE_FILTER": "blob:none"}
+    answer = wait_ready(root, lfs_server.url("127.0.0.1", "repo"), sha, env=env, extra=("--sparse", "a"))
+    assert answer["lfs"] == "content", answer
+    assert read(os.path.join(answer["path"], "a", "in.bin")) == A
+    assert git_status(answer["path"]) == ""
+    store = only_store(root)
+    # The mirror is partial and still lacks the pointer outside the cone: nothing scanned it.
+    listing = git("ls-tree", "-r", sha, cwd=store.mirror).splitlines()
+    far = next(line.split()[2] for line in listing if line.endswith("\toutside/far.bin"))
+    assert subprocess.run(["git", "-C", store.mirror, "cat-file", "-e", far],
+                          env={**os.environ, "GIT_NO_LAZY_FETCH": "1"}).returncode != 0
+    assert dict(lfs_server.lfs_downloads) == {lfs_oid(A): 1}
+
+
+def test_a_cones_lfs_download_is_exactly_its_files(root, lfs_upstream):
+    """Regression: the cone's files went to git-lfs as lfs.fetchinclude patterns, and the root
+    file `top.bin` (in every cone) matched `outside/top.bin` too: downloaded, never needed."""
+    top, far, inside = b"top" * 900, b"far away" * 900, b"inside" * 900
+    sha = lfs_upstream.commit_lfs({"top.bin": top, "outside/top.bin": far, "a/x.bin": inside})
+    answer = wait_ready(root, lfs_upstream.path, sha, extra=("--sparse", "a"))
+    assert answer["lfs"] == "content"
+    assert read(os.path.join(answer["path"], "top.bin")) == top
+    assert read(os.path.join(answer["path"], "a", "x.bin")) == inside
+    assert sorted(only_store(root).lfs_object_oids()) == sorted([lfs_oid(top), lfs_oid(inside)])
+
+
+OVERSIZE = 24 << 20
+
+
+@pytest.mark.slow
+def test_an_lfs_body_longer_than_its_pointer_says_is_cut_and_leaves_nothing(root, lfs_server):
+    """Regression: a server sending 64 MiB for a 4 KB pointer failed the clone, but every
+    partial download stayed in lfs/incomplete/ across retries and gc (321 MiB after five)."""
+    up = lfs_server.upstream
+    small = [bytes([n]) * 4000 for n in range(3)]
+    sha = up.commit_lfs({f"f{n}.bin": data for n, data in enumerate(small)})
+    for data in small:  # what the server sends: the object, then far more than the pointer says
+        lfs_server.lfs_objects[lfs_oid(data)] = data + b"\0" * OVERSIZE
+    url = lfs_server.url("127.0.0.1", "repo")
+    env = {**lfs_server.env, "CHECKOUTCACHE_BACKOFF": "1s"}
+    store = None
+    for attempt in range(2):
+        if attempt:
+            time.sleep(1.5)  # past the back-off: the second ensure tries again
+        code, answer, out = run_cli("ensure", url, sha, "--wait", "60", root=root, env=env)
+        assert code == 1 and answer["error"] == "LFS_FAILED", out
+        store = only_store(root)
+        leftovers = [os.path.join(d, f) for d, _, files in os.walk(store.lfs_store) for f in files
+                     if "/objects/" not in d + "/"]
+        assert [p for p in leftovers if "/incomplete/" in p or "/tmp/" in p] == [], leftovers
+        assert store.lfs_object_oids() == []
+        assert "more bytes than" in answer["message"], answer
+    assert lfs_server.lfs_downloads[lfs_oid(small[0])] == 2  # two attempts, each one download
+    # A worker killed during its download leaves its partial file: gc removes it once it is
+    # an hour old (a younger one may be a download under way).
+    os.makedirs(store.lfs_incomplete, exist_ok=True)
+    old, young = (os.path.join(store.lfs_incomplete, lfs_oid(data) + "123") for data in small[:2])
+    for path in (old, young):
+        with open(path, "wb") as handle:
+            handle.write(b"\0" * 5000)
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    code, report, out = run_cli("gc", root=root)
+    assert code == 0, out
+    assert report["mirrors"][0]["lfs_partials_removed"] == 1 and os.listdir(store.lfs_incomplete) == [
+        os.path.basename(young)], report["mirrors"]
+    # Each body was cut near its declared size: the server could not send it all.
+    assert lfs_server.lfs_sent and all(sent < OVERSIZE for sent in lfs_server.lfs_sent), lfs_server.lfs_sent

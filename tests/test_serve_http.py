@@ -306,7 +306,7 @@ def test_readiness_says_when_scheduled_gc_keeps_failing(root, tmp_path):
 def test_a_malformed_journal_line_never_stops_the_metrics(serve, upstream):
     """Regression: one malformed journal line silently killed the follower thread: no clone was
     counted after it."""
-    journal = RootPaths(serve.root).serve_journal(serve.proc.pid)
+    [journal] = RootPaths(serve.root).serve_journals()
     with open(journal, "a") as handle:
         for line in ('{"event": "failed", "error": ["unhashable"]}', "[1, 2]", '{"event": 7}', "\xff not json",
                      '{"event": "seeded", "outcome": {}, "reason": []}'):

@@ -1,5 +1,6 @@
-"""Several uids in one group share a root (a sidecar and review containers),
-with real users made by the test (useradd) and processes run as them.
+"""Several uids in one group share a root in the trusted-peers mode
+(CHECKOUTCACHE_SHARING=group), with real users made by the test (useradd) and
+processes run as them.
 
 The second user gets CAP_DAC_READ_SEARCH only so it can run this machine's
 Python under /root; every write it makes is still checked against the store's
@@ -77,6 +78,7 @@ def cli(root: str, *args: str, user: str | None = None, umask: str = "002",
                    "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", *command]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKOUTCACHE_")}
     env["HOME"] = "/nonexistent"
+    env["CHECKOUTCACHE_SHARING"] = "group"  # the trusted-peers mode: every member writes the store
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     try:
         answer = json.loads(done.stdout) if done.stdout.strip().startswith("{") else None

@@ -198,3 +198,28 @@ def test_serve_as_pid_1_reaps_every_clone_worker(root, tmp_path, gated):
     for sha in shas:
         assert_checkout_matches(paths.checkout(sha), upstream.path, sha)
     assert RootPaths(root).repo_keys()
+
+
+def test_the_stop_exit_status_is_the_documented_one():
+    """Issue 27: a stop that had to end a clone exited 0 while the docs said 1. 0 is right (a
+    clean, bounded stop lost nothing; Kubernetes reads non-zero as the container's failure):
+    the docs say so, and 1 stays for a stop that lost something. The real stop with a clone
+    ended is `test_a_stop_ends_a_clone_that_cannot_finish_cleanly_and_the_next_start_clones_it`
+    (exit 0)."""
+    from checkoutcache.serve.server import stop_code
+
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+    with open(os.path.join(docs, "http-api.md")) as handle:
+        api = handle.read()
+    with open(os.path.join(docs, "deployment.md")) as handle:
+        deployment = handle.read()
+    assert stop_code(up=True, listeners_failed=0, cut_off=0, clones_left=0) == 0
+    assert "| 0 | the stop did all it promises" in api and "ended cleanly by SIGTERM" in api
+    assert "A stop that ended a clone cleanly exits 0" in " ".join(deployment.split())
+    assert "0 when everything finished in time, 1 otherwise" not in " ".join(api.split())
+    lost = [dict(up=False), dict(listeners_failed=1), dict(cut_off=2), dict(clones_left=1)]
+    for case in lost:
+        arguments = {"up": True, "listeners_failed": 0, "cut_off": 0, "clones_left": 0, **case}
+        assert stop_code(**arguments) == 1, case
+    for words in ("listeners never came up", "cut off at the bound", "did not end within it"):
+        assert words in " ".join(api.split()), words

@@ -233,6 +233,48 @@ def verify(ctx: Context, repo: str | None, commit: str | None, scope: str, remov
     return 1 if report["broken"] else 0
 
 
+@cli.command()
+@click.argument("repo")
+@click.argument("commit", required=False)
+@click.option("--scope", default="default", metavar="NAME", help="The owner scope of REPO.")
+@click.option("--force", is_flag=True,
+              help="Also evict checkouts used within the grace window (never a held one or a running clone).")
+@settings_options(Config)
+@pass_context
+def evict(ctx: Context, repo: str, commit: str | None, scope: str, force: bool, **options) -> int:
+    """Remove COMMIT's checkouts (every cone) of REPO, or without COMMIT all of REPO: its
+    checkouts, mirror and LFS objects. Exit 1 (IN_USE) when something had to stay."""
+    from checkoutcache.cli.output import emit_json, evict_text
+    from checkoutcache.errors import CheckoutCacheError as Error
+    from checkoutcache.repospec import parse_commit
+    from checkoutcache.upkeep.evict import run_evict
+
+    try:
+        config = load_config(ctx, options)
+        check_root(ctx, write=True)
+        key = repo_key_in(ctx, repo, scope)
+        sha = parse_commit(commit) if commit is not None else None
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    assert key is not None
+    try:
+        from checkoutcache.store.create import refuse_newer_layout
+
+        refuse_newer_layout(ctx.cache().paths.repo(key), repo)  # a newer version's store is never touched
+    except CheckoutCacheError as exc:
+        return fail(ctx, exc)
+    report = {"repo": repo, **run_evict(ctx.cache().paths, key, sha, config.grace, force)}
+    if report["kept"]:
+        detail = ", ".join(f"{k['name'][:52]} ({k['why']})" for k in report["kept"])
+        error = Error("IN_USE", detail=detail)
+        report.update({"error": error.code, "message": error.message, "next": error.next})
+    if ctx.as_json:
+        emit_json(report)
+    else:
+        click.echo(evict_text(report))
+    return 1 if report["kept"] else 0
+
+
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True})
 @click.argument("repo")
 @click.argument("commit")

@@ -40,8 +40,8 @@ def ready_answer(argv: list[str]) -> int | None:
     from checkoutcache.errors import CheckoutCacheError
     from checkoutcache.repospec import (LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE, SUBMODULES_SETTING_VAR,
                                         parse_commit, parse_repo)
-    from checkoutcache.store.layout import RootPaths, checkout_name, default_root, existing_key
-    from checkoutcache.store.ready import lfs_of, ready_record, submodules_of
+    from checkoutcache.store.layout import LAYOUT_VERSION, RootPaths, checkout_name, default_root, existing_key
+    from checkoutcache.store.ready import layout_version_of, lfs_of, ready_record, submodules_of
 
     try:
         sha = parse_commit(commit)
@@ -53,8 +53,20 @@ def ready_answer(argv: list[str]) -> int | None:
     root_paths = RootPaths(os.path.realpath(os.path.expanduser(root)) if root else default_root())
     paths = root_paths.repo(existing_key(root_paths, spec.key, spec.legacy_key))
     name = checkout_name(sha, cone_digest(cone) if cone else None)
+    found = layout_version_of(paths.repo_json)
+    if found is not None and found > LAYOUT_VERSION:
+        return None  # a newer version's store: the full CLI refuses it (NEWER_LAYOUT), touching nothing
+    unrecorded: list[str] = []
+
+    def through_writer() -> None:
+        from checkoutcache.handoff import record_use
+
+        why = record_use(root_paths.root, paths.checkout(name), repo, commit, scope, sparse)
+        if why:
+            unrecorded.append(why)
+
     try:
-        record = ready_record(paths.ready_marker(name))
+        record = ready_record(paths.ready_marker(name), on_unrecorded=through_writer)
     except OSError:
         return None  # a marker we may not open: the full CLI says what and where
     if record is None:
@@ -71,6 +83,8 @@ def ready_answer(argv: list[str]) -> int | None:
             return not_ready(root, as_json, repo, commit, scope, sparse,
                              rest_of_wait(wait, time.monotonic() - started) if handed != REFUSED_AT_ONCE else wait)
     path = paths.checkout(name)
+    if unrecorded:
+        sys.stderr.write(f"checkoutcache: this use of {path} was not recorded: {unrecorded[0]}\n")
     if as_json or not sys.stdout.isatty():
         answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
         if cone:
@@ -90,9 +104,6 @@ READY, WAITED, REFUSED, REFUSED_AT_ONCE = "ready", "waited", "refused", "refused
 # What serve answers for its own reasons (its policy, its load, its stop): the library then
 # answers as if there were no serve.
 _SERVE_REFUSALS = ("SERVER_BUSY", "SHUTTING_DOWN", "UNAUTHORIZED", "NOT_FOUND", "PAYLOAD_TOO_LARGE")
-_MAX_ANSWER = 1 << 20
-# serve answers when its wait ends (or at its own cap, sooner); this is for the answer's trip.
-HANDOFF_SLACK = 5.0
 
 
 def hand_to_serve(root_paths, path: str, spec, repo: str, commit: str, scope: str, sparse: list[str],
@@ -104,45 +115,32 @@ def hand_to_serve(root_paths, path: str, spec, repo: str, commit: str, scope: st
     Only for a remote repository without a credential of the caller's (serve uses its own),
     and only a ready answer for the very path this process computed counts, checked on disk
     by the caller: any socket in the root may be anybody's, so nothing (the token least of
-    all) is sent to a peer that is not ours, root's or the root directory owner's. READY;
-    WAITED (serve waited, within its own cap, and did not get it ready: the library waits for
-    the rest of --wait); REFUSED (its policy or load said no, or it never answered in time:
-    the library does it all in what is left of --wait); REFUSED_AT_ONCE (nothing asked)."""
+    all) is sent to a peer that is not ours, root's or the root directory owner's
+    (handoff.py). READY; WAITED (serve waited, within its own cap, and did not get it
+    ready: the library waits for the rest of --wait); REFUSED (its policy or load said no,
+    or it never answered in time: the library does it all in what is left of --wait);
+    REFUSED_AT_ONCE (nothing asked)."""
     from checkoutcache.credentials import CREDENTIAL_VARS, strip_userinfo
+    from checkoutcache.handoff import HANDOFF_SLACK, NoWriter, post
 
     if wait in ("0", "") or spec.is_local or strip_userinfo(repo) != repo or sys.stderr.isatty() or \
             any(os.environ.get(var) for var in CREDENTIAL_VARS):
         return REFUSED_AT_ONCE  # (at a terminal the full CLI draws its progress bar for the whole wait)
-    where = os.environ.get("CHECKOUTCACHE_UNIX_SOCKET") or root_paths.api_socket
     request = {"repo": repo, "commit": commit, "wait": wait, "scope": scope, **({"sparse": sparse} if sparse else {})}
     try:
         from checkoutcache.units import parse_duration
 
-        answered = _post_unix(where, "/v1/ensure", request, parse_duration(wait, "--wait") + HANDOFF_SLACK,
-                              trusted_uids=trusted_peers(root_paths.root))
-    except Exception:  # no serve there, a dead socket, a malformed answer: none of them is ours to report
-        return REFUSED
-    if answered is None:
+        status, answer = post(root_paths.root, "/v1/ensure", request, parse_duration(wait, "--wait") + HANDOFF_SLACK,
+                              api_url=False)
+    except NoWriter:
         return REFUSED_AT_ONCE
-    status, answer = answered
+    except Exception:  # a dead socket, a malformed answer: none of them is ours to report
+        return REFUSED
     if status == 200 and answer.get("state") == "ready" and answer.get("path") == path:
         return READY
     if status >= 400 and status != 503 or answer.get("error") in _SERVE_REFUSALS or answer.get("state") == "ready":
         return REFUSED
     return WAITED
-
-
-def trusted_peers(root: str) -> set[int]:
-    """Whom the token may go to: this uid, root, the root directory's owner; never the
-    overflow uid, which stands for every uid a user namespace does not map (a stranger's
-    socket and the root's owner would look alike there)."""
-    trusted = {os.getuid(), 0, os.stat(root).st_uid}
-    try:
-        with open("/proc/sys/kernel/overflowuid") as handle:
-            trusted.discard(int(handle.read()))
-    except (OSError, ValueError):
-        trusted.discard(65534)
-    return trusted
 
 
 def rest_of_wait(wait: str, spent: float) -> str:
@@ -153,59 +151,6 @@ def rest_of_wait(wait: str, spent: float) -> str:
         return f"{max(0.0, parse_duration(wait, '--wait') - spent):.3f}"
     except CheckoutCacheError:
         return wait  # the library answers BAD_ARGUMENT for it
-
-
-def _post_unix(where: str, endpoint: str, body: dict, timeout: float, trusted_uids: set[int]) -> tuple[int, dict] | None:
-    """One HTTP/1.1 request on a Unix socket, read to the end (Connection: close) within
-    timeout in all; None when no serve of a trusted uid listens there (nothing is sent then)."""
-    import socket
-    import stat
-    import struct
-    import time
-
-    try:
-        mode = os.lstat(where).st_mode  # a symlink there is somebody's pointer to somewhere else
-    except OSError:
-        return None
-    if not stat.S_ISSOCK(mode):
-        return None
-    payload = json.dumps(body).encode()
-    token = os.environ.get("CHECKOUTCACHE_API_TOKEN")
-    head = (f"POST {endpoint} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n"
-            + (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n").encode()
-    with socket.socket(socket.AF_UNIX) as conn:
-        conn.settimeout(0.5)  # a socket nobody accepts on is no serve
-        try:
-            conn.connect(where)
-        except OSError:
-            return None
-        # Who listens, as the kernel says (pid, uid, gid): a group member may have put its own
-        # socket at this path (the root's folders are the group's to write).
-        _, peer_uid, _ = struct.unpack("iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              struct.calcsize("iII")))
-        if peer_uid not in trusted_uids:
-            return None
-        deadline = time.monotonic() + timeout
-        conn.settimeout(timeout)
-        conn.sendall(head + payload)
-        chunks, size = [], 0
-        while size <= _MAX_ANSWER:
-            left = deadline - time.monotonic()
-            if left <= 0:  # a peer that trickles bytes never holds us past the bound
-                raise TimeoutError("serve's answer did not come in time")
-            conn.settimeout(left)
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    data = b"".join(chunks)
-    status_line, _, rest = data.partition(b"\r\n")
-    _, _, body_bytes = rest.partition(b"\r\n\r\n")
-    status = int(status_line.split()[1])
-    answer = json.loads(body_bytes)
-    return status, answer if isinstance(answer, dict) else {}
 
 
 def not_ready(root: str | None, as_json: bool, repo: str, commit: str, scope: str, sparse: list[str],

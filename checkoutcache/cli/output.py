@@ -217,3 +217,15 @@ def bundle_text(result: dict) -> str:
             lines.append(f"{r['repo']}: {r['action']} bundle {r['bundle']} ({format_bytes(r['bytes'])}, "
                          f"{r['refs']} refs; {r['why']}); {len(r['list'])} listed, {len(r['pruned'])} pruned")
     return "\n".join(lines)
+
+
+def evict_text(report: dict) -> str:
+    lines = [f"removed {r['name'][:52]:<52} {format_bytes(r['bytes']):>8}" for r in report["removed"]]
+    lines += [f"kept    {k['name'][:52]:<52} {k['why']}" for k in report["kept"]]
+    if report.get("note"):
+        lines.append(report["note"])
+    if report.get("error"):
+        lines.append(f"{report['message']}\nnext: {report['next']}")
+    lines.append(f"freed {format_bytes(report['bytes_freed'])}"
+                 + ("; the whole repository is gone" if report["repository_removed"] else ""))
+    return "\n".join(lines)

@@ -30,7 +30,7 @@ from checkoutcache.errors import CheckoutCacheError, describe
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
-from checkoutcache.store.create import init_repo_store, make_dirs, root_error, store_exists
+from checkoutcache.store.create import init_repo_store, make_dirs, refuse_newer_layout, root_error, store_exists
 from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name
 from checkoutcache.store.ready import lfs_of, submodules_of, touch_if_ready
 from checkoutcache.store.watch import StateWatch
@@ -65,6 +65,7 @@ class Coordinator:
         self.name = checkout_name(sha, cone_digest(cone) if cone else None)  # the checkout, for the store
         self.paths = root_paths.repo(spec.key)
         self.credential = credential_for(spec.url, spec.credential, os.environ)
+        self.started: dict | None = None  # the worker this coordinator started: pid, pidns
 
     # ------------------------------------------------------------ answers
     def ready(self) -> Answer:
@@ -80,6 +81,9 @@ class Coordinator:
 
     def cloning(self, record: dict | None) -> Answer:
         record = record or {}
+        if not record.get("pid") and self.started is not None and _owner_lives(self.started):
+            # Our own worker, slow to write its record (a loaded machine): we know its pid.
+            record = {**record, **self.started}
         return Answer(state=State.CLONING, commit=self.sha, repo=self.spec.url, sparse=list(self.cone) or None,
                       pid=record.get("pid"),
                       pid_namespace=record.get("pidns"),
@@ -120,6 +124,7 @@ class Coordinator:
         per back-off, not one per ask. Returns that failed answer, or None once the
         store exists."""
         if store_exists(self.paths):
+            refuse_newer_layout(self.paths, self.spec.url)  # nothing of ours goes into a newer store
             return None
         record_path = self.root_paths.unreachable_record(self.spec.key)
         previous = read_failure(record_path)
@@ -211,9 +216,10 @@ class Coordinator:
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
         if pid is None:
             return self.outcome()
-        from checkoutcache.store.liveness import pid_namespace  # psutil only off the ready path
+        from checkoutcache.store.liveness import pid_namespace, process_start_time  # psutil only off the ready path
 
-        return self.cloning({**record, "pid": pid, "pidns": pid_namespace()})
+        self.started = {"pid": pid, "pid_start": process_start_time(pid), "pidns": pid_namespace()}
+        return self.cloning(record)
 
     def outcome(self) -> Answer:
         """What a clone that ran to its end here left: ready, or its failure."""

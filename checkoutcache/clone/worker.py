@@ -60,7 +60,7 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.sizes import record_size
 from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths, RootPaths, commit_of
-from checkoutcache.store.modes import open_created, set_shared_umask
+from checkoutcache.store.modes import open_created, set_store_umask
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import Scratch, create_scratch
@@ -448,7 +448,7 @@ class Worker:
         except CheckoutCacheError:
             if not mirror.git_lock_files(self.paths.mirror):
                 raise
-            for stale in mirror.remove_stale_leftovers(self.paths.mirror, min_age=0.0):
+            for stale in mirror.remove_stale_leftovers_of(self.paths, min_age=0.0):
                 self.log(f"removed git lock {stale} left by a killed process")
             return operation()
 
@@ -471,7 +471,7 @@ class Worker:
         except CheckoutCacheError:
             # What the failed fetch wrote (a part of a pack, loose objects) goes now: under our
             # mirror lock no other git writes, and on a full disk it is what the retry needs.
-            mirror.remove_stale_leftovers(self.paths.mirror, min_age=0.0)
+            mirror.remove_stale_leftovers_of(self.paths, min_age=0.0)
             raise
         seed = records.read_json(self.paths.seed_record, records.SEED)
         if seed and seed.get("seeded"):  # what upstream sent since seeding, for status and metrics
@@ -622,7 +622,7 @@ class Worker:
                 # sees the gap itself and fetches only what is missing).
                 refetch = self.backend.partial_filter(mirror_dir) is not None and \
                     self.backend.object_kind(mirror_dir, self.sha) is not None
-                for stale in mirror.remove_stale_leftovers(mirror_dir):
+                for stale in mirror.remove_stale_leftovers_of(self.paths):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
                 checkpoint("before-fetch")
@@ -694,15 +694,22 @@ class Worker:
             checkpoint("before-lfs-fetch")
             failure = None
             try:
+                # Exactly the objects this checkout lacks (a cone's: never the whole tree's).
                 self.write_mirror(lambda: self.backend.lfs_fetch(
-                    self.paths.mirror, self.url, self.is_local, self.sha, self.paths.lfs_store, self.credential,
-                    self.on_progress, self.log, keep_fds, [p.path for p in missing] if self.cone else None))
+                    self.paths.mirror, self.url, self.is_local, missing, self.paths.lfs_store, self.credential,
+                    self.on_progress, self.log, keep_fds))
             except CheckoutCacheError as exc:
                 if exc.code == "DISK_FULL":
                     raise
-                # git-lfs also fails for pointer-shaped files no attribute routes through it:
-                # only the objects the checkout needs decide.
+                # Only the objects the checkout needs decide (an operator's fetchexclude may
+                # have left one out, which then fails below).
                 failure = exc
+            finally:
+                # What a failed download left (a body longer than its pointer, wrong bytes)
+                # goes now, under the mirror lock every download runs under.
+                count, freed = mirror.remove_lfs_partials(self.paths, {p.oid for p in missing})
+                if count:
+                    self.log(f"removed {count} partial LFS download(s), {freed} bytes")
             absent = [p for p in missing if not self.lfs_in_store(p)]
             if absent:
                 why = f"{failure.detail}" if failure is not None else "git-lfs did not download it"
@@ -844,9 +851,9 @@ def run_inline(paths: RepoPaths, name: str, lock_fd: int, config: Config, creden
 
 def run_worker(root: str, key: str, name: str, config: Config, credential: Credential | None,
                deaths: int = 0, cone: Cone = ()) -> int:
-    # Group members share the root (several uids): what git writes for us is group
-    # writable and never world-writable, whatever the caller's umask was.
-    set_shared_umask()
+    # What git writes for us is writable by the writer alone (or, in the trusted-peers
+    # mode, by the root's group) and never world-writable, whatever the caller's umask was.
+    set_store_umask()
     worker = Worker(RootPaths(root).repo(key), name, config, credential, deaths, cone)
     stop_on_sigterm(worker.on_stop)
     return worker.run()

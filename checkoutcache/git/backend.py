@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple, Protocol
 from checkoutcache.credentials import Credential, redact
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.env import SAFE_CONFIG
+from checkoutcache.store.modes import git_shared_repository
 
 Progress = Callable[[dict], None]
 Log = Callable[[str], None]
@@ -42,9 +43,13 @@ MIRROR_CONFIG = {
     "fetch.writeCommitGraph": "false",
     "core.fsmonitor": "false",
     "receive.autogc": "false",
-    # Several uids in one group share the store: objects stay group-writable.
-    "core.sharedRepository": "group",
 }
+
+
+def mirror_config() -> dict[str, str]:
+    """MIRROR_CONFIG and who may write the mirror's objects: the writer alone, or every
+    member of the root's group in the trusted-peers mode (store/modes.py)."""
+    return {**MIRROR_CONFIG, "core.sharedRepository": git_shared_repository()}
 
 
 def partial_mirror_config(filter: str) -> dict[str, str]:
@@ -117,6 +122,29 @@ def parse_lfs_pointer(data: bytes) -> tuple[str, int] | None:
         return None
     match = _POINTER.match(data)
     return (match["oid"].decode(), int(match["size"])) if match else None
+
+
+def lfs_pointer_text(pointer: LfsPointer) -> bytes:
+    """The canonical pointer file of an object (what git-lfs reads it back as)."""
+    return b"version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (pointer.oid.encode(),
+                                                                                      pointer.size)
+
+
+# What one LFS download may write whatever a server sends: git-lfs runs under a file size
+# limit (RLIMIT_FSIZE), so its objects are fetched in batches of like size, each under the
+# power of two at or above its largest object (and at least this much: small objects share
+# one batch). A body longer than its pointer says is cut there: under twice its size.
+LFS_BATCH_FLOOR = 1 << 20
+
+
+def lfs_fetch_batches(pointers: list[LfsPointer]) -> list[tuple[int, list[LfsPointer]]]:
+    """(file size limit, pointers) of each git-lfs run, smallest first: every object's
+    limit is at least its size and less than twice max(its size, LFS_BATCH_FLOOR)."""
+    batches: dict[int, list[LfsPointer]] = {}
+    for pointer in pointers:
+        limit = 1 << (max(pointer.size, LFS_BATCH_FLOOR) - 1).bit_length()
+        batches.setdefault(limit, []).append(pointer)
+    return sorted(batches.items())
 
 
 def lfs_checkout_config(store: str, endpoint: str | None) -> dict[str, str]:
@@ -210,10 +238,11 @@ class GitBackend(Protocol):
     # The files of the commit git's attributes route through filter=lfs whose content is a
     # pointer: what a checkout's smudge needs from the store (every .gitattributes counts).
     def lfs_pointers(self, mirror: str, sha: str, cone: tuple[str, ...] = ()) -> list[LfsPointer]: ...
-    # paths: only the LFS files at these paths (a sparse checkout's), where that can be said
-    def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
+    # Downloads exactly these objects (never a scan of the commit's tree: a partial mirror
+    # lacks the pointers outside a cone), each cut near its declared size (lfs_fetch_batches).
+    def lfs_fetch(self, mirror: str, url: str, is_local: bool, pointers: list[LfsPointer], store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
-                  keep_fds: tuple[int, ...] = (), paths: list[bytes] | None = None) -> None: ...
+                  keep_fds: tuple[int, ...] = ()) -> None: ...
     def lfs_in_tree(self, tree_dir: str) -> bool: ...
     def deep_problems(self, checkout_dir: str, sha: str) -> list[str]: ...
 

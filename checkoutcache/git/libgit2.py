@@ -18,7 +18,7 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import (
     CHECKOUT_CONFIG,
     KEEP_PREFIX,
-    MIRROR_CONFIG,
+    mirror_config,
     Log,
     Progress,
     git_failure,
@@ -181,7 +181,7 @@ class Pygit2Backend:
             raise ValueError("libgit2 makes no partial clones (supports_partial is False)")
 
         repo = pygit2.init_repository(path, bare=True)
-        for key, value in MIRROR_CONFIG.items():
+        for key, value in mirror_config().items():
             repo.config[key] = value
 
     def is_usable(self, mirror: str) -> bool:
@@ -326,9 +326,9 @@ class Pygit2Backend:
     def lfs_pointers(self, mirror: str, sha: str, cone: tuple[str, ...] = ()) -> list:
         return []
 
-    def lfs_fetch(self, mirror: str, url: str, is_local: bool, sha: str, store: str,
+    def lfs_fetch(self, mirror: str, url: str, is_local: bool, pointers: list, store: str,
                   credential: Credential | None, on_progress: Progress, log: Log,
-                  keep_fds: tuple[int, ...] = (), paths: list[bytes] | None = None) -> None:
+                  keep_fds: tuple[int, ...] = ()) -> None:
         raise CheckoutCacheError("LFS_FAILED", detail=self.lfs_unsupported())
 
     def lfs_in_tree(self, tree_dir: str) -> bool:

@@ -4,7 +4,9 @@ what is on disk: lock files (`*.lock`), temporary packs (`tmp_pack_*`,
 partial fetches' quarantines (`objects/tmp_objdir-checkoutcache-*`), and
 `pack-*.keep` files (git writes one
 while a fetch's pack is not yet referenced, and removes it after; a fetch
-killed in between leaves it, and that pack then survives every gc).
+killed in between leaves it, and that pack then survives every gc: once its
+`.keep` is removed a repack is due, which drops it), and the partial
+downloads git-lfs keeps in lfs/incomplete/.
 
 Every function here must be called with the repository's mirror lock held
 (locks/mirror.lock): git's own lock files are not enough, since two fetches
@@ -21,6 +23,7 @@ import shutil
 import time
 from typing import Callable
 
+from checkoutcache.store import records
 from checkoutcache.store.layout import QUARANTINE_PREFIX, RepoPaths
 
 # A leftover younger than this may belong to a git process that is still
@@ -90,6 +93,53 @@ def _quarantines(objects: str) -> list[str]:
                 and e.is_dir(follow_symlinks=False)]
     except FileNotFoundError:
         return []
+
+
+# ------------------------------------------------------------ LFS partial downloads
+# git-lfs keeps a failed download in lfs/incomplete/ to resume it later; a server that
+# sends more than a pointer says (or wrong bytes) would fill the disk across retries.
+# Every download runs under the mirror lock, so under it a partial one is a finished
+# attempt's: the worker removes its own at once, gc those an hour old (a review's own
+# `git lfs pull` in a trusted-peers store may still be writing a younger one).
+STALE_LFS_PARTIAL_AGE = 3600.0
+
+
+def remove_lfs_partials(paths: RepoPaths, oids: set[str] | None = None, min_age: float = 0.0,
+                        now: float | None = None) -> tuple[int, int]:
+    """Delete partial LFS downloads (of these oids; all with None) at least min_age old:
+    (how many, bytes). Caller holds the mirror lock."""
+    now = time.time() if now is None else now
+    removed = freed = 0
+    for name in _files(paths.lfs_incomplete):
+        if oids is not None and name[:64] not in oids:
+            continue
+        path = os.path.join(paths.lfs_incomplete, name)
+        try:
+            info = os.lstat(path)
+            if now - info.st_mtime < min_age:
+                continue
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        removed += 1
+        freed += info.st_size
+    return removed, freed
+
+
+def remove_stale_leftovers_of(paths: RepoPaths, min_age: float = STALE_GIT_LOCK_AGE) -> list[str]:
+    """remove_stale_leftovers of a repository's mirror, by a worker: a pack whose `.keep`
+    goes (a killed fetch's) is dropped only by a repack, so the next gc's is due."""
+    removed = remove_stale_leftovers(paths.mirror, min_age=min_age)
+    if any(name.endswith(".keep") for name in removed):
+        note_repack_due(paths)
+    return removed
+
+
+def note_repack_due(paths: RepoPaths) -> None:
+    """Make gc's next mirror maintenance repack (state/mirror-gc.json pending). Caller
+    holds the mirror lock, as gc does when it writes the same record."""
+    stamp = records.read_json(paths.mirror_gc_stamp, records.MIRROR_GC) or {}
+    records.write_json(paths.mirror_gc_stamp, {**stamp, "at": stamp.get("at", 0.0), "pending": True})
 
 
 def _files(directory: str) -> list[str]:

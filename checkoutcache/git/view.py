@@ -50,7 +50,7 @@ import time
 from typing import Iterator
 
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.git.backend import MIRROR_CONFIG, partial_mirror_config
+from checkoutcache.git.backend import mirror_config, partial_mirror_config
 
 PACKED_REFS = "packed-refs"
 VIEW_PREFIX = "checkoutcache-view-"
@@ -62,12 +62,15 @@ DEAD_VIEW_AGE = 6 * 3600
 
 @contextlib.contextmanager
 def private_view(mirror: str, filter: str | None = None, settings: dict[str, str] | None = None,
-                 objects: str | None = None, refs: dict[str, str] | None = None) -> Iterator[str]:
+                 objects: str | None = None, refs: dict[str, str] | None = None,
+                 own_objects: bool = False) -> Iterator[str]:
     """Yields the private git directory that shows the mirror: run git with `-C` it.
 
     objects: another object store to show instead of the mirror's (a quarantine). refs: the
     view's own refs instead of the mirror's, these (ref -> id) as its packed-refs: what git
-    writes to a ref then stays in the view (git/quarantine.py)."""
+    writes to a ref then stays in the view (git/quarantine.py). own_objects: objects written
+    in the view stay in it (an objects directory of its own that borrows the mirror's as an
+    alternate), for what only one command needs (git-lfs's list)."""
     remove_dead_views()
     view = None
     owner = None
@@ -75,7 +78,12 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
         try:
             view = tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-")
             owner = _take_owner_lock(view)
-            os.symlink(objects or os.path.join(mirror, "objects"), os.path.join(view, "objects"))
+            if own_objects:
+                os.makedirs(os.path.join(view, "objects", "info"))
+                with open(os.path.join(view, "objects", "info", "alternates"), "w") as handle:
+                    handle.write(os.path.abspath(os.path.join(mirror, "objects")) + "\n")
+            else:
+                os.symlink(objects or os.path.join(mirror, "objects"), os.path.join(view, "objects"))
             if refs is None:
                 for name in ("refs", PACKED_REFS):
                     os.symlink(os.path.join(mirror, name), os.path.join(view, name))
@@ -87,7 +95,7 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
                     handle.write("".join(f"{sha} {ref}\n" for ref, sha in sorted(refs.items())))
             with open(os.path.join(view, "HEAD"), "w") as handle:
                 handle.write("ref: refs/heads/main\n")  # a fetch never reads it; git wants one
-            config = {"core.bare": "true", **MIRROR_CONFIG, **(partial_mirror_config(filter) if filter else {}),
+            config = {"core.bare": "true", **mirror_config(), **(partial_mirror_config(filter) if filter else {}),
                       **(settings or {})}
             with open(os.path.join(view, "config"), "w") as handle:
                 handle.write(_config_text(config, partial=filter is not None))

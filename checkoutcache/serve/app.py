@@ -59,6 +59,7 @@ PUBLIC = ("/healthz", "/readyz", "/openapi.json")
 HEALTH_ONLY = ("/healthz", "/readyz", "/metrics")
 PUBLIC_GRANT = Grant("public", frozenset())
 JSON = [("content-type", "application/json")]
+CLOSE = ("connection", "close")
 Reply = tuple[int, bytes, list[tuple[str, str]]]
 
 
@@ -103,6 +104,16 @@ class Pools:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
+def keeps_alive(listener: Listener, grant: Grant | None) -> bool:
+    """Whether the connection stays open after this answer: only for a request that showed
+    who it is (a valid token, or the Unix socket's permissions when it needs no token). A
+    connection held open costs one of --max-connections slots until it has been idle 5 s,
+    so a client that never authenticated (a public endpoint, a 401, a refused Origin, the
+    health port) holds one for a single request, never for as long as it keeps asking:
+    floods of them cannot keep a ready answer waiting for a slot."""
+    return not listener.health_only and grant is not None and grant is not PUBLIC_GRANT
+
+
 def error_reply(exc: CheckoutCacheError, headers: list[tuple[str, str]] | None = None) -> Reply:
     answer = Answer.from_error(exc)
     return http_status(answer), json_bytes(answer.to_json()), JSON + (headers or [])
@@ -143,6 +154,8 @@ class Api:
             log.exception("request failed: %s %s", scope.method, scope.path[:200])
             status, body, headers = error_reply(CheckoutCacheError("INTERNAL_ERROR", detail="see serve's log"))
             request.error = "INTERNAL_ERROR"
+        if not keeps_alive(self.listener, request.grant) and CLOSE not in headers:
+            headers = headers + [CLOSE]
         proto.response_bytes(status, headers, body)
         seconds = time.monotonic() - started
         endpoint = scope.path if scope.path in ROUTES else "other"  # only known endpoints become labels
@@ -180,7 +193,7 @@ class Api:
             elif exc.code in ("TOO_MANY_HOLDS", "SERVER_BUSY"):
                 headers.append(("retry-after", "5" if exc.code == "TOO_MANY_HOLDS" else RETRY_AFTER))
             elif exc.code in ("PAYLOAD_TOO_LARGE",) or (exc.code == "BAD_ARGUMENT" and getattr(exc, "close", False)):
-                headers.append(("connection", "close"))  # what follows on this connection cannot be framed
+                headers.append(CLOSE)  # what follows on this connection cannot be framed
             return error_reply(exc, headers)
         except Stopping:
             request.error = "SHUTTING_DOWN"

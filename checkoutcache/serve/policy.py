@@ -128,7 +128,8 @@ def load_tokens(token_file: str | None, environ: dict | os._Environ) -> tuple[tu
             with open(token_file) as handle:
                 tokens += parse_tokens(handle.read(), token_file)
         except OSError as exc:
-            raise CheckoutCacheError("BAD_ARGUMENT", what=f"cannot read the tokens file: {exc.strerror}") from None
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"CHECKOUTCACHE_API_TOKEN_FILE (--token-file) "
+                                                          f"{token_file[:200]!r} cannot be read: {exc.strerror}") from None
     single = environ.get("CHECKOUTCACHE_API_TOKEN")
     if single:
         tokens += parse_tokens(single, "CHECKOUTCACHE_API_TOKEN")

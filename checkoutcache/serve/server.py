@@ -18,7 +18,8 @@ Order at start (each step for a reason):
 SIGTERM (or SIGINT): stop accepting; requests waiting on a clone are answered
 SHUTTING_DOWN (503, Retry-After) at once; in-flight answers get --stop-timeout
 (20 s by default, under Kubernetes' 30 s); holds are released; the process
-exits, 0 when everything finished within the bound. A watchdog thread holds
+exits (stop_code: 0 when the stop did all it promises, clones it ended included; 1 when
+something was lost). A watchdog thread holds
 the bound whatever blocks. Clone workers are processes of their own, reparented
 to us: they get what is left of the bound to publish; those still running near
 its end get SIGTERM, which ends each cleanly (no failure or death recorded, its
@@ -41,6 +42,7 @@ import stat
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from checkoutcache.cache import Cache
@@ -54,6 +56,7 @@ from checkoutcache.serve.app import Api, Listener, Pools, allowed_hosts
 from checkoutcache.serve.policy import ApiPolicy
 from checkoutcache.serve.reaper import Reaper, become_subreaper
 from checkoutcache.serve.service import Service
+from checkoutcache.store import locks
 from checkoutcache.store.create import init_root, make_dirs
 
 log = logging.getLogger("checkoutcache.serve")
@@ -163,7 +166,9 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     raise_open_file_limit()
     init_root(cache.paths)
     make_dirs(cache.paths.serve_dir)
-    journal = cache.paths.serve_journal(os.getpid())
+    # Named by a nonce, not by our pid alone: every container's serve has the same pid,
+    # and two of them may share this root (invariant 3).
+    journal = cache.paths.serve_journal(os.getpid(), uuid.uuid4().hex[:16])
     os.environ["CHECKOUTCACHE_CLONE_JOURNAL"] = journal  # workers we start report to us
     # The policy goes to our workers too: a .gitmodules names nothing the API could not.
     os.environ[POLICY_REPOS_VAR] = ",".join(policy.repo_patterns)
@@ -172,6 +177,8 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     worker_server = WorkerServer()
     use_worker_server(worker_server)
     reaper.own.add(worker_server.pid)
+    # Taken after the fork: a worker server that inherited it would keep it held past our death.
+    journal_lock = locks.serve_journal_owned(journal)
     service = Service(cache, config, settings, journal, policy, version)
     pools = Pools(settings.max_waiting)
     with open(OPENAPI, "rb") as handle:
@@ -203,18 +210,29 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     pools.shutdown()
     use_worker_server(None)
     worker_server.close()
-    for path in (journal, unix):
-        if path:
-            try:
-                if path == journal or stat.S_ISSOCK(os.lstat(path).st_mode):
-                    os.unlink(path)
-            except FileNotFoundError:
-                pass
+    remove_own_journal(journal_lock)
+    if unix:
+        try:
+            if stat.S_ISSOCK(os.lstat(unix).st_mode):
+                os.unlink(unix)
+        except FileNotFoundError:
+            pass
     log.info("stopped", extra={"event": "stopped", "code": code})
     logs.flush()
     # os._exit: interpreter exit joins pool threads, and one stuck in flock() or a wait
     # would hold the exit past any bound.
     os._exit(code)
+
+
+def remove_own_journal(held: locks.Lock) -> None:
+    """Our journal, and only ours: removed while its lock is still ours and only if the path
+    still names the file we locked (nothing a peer put there)."""
+    try:
+        if os.path.samestat(os.fstat(held.fileno()), os.lstat(held.path)):
+            os.unlink(held.path)
+    except OSError:
+        pass
+    held.release()
 
 
 def _run(servers: list, service: Service, settings: ServeSettings, address, health, unix, reaper: Reaper) -> int:
@@ -237,10 +255,16 @@ def _run(servers: list, service: Service, settings: ServeSettings, address, heal
                 "event": "serving", "root": service.cache.root, "api": where,
                 "health": f"http://{health[0]}:{health[1]}" if health else None, "pid": os.getpid()})
             if settings.ready_file:
-                with open(settings.ready_file, "w") as handle:
-                    handle.write(json.dumps({"listening": where, "pid": os.getpid(), "unix": unix,
-                                             "tcp": f"http://{address[0]}:{address[1]}" if address else None,
-                                             "health": f"http://{health[0]}:{health[1]}" if health else None}))
+                try:
+                    with open(settings.ready_file, "w") as handle:
+                        handle.write(json.dumps({"listening": where, "pid": os.getpid(), "unix": unix,
+                                                 "tcp": f"http://{address[0]}:{address[1]}" if address else None,
+                                                 "health": f"http://{health[0]}:{health[1]}" if health else None}))
+                except OSError as exc:  # checked when read; gone since: said, and the stop exits 1
+                    log.error("CHECKOUTCACHE_READY_FILE %r could not be written: %s", settings.ready_file,
+                              exc.strerror or exc, extra={"event": "start_failed"})
+                    up = False
+                    stop.set()
         stopper = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         failed = [t for t in tasks if t in done and t.exception() is not None]
@@ -258,15 +282,26 @@ def _run(servers: list, service: Service, settings: ServeSettings, address, heal
         _, pending = await asyncio.wait(tasks, timeout=settings.stop_timeout)
         log.info("drained in %.2fs, %d listener(s) cut off", time.monotonic() - started, len(pending),
                  extra={"event": "drained", "seconds": round(time.monotonic() - started, 3), "cut_off": len(pending)})
-        await finish_clones(reaper, started + settings.stop_timeout)
+        clones_left = await finish_clones(reaper, started + settings.stop_timeout)
         watchdog.cancel()
-        return 1 if pending or failed or not up else 0
+        return stop_code(up, len(failed), len(pending), clones_left)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main())
 
 
-async def finish_clones(reaper: Reaper, deadline: float) -> None:
+def stop_code(up: bool, listeners_failed: int, cut_off: int, clones_left: int) -> int:
+    """serve's exit status after a stop. 0: the stop did what it promises, clones it had to
+    end included (SIGTERMed, each cleanly: nothing recorded, cloned again on the next ask).
+    That is routine in every rollout; under Kubernetes a non-zero status reads as the
+    container's failure (reason Error: alerts, and a Job pod's sidecar failing the pod).
+    1: something was lost or never worked: the listeners never came up or one failed,
+    answers in flight were cut off at the bound, or a clone worker did not end within it
+    (it dies with the container: a death counted against its commit)."""
+    return 1 if not up or listeners_failed or cut_off or clones_left else 0
+
+
+async def finish_clones(reaper: Reaper, deadline: float) -> int:
     """Our clone workers get what is left of the stop bound to publish; those still running
     near its end are SIGTERMed, which ends each cleanly (no failure, no death, no scratch:
     worker.on_stop), so the next start, or any asker, clones their commits again. A worker
@@ -281,13 +316,17 @@ async def finish_clones(reaper: Reaper, deadline: float) -> None:
         await asyncio.sleep(0.05)
         running = reaper.workers()
     if not running:
-        return
+        return 0
     log.warning("stopping %d clone(s) that could not finish within the stop timeout; their commits are cloned "
                 "again on the next ask", len(running), extra={"event": "stopping_clones", "clones": len(running)})
     reaper.stop_workers(running)
     while running and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
         running = reaper.workers()
+    if running:
+        log.error("%d clone worker(s) did not end within the stop timeout", len(running),
+                  extra={"event": "clones_left", "clones": len(running)})
+    return len(running)
 
 
 def served_version() -> str:

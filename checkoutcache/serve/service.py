@@ -14,7 +14,6 @@ calls on its event loop.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -50,7 +49,6 @@ MAX_HOLD_TTL = 24 * 3600.0
 DEFAULT_HOLD_TTL = 3600.0
 GC_SETTINGS = ("max_checkouts", "max_bytes", "min_free", "free_headroom", "max_age", "grace")
 JOURNAL_ROTATE_BYTES = 1 << 20
-_PROBES = itertools.count()
 HTTP_STATUS = {State.READY: 200, State.CLONING: 202}
 MAX_RECENT_USES = 100_000
 # How long a parsed, allowed request is remembered (a local path's real path may move), and how many.
@@ -297,8 +295,9 @@ class Service:
         """/readyz: the root is usable (created, written, locked), git is there, scheduled gc
         is not failing, and serve is not stopping."""
         checks: dict[str, object] = {"root_writable": False, "locks_work": False}
-        # One probe file per call, locked and removed: concurrent probes never share a name or a lock.
-        probe = self.cache.paths.health_probe(f"{os.getpid()}-{next(_PROBES)}")
+        # One probe file per call, locked and removed: concurrent probes never share a name or a
+        # lock, nor do serves of the same pid in other PID namespaces on this root (a nonce).
+        probe = self.cache.paths.health_probe(uuid.uuid4().hex)
         try:
             init_root(self.cache.paths)
             held = locks.try_lock(probe)  # created (the root is writable), then locked

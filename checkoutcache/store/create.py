@@ -17,6 +17,7 @@ from checkoutcache.errors import CheckoutCacheError, disk_full, is_disk_full
 from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import records
 from checkoutcache.store.modes import make_dir, open_created
+from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.layout import (
     LAYOUT_VERSION,
     ROOT_README,
@@ -97,6 +98,14 @@ def init_repo_store(root_paths: RootPaths, paths: RepoPaths, spec: RepoSpec) -> 
             make_dirs(directory)
     except OSError as exc:
         raise root_error(root_paths.root, exc) from None
+
+
+def refuse_newer_layout(paths: RepoPaths, url: str) -> None:
+    """NEWER_LAYOUT when the repository's store was written by a newer version: this one
+    writes nothing there (a rollback must not corrupt what a newer version made)."""
+    found = layout_version_of(paths.repo_json)
+    if found is not None and found > LAYOUT_VERSION:
+        raise CheckoutCacheError("NEWER_LAYOUT", repo=url, found=found, known=LAYOUT_VERSION)
 
 
 def store_exists(paths: RepoPaths) -> bool:

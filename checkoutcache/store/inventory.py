@@ -175,5 +175,6 @@ def repo_info(paths: RepoPaths, sizes: str = RECORDED_SIZES) -> RepoInfo:
                     scratch=scratch, meta=meta, problems=reader.problems)
 
 
-def inventory(root_paths: RootPaths, sizes: str = RECORDED_SIZES) -> list[RepoInfo]:
-    return [repo_info(root_paths.repo(key), sizes) for key in root_paths.repo_keys()]
+def inventory(root_paths: RootPaths, sizes: str = RECORDED_SIZES, keys: list[str] | None = None) -> list[RepoInfo]:
+    """Every repository store of the root (or those of keys)."""
+    return [repo_info(root_paths.repo(key), sizes) for key in (root_paths.repo_keys() if keys is None else keys)]

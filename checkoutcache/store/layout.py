@@ -2,7 +2,10 @@
 
 Every other module asks this one for a path; none joins path parts itself. The
 layout is a contract with operators and with other versions of this tool
-running on the same root, so a change here is a change of LAYOUT_VERSION.
+running on the same root, so a change here is a change of LAYOUT_VERSION. A
+repository store whose repo.json names a newer layout_version than this one's is
+never written by this version: its answers are NEWER_LAYOUT and gc leaves it
+alone (a rollback cannot corrupt what a newer version made).
 
     <root>/
     ├── README                     says which tool maintains this directory
@@ -14,11 +17,19 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     │                              never touched by checkoutcache.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
-    │   └── .health-<pid>-<n>      a probe file /healthz locks, writes and removes at once
+    │   └── .health-<nonce>        a probe file /readyz locks, writes and removes at once
+    │                              (a fresh random name per probe: serves of equal pids in
+    │                              other PID namespaces probe the same root)
     ├── serve/
-    │   └── <pid>.journal          a running serve's clone journal: its workers append one
-    │                              JSON line per event; opened without following symlinks;
-    │                              gc removes one untouched for a day (a serve gone)
+    │   └── <pid>-<nonce>.journal  a running serve's clone journal: its workers append one
+    │                              JSON line per event; opened without following symlinks.
+    │                              Named by a nonce (every container's serve has the same
+    │                              pid) and held exclusive (flock) by its serve for its whole
+    │                              life: THE proof that its serve lives. The serve removes its
+    │                              own when it stops; gc removes one whose lock is free (a
+    │                              serve killed; a worker that outlived it may write it anew).
+    │                              `<pid>.journal` (older versions, no lock): gc removes it
+    │                              once untouched for a day.
     ├── unreachable/
     │   └── <key>.failed.json      a repository never reached: its first contact failed (code
     │                              UNREACHABLE, message, attempts, retry time). Until the retry
@@ -26,6 +37,11 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
     │                              is reached, or by gc a day after its retry time. Nothing else
     │                              is written for a repository before its first contact succeeds.
     └── repos/
+        ├── .dropped-<key>-<pid>-<hex>/  a whole repository being removed (gc past
+        │                          CHECKOUTCACHE_REPO_MAX_IDLE or min-free, `evict REPO`): renamed
+        │                          here in one step under its mirror lock and every clone lock
+        │                          (so an asker finds the whole store or none and starts anew),
+        │                          then deleted; one a killed gc left is deleted by the next gc.
         └── <key>/                 one repository in one owner scope. <key> is the first 32
             │                      hex digits of sha256("checkoutcache-repo-v1" NUL scope NUL
             │                      identity), identity being the URL with equivalent spellings
@@ -61,7 +77,10 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                  the mirror under locks/mirror.lock, before the checkout whose
             │   │                  smudge filter copies it; removed by gc, under mirror.lock,
             │   │                  when no commit kept in mirror.git (refs/keep/) references it.
-            │   └── tmp/           git-lfs's partial downloads (its own business).
+            │   ├── incomplete/<oid>*  git-lfs's partial downloads, under locks/mirror.lock: each cut
+            │   │                  near its pointer's size (RLIMIT_FSIZE), removed by the worker after
+            │   │                  its fetch, else by gc under mirror.lock once an hour old.
+            │   └── tmp/           git-lfs's own temporary files (its business).
             ├── checkouts/
             │   └── <name>/        a published checkout: work tree plus a .git whose
             │       │              objects/info/alternates points at mirror.git/objects.
@@ -107,6 +126,9 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
             │   │                      when gc removes a dead clone's record (so an OOM-killed
             │   │                      worker still ends in WORKER_DIED); removed when a clone
             │   │                      publishes or fails, or a day after the last death.
+            │   ├── last-use.json      the latest last use of the checkouts gc or `evict` removed
+            │   │                      (a repository's own last use once none is left). Written whole
+            │   │                      by the evictor; gc drops a repository unused past a limit.
             │   ├── <name>.size.json   the checkout's size and the last use it was measured at:
             │   │                      written at publish, measured again by gc only after a use.
             │   ├── mirror-seed.json   how mirror.git began (CHECKOUTCACHE_BUNDLE_URI set): the
@@ -130,11 +152,18 @@ running on the same root, so a change here is a change of LAYOUT_VERSION.
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
                 └── clone-<name>.lock exclusive for a clone's whole life: one clone per checkout
 
-Permissions (store/modes.py): directories DIR_MODE (2775: setgid, so what is
-made inside belongs to the root's group) and files FILE_MODE (0664), set by the
-store whatever the creator's umask; never world-writable. Mirrors are
-core.sharedRepository=group; the clone worker runs git under umask 002.
-Callers with different uids share a root through a common group (the root's).
+Permissions (store/modes.py), set by the store whatever the creator's umask,
+never world-writable, decided by CHECKOUTCACHE_SHARING:
+- writer (the default): directories 0755, files 0644, git under umask 022 and
+  mirrors core.sharedRepository=umask. Only the writer's uid (the sidecar, and
+  cron's gc as the same uid) writes anything here; a published checkout's
+  content cannot be changed by any other uid. Readers (review containers,
+  other uids, a read-only mount) read checkouts, take shared locks on markers
+  (flock needs no write access) and ask the writer, over the root's socket or
+  CHECKOUTCACHE_API_URL, to record their uses and to make new commits.
+- group (trusted peers): directories 2775 (setgid, so what is made inside
+  belongs to the root's group), files 0664, git under umask 002, mirrors
+  core.sharedRepository=group: every member writes the store.
 An entry a peer made unreadable costs that entry in status and gc (listed with
 its errno), never the whole run.
 
@@ -159,7 +188,8 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
                                          or /v1/hold (the command's run)      command
                               exclusive  eviction, moving a checkout aside   one rename (never
                                                                               waits)
-    locks/.health-<pid>-<n>   exclusive  /healthz (a fresh file per probe)   a probe
+    locks/.health-<nonce>     exclusive  /readyz (a fresh file per probe)    a probe
+    serve/<pid>-<nonce>.journal exclusive its serve; gc (never waits)        the serve's life
 
 Order in which locks may nest (outer first); an inner lock taken against this
 order is only ever tried without waiting, so no cycle can deadlock:
@@ -175,11 +205,6 @@ import os
 import re
 
 LAYOUT_VERSION = 1
-# Modes of what the store creates, whatever the umask (store/modes.py): group
-# members share the store (several uids in one group, e.g. a sidecar and review
-# containers); nothing is world-writable.
-DIR_MODE = 0o2775
-FILE_MODE = 0o664
 # What one clone attempt may write to its log: a server's endless `remote:`
 # output must not fill the disk.
 CLONE_LOG_CAP = 1 << 20
@@ -190,6 +215,8 @@ CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
 CLONE_LOCK_PREFIX = "clone-"
+DROPPED_PREFIX = ".dropped-"
+JOURNAL_SUFFIX = ".journal"
 
 ROOT_README = """\
 This directory is a checkoutcache store (layout version {version}).
@@ -294,8 +321,19 @@ class RootPaths:
     def serve_dir(self) -> str:
         return os.path.join(self.root, "serve")
 
-    def serve_journal(self, pid: int) -> str:
-        return os.path.join(self.root, "serve", f"{pid}.journal")
+    def serve_journal(self, pid: int, nonce: str) -> str:
+        return os.path.join(self.root, "serve", f"{pid}-{nonce}{JOURNAL_SUFFIX}")
+
+    def serve_journals(self) -> list[str]:
+        """Every journal in serve/: this version's (<pid>-<nonce>) and older ones' (<pid>)."""
+        return [os.path.join(self.root, "serve", name) for name in entries(self.serve_dir)
+                if name.endswith(JOURNAL_SUFFIX) and not name.startswith(".")]
+
+    @staticmethod
+    def journal_has_owner_lock(path: str) -> bool:
+        """Whether a journal is of the kind its serve holds locked (named with a nonce): an
+        older version's <pid>.journal is never locked, so its lock says nothing."""
+        return not os.path.basename(path)[:-len(JOURNAL_SUFFIX)].isdigit()
 
     @property
     def unreachable_dir(self) -> str:
@@ -314,6 +352,15 @@ class RootPaths:
 
     def repo_keys(self) -> list[str]:
         return [name for name in entries(self.repos_dir) if not name.startswith(".")]
+
+    def dropped_repo_slot(self, key: str) -> str:
+        """A fresh name in repos/ for a whole repository about to be removed (hidden from repo_keys)."""
+        return os.path.join(self.root, "repos", f"{DROPPED_PREFIX}{key}-{os.getpid()}-{os.urandom(4).hex()}")
+
+    def dropped_repos(self) -> list[str]:
+        """Repositories renamed aside for removal that are still there (a removal killed or under way)."""
+        return [os.path.join(self.root, "repos", name) for name in entries(self.repos_dir)
+                if name.startswith(DROPPED_PREFIX)]
 
 
 class RepoPaths:
@@ -353,6 +400,11 @@ class RepoPaths:
     @property
     def lfs_objects(self) -> str:
         return os.path.join(self.base, "lfs", "objects")
+
+    @property
+    def lfs_incomplete(self) -> str:
+        """Where git-lfs writes a download until its content checks out (names start with the oid)."""
+        return os.path.join(self.base, "lfs", "incomplete")
 
     def lfs_object(self, oid: str) -> str:
         return os.path.join(self.base, "lfs", "objects", oid[0:2], oid[2:4], oid)
@@ -457,6 +509,10 @@ class RepoPaths:
 
     def size_record(self, name: str) -> str:
         return os.path.join(self.base, "state", f"{name}.size.json")
+
+    @property
+    def last_use_record(self) -> str:
+        return os.path.join(self.base, "state", "last-use.json")
 
     @property
     def mirror_gc_stamp(self) -> str:

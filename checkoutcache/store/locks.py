@@ -197,3 +197,19 @@ def checkout_exclusive(marker: str) -> Lock | None:
 def checkout_held(marker: str) -> bool:
     """Whether a ready answer, an exec or a hold has the checkout right now."""
     return os.path.exists(marker) and is_locked(marker)
+
+
+def serve_journal_owned(path: str) -> Lock:
+    """A serve's own journal, created and held for the serve's whole life (its name is
+    fresh: nobody else can hold it). The proof gc reads that the serve still lives."""
+    held = try_lock(path)
+    if held is None:
+        raise CheckoutCacheError("ROOT_UNUSABLE", root=os.path.dirname(path),
+                                 why=f"a fresh journal {os.path.basename(path)} is locked by another process")
+    return held
+
+
+def abandoned_journal(path: str) -> Lock | None:
+    """A journal's lock if its serve is gone (nobody holds it); never waits. The caller may
+    remove the file while holding this: a serve re-checks the inode it locked."""
+    return try_lock(path, create=False)

@@ -1,16 +1,32 @@
-"""The modes of what the store creates (DESIGN invariant 14): set by the store
-itself, whatever the creating process's umask.
+"""The modes of what the store creates (DESIGN invariants 14 and 16): set by the
+store itself, whatever the creating process's umask, and decided by how the root
+is shared (CHECKOUTCACHE_SHARING):
 
-Several uids in one group share a root (a sidecar and review containers), so
-every directory the store makes is DIR_MODE (group read/write/search, setgid:
-what is made inside belongs to the root's group) and every file FILE_MODE
-(group read/write): a file is created, then fchmod'ed through its own
-descriptor, so a umask of 022 (a container image's default) or 077 cannot
-leave a peer unable to lock or record. Nothing is world-writable.
+- `writer` (the default, one writer): only the writer's uid (the sidecar, and
+  cron's gc as the same uid) writes the store; review containers read it
+  through a read-only mount and ask the writer for what needs a write.
+  Directories are 0755 and files 0644: nothing the store holds, a published
+  checkout's content least of all, is writable by any uid but the writer's, so
+  the tree answered `ready` is the tree that was checked out.
+- `group` (trusted peers): several uids in one group all write the store (a
+  sidecar and review containers that trust each other). Directories are 2775
+  (setgid: what is made inside belongs to the root's group) and files 0664, so
+  a peer can lock, record and delete what another made; every member can then
+  change what every other member is answered with (docs/security.md).
+
+Either way nothing is world-writable. A file is created, then fchmod'ed
+through its own descriptor, so a umask of 022 (a container image's default) or
+077 cannot leave a peer unable to lock or record.
 
 What git writes (mirrors, checkouts, LFS objects) follows the clone worker's
-umask, which the worker sets to SHARED_UMASK; mirrors also say
-core.sharedRepository=group, which git applies whatever the umask.
+umask, which the worker sets with `set_store_umask`; mirrors also carry
+core.sharedRepository (`git_shared_repository`), which git applies whatever the
+umask.
+
+The setting is read from the environment (checkoutcache/sharing.py), not passed
+down, because every writer of the store must agree on it whatever called it (a
+command, a sidecar, a worker it spawned); config.py declares it for the
+settings tables and checks it before anything is written.
 """
 
 from __future__ import annotations
@@ -18,15 +34,29 @@ from __future__ import annotations
 import os
 import stat
 
-from checkoutcache.store.layout import DIR_MODE, FILE_MODE
+from checkoutcache.sharing import GROUP, WRITER, sharing
 
-SHARED_UMASK = 0o002
+# (directory mode, file mode, umask for git) per sharing mode
+_MODES = {WRITER: (0o755, 0o644, 0o022), GROUP: (0o2775, 0o664, 0o002)}
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def set_shared_umask() -> None:
+def dir_mode() -> int:
+    return _MODES[sharing()][0]
+
+
+def file_mode() -> int:
+    return _MODES[sharing()][1]
+
+
+def set_store_umask() -> None:
     """For a process that runs git in the store (the clone worker)."""
-    os.umask(SHARED_UMASK)
+    os.umask(_MODES[sharing()][2])
+
+
+def git_shared_repository() -> str:
+    """core.sharedRepository for a mirror: group members write it only in the group mode."""
+    return "group" if sharing() == GROUP else "umask"
 
 
 def _own_mode(fd: int, mode: int) -> None:
@@ -37,10 +67,11 @@ def _own_mode(fd: int, mode: int) -> None:
 
 
 def open_created(path: str, flags: int, dir_fd: int | None = None) -> int:
-    """os.open with O_CREAT, and FILE_MODE on a file we created (or own)."""
-    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
+    """os.open with O_CREAT, and the store's file mode on a file we created (or own)."""
+    mode = file_mode()
+    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
-        _own_mode(fd, FILE_MODE)
+        _own_mode(fd, mode)
     except BaseException:
         os.close(fd)
         raise
@@ -48,10 +79,11 @@ def open_created(path: str, flags: int, dir_fd: int | None = None) -> int:
 
 
 def make_dir(path: str | bytes, dir_fd: int | None = None) -> None:
-    """mkdir with DIR_MODE whatever the umask; FileExistsError if it is there."""
-    os.mkdir(path, DIR_MODE, dir_fd=dir_fd)
+    """mkdir with the store's directory mode whatever the umask; FileExistsError if it is there."""
+    mode = dir_mode()
+    os.mkdir(path, mode, dir_fd=dir_fd)
     fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     try:
-        _own_mode(fd, DIR_MODE)
+        _own_mode(fd, mode)
     finally:
         os.close(fd)

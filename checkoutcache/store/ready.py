@@ -15,6 +15,7 @@ path gone and answer not-ready, so the caller re-clones).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -108,19 +109,38 @@ def looks_intact(checkout_dir: str, record: dict) -> bool:
     return True
 
 
-def record_use(marker_fd: int) -> None:
-    """The marker's mtime becomes now: the last use. A caller of another uid
-    that may not write the marker (a root shared without group write) still
-    gets its answer; the use just goes unrecorded."""
+def record_use(marker_fd: int) -> bool:
+    """The marker's mtime becomes now: the last use. False when this process may not
+    change the marker (a reader: another uid than the writer's, or a read-only mount):
+    the caller then has the writer record it (handoff.py), still holding the lock."""
     try:
         os.utime(marker_fd)
-    except PermissionError:
-        pass
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+            return False
+        raise
 
 
-def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT) -> dict | None:
+def layout_version_of(repo_json: str) -> int | None:
+    """The layout version a repository's store says it was written in (repo.json); None when
+    there is no store yet or its record says none (stores before the field: version 1)."""
+    try:
+        with open(repo_json, "rb") as handle:
+            record = json.loads(handle.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    version = record.get("layout_version") if isinstance(record, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
+def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT,
+                 on_unrecorded: "Callable[[], object] | None" = None) -> dict | None:
     """The marker's record if the checkout is published (its last use is then now), else None.
-    wait: how long to wait for the evictor's exclusive lock (0: not at all)."""
+    wait: how long to wait for the evictor's exclusive lock (0: not at all).
+    on_unrecorded: called, with the shared lock still held, when this process may not record
+    the use itself; so the writer's record of it comes before any eviction decision
+    (invariant 4: the evictor cannot take the exclusive lock until we let go)."""
     fd = open_marker_shared(marker, wait)
     if fd is None:
         return None
@@ -128,7 +148,8 @@ def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT) -> dict | None:
         record = marker_record(fd)
         if not looks_intact(os.path.dirname(os.path.dirname(marker)), record):
             return None
-        record_use(fd)
+        if not record_use(fd) and on_unrecorded is not None:
+            on_unrecorded()
         return record
     finally:
         os.close(fd)

@@ -137,6 +137,7 @@ FAILURE = schema({"code": code, "message": text, "next": text, "attempts": count
                   "retry_at": finite}, {"repo": text, "scope": text})
 DEATHS = schema({"deaths": count, "at": finite}, {"commit": sha})
 SIZE = schema({"bytes": count}, {"use_at_measure": finite})
+LAST_USE = schema({"at": finite})
 REPO = schema({"url": text, "scope": text}, {"is_local": one_of(True, False), "layout_version": count,
                                               "created_at": finite, "lfs": one_of("on", "off"),
                                               "submodules": one_of("recursive", "none")})

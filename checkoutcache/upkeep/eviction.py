@@ -13,6 +13,12 @@ restored backup) counts as now, never as "used in a negative time"; otherwise
 such a checkout would stay inside the grace window forever (gc repairs the
 marker's mtime to now, see gc.py).
 
+Whole repositories (plan_repo_drops) go only when nothing is in them: no
+checkout, no hold, no clone; then when unused past repo_max_idle, and, while
+min-free is still unmet after the checkouts' evictions, past the grace window
+(least recently used first). The dropper re-checks all of it under the
+repository's locks (evict.py).
+
 The plan is advice: the evictor re-checks each checkout's last use under the
 checkout's exclusive lock before it renames anything (see gc.py).
 """
@@ -46,11 +52,13 @@ class Limits:
     min_free: FreeTarget | None = None
     free_headroom: FreeTarget = FreeTarget(percent=2.0)
     max_age: float | None = None
+    repo_max_idle: float | None = None
 
     @classmethod
     def from_config(cls, config) -> "Limits":
         return cls(grace=config.grace, max_checkouts=config.max_checkouts, max_bytes=config.max_bytes,
-                   min_free=config.min_free, free_headroom=config.free_headroom, max_age=config.max_age)
+                   min_free=config.min_free, free_headroom=config.free_headroom, max_age=config.max_age,
+                   repo_max_idle=getattr(config, "repo_max_idle", None))
 
 
 @attrs.frozen
@@ -159,3 +167,81 @@ def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: 
     if disk_started and disk.free + freed < high:
         unmet.append(Unmet("min-free", high, disk.free + freed))
     return Plan(evict=evict, kept=kept, unmet=unmet)
+
+
+REPO_MAX_IDLE = "repo-max-idle"
+MIN_FREE = "min-free"
+
+
+@attrs.frozen
+class RepoEntry:
+    repo: str  # the repository key
+    last_used: float  # its checkouts' latest use, or the latest one evicted (state/last-use.json)
+    size: int  # what dropping it frees: mirror, LFS objects, records
+    busy: str | None = None  # what keeps it whatever a limit says: checkouts, held, cloning
+
+
+@attrs.frozen
+class RepoDrop:
+    entry: RepoEntry
+    limit: str  # repo-max-idle or min-free
+
+
+@attrs.frozen
+class RepoKept:
+    repo: str
+    why: str  # checkouts, held, cloning, grace
+
+
+def free_targets(limits: Limits, disk: Disk | None) -> tuple[int, int] | None:
+    """(min-free in bytes, where eviction for disk stops) on this disk; None: no min-free."""
+    if limits.min_free is None or disk is None:
+        return None
+    low = limits.min_free.bytes_of(disk.total)
+    return low, low + limits.free_headroom.bytes_of(disk.total)
+
+
+def plan_repo_drops(repos: list[RepoEntry], limits: Limits, disk: Disk | None, freed: int,
+                    now: float) -> tuple[list[RepoDrop], list[RepoKept]]:
+    """Whole repositories to drop, and (while min-free is unmet) those that had to stay.
+    freed: what the checkouts' evictions free already."""
+    drops: list[RepoDrop] = []
+    chosen: set[str] = set()
+    order = sorted(repos, key=lambda r: (last_use(r.last_used, now), r.repo))
+    if limits.repo_max_idle is not None:
+        for repo in order:
+            if repo.busy is None and idle_seconds(repo.last_used, now) > limits.repo_max_idle:
+                drops.append(RepoDrop(repo, REPO_MAX_IDLE))
+                chosen.add(repo.repo)
+                freed += repo.size
+    kept: list[RepoKept] = []
+    targets = free_targets(limits, disk)
+    if targets is None or disk is None or disk.free >= targets[0]:
+        return drops, kept
+    for repo in order:
+        if disk.free + freed >= targets[1]:
+            break
+        if repo.repo in chosen:
+            continue
+        if repo.busy is not None:
+            kept.append(RepoKept(repo.repo, repo.busy))
+        elif idle_seconds(repo.last_used, now) <= limits.grace:
+            kept.append(RepoKept(repo.repo, GRACE))
+        else:
+            drops.append(RepoDrop(repo, MIN_FREE))
+            chosen.add(repo.repo)
+            freed += repo.size
+    return drops, kept
+
+
+def unmet_after(unmet: list[Unmet], dropped: int) -> list[Unmet]:
+    """The plan's unmet limits once whole repositories freed `dropped` bytes of disk
+    (they count for min-free only: checkouts' limits are about checkouts)."""
+    left = []
+    for item in unmet:
+        if item.limit == MIN_FREE:
+            item = Unmet(MIN_FREE, item.target, item.actual + dropped)
+            if item.actual >= item.target:
+                continue
+        left.append(item)
+    return left

@@ -25,7 +25,15 @@ overlap, the second reports that it skipped):
    when refs were dropped by an earlier run, until it is done); when refs were
    dropped, delete from lfs/ the Git LFS objects no kept commit references (the
    commits of the remaining checkouts and of running clones, whose keep-refs
-   their workers made under this same lock before downloading).
+   their workers made under this same lock before downloading). A stale
+   `.keep` (a killed fetch's) removed there makes the repack due; partial LFS
+   downloads an hour old go too;
+5. between 3 and 4, drop whole repositories with nothing in them (no
+   checkout, hold, clone, or borrower) unused past repo_max_idle, or past the
+   grace window while min-free is still unmet (eviction.plan_repo_drops, pure;
+   evict.drop_repository re-checks under the repository's locks), and finish
+   such removals a killed gc left at the start of the run. Unmet limits are
+   logged at WARNING and reported with what an operator needs (unmet_entries).
 
 gc never holds a lock a ready answer waits on for longer than one rename.
 With dry_run nothing is changed: the report says what a real run would do.
@@ -33,10 +41,13 @@ With dry_run nothing is changed: the report says what a real run would do.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 
@@ -60,12 +71,35 @@ from checkoutcache.store.checkouts import (
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
 from checkoutcache.store.sizes import disk_usage
-from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
-from checkoutcache.upkeep.eviction import Disk, Entry, Limits, plan_eviction
+from checkoutcache.upkeep.evict import (
+    borrowed_keys_of,
+    drop_repository,
+    note_last_use,
+    remove_dropped_leftovers,
+    repo_entry,
+)
+from checkoutcache.upkeep.eviction import (
+    MIN_FREE,
+    Disk,
+    Entry,
+    Limits,
+    RepoKept,
+    Unmet,
+    free_targets,
+    idle_seconds,
+    plan_eviction,
+    plan_repo_drops,
+    unmet_after,
+)
+
+log = logging.getLogger(__name__)
+REPOSITORY = "repository"  # a Removed whole repository (name empty)
 
 USED_MEANWHILE = "used-meanwhile"
 DEATHS_MEMORY = 86400.0  # a commit nobody asked for a day after its last worker died starts counting anew
@@ -297,17 +331,27 @@ STALE_JOURNAL_AGE = 86400.0
 
 
 def forget_stale_journals(root_paths: RootPaths, report: GcReport, now: float) -> None:
-    """A serve's journal left behind: written by a worker that outlived its serve
-    (O_APPEND|O_CREAT makes it anew), or by a serve killed. A running serve's
-    journal is written at every clone and truncated in place; one untouched for
-    a day is removed (a serve still running just gets a new one at its next clone)."""
+    """A serve's journal left behind: by a serve killed (SIGKILL, OOM), or written anew by a
+    worker that outlived its serve (O_APPEND|O_CREAT). A running serve holds its journal's
+    lock for its whole life, so one whose lock is free is removed, however recent (its age
+    proves nothing: serves of equal pids in other containers share this directory), and
+    removed while we hold that lock. An older version's <pid>.journal has no lock: it goes
+    once untouched for a day."""
     if report.dry_run:
         return
-    for name in entries(root_paths.serve_dir):
-        path = os.path.join(root_paths.serve_dir, name)
+    for path in root_paths.serve_journals():
         try:
-            if name.endswith(".journal") and now - os.lstat(path).st_mtime > STALE_JOURNAL_AGE:
-                records.remove_quietly(path)
+            if not RootPaths.journal_has_owner_lock(path):
+                if now - os.lstat(path).st_mtime > STALE_JOURNAL_AGE:
+                    records.remove_quietly(path)
+                continue
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                records.remove_quietly(path)  # never a journal: nothing to lock through it
+                continue
+            held = locks.abandoned_journal(path)
+            if held is not None:
+                with held:
+                    records.remove_quietly(path)
         except OSError:
             continue
 
@@ -421,6 +465,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         removed = mirror.remove_stale_leftovers(paths.mirror)
         entry["stale_locks"] = [name for name in removed if name.endswith(".lock")]
         entry["stale_leftovers"] = [name for name in removed if not name.endswith(".lock")]
+        remove_lfs_partials(paths, entry)
         if drop_bundle_refs(paths, backend):
             entry["refs_dropped"] += 1
             entry["bundle_refs_dropped"] = True
@@ -428,7 +473,8 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         lfs_pending = False
         if os.path.isdir(paths.lfs_objects) and (entry["refs_dropped"] or stamp.get("lfs_pending")):
             lfs_pending = not prune_lfs(paths, backend, entry)
-        pending = bool(entry["refs_dropped"] or stamp.get("pending"))
+        # A pack a killed fetch kept (its .keep just removed) goes only with a repack: one is due.
+        pending = bool(entry["refs_dropped"] or stamp.get("pending") or freed_kept_packs(entry["stale_leftovers"]))
         due = now - float(stamp.get("at", 0.0)) >= config.mirror_gc_interval
         lfs_flag = {"lfs_pending": True} if lfs_pending else {}  # an LFS prune still to do
         if not pending and lfs_pending != bool(stamp.get("lfs_pending")):
@@ -451,6 +497,12 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
                                                        "pending": not repacked, **lfs_flag})
     report.mirrors.append(entry)
+
+
+def freed_kept_packs(leftovers: list[str]) -> list[str]:
+    """The `.keep` files among removed leftovers: packs a killed fetch kept, that only a
+    repack drops (their objects are unreachable, or duplicated in another pack)."""
+    return [name for name in leftovers if name.endswith(".keep")]
 
 
 # What a repack keeps free for the reviews' own writes when no min-free is set.
@@ -482,6 +534,15 @@ def drop_bundle_refs(paths: RepoPaths, backend) -> bool:
     backend.drop_refs_under(paths.mirror, BUNDLE_REFS)
     records.write_json(paths.seed_record, {**seed, "bundle_refs_dropped": True})
     return True
+
+
+def remove_lfs_partials(paths: RepoPaths, entry: dict) -> None:
+    """Partial LFS downloads a killed worker left (a worker removes its own after a failed
+    fetch). Caller holds the mirror lock, which every download of ours runs under."""
+    count, freed = mirror.remove_lfs_partials(paths, min_age=mirror.STALE_LFS_PARTIAL_AGE)
+    if count:
+        entry["lfs_partials_removed"] = count
+        entry["lfs_partial_bytes_freed"] = freed
 
 
 def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
@@ -518,6 +579,23 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
     return True
 
 
+def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
+    """The repository stores this version may change: one a newer version wrote (its layout
+    version above ours) is not even measured (its size records stay as they are), and said:
+    a rollback must not corrupt it."""
+    keys = []
+    for key in root_paths.repo_keys():
+        paths = root_paths.repo(key)
+        found = layout_version_of(paths.repo_json)
+        if found is not None and found > LAYOUT_VERSION:
+            report.problems.append({"path": os.path.relpath(paths.repo_json, root_paths.root), "error": "NEWER_LAYOUT",
+                                    "why": f"written by a newer checkoutcache (layout version {found}; this one "
+                                           f"knows up to {LAYOUT_VERSION}): left as it is"})
+            continue
+        keys.append(key)
+    return keys
+
+
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
            used_within_grace: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
     """used_within_grace: (repository key, checkout name) pairs the caller knows were used
@@ -540,12 +618,17 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     with gc_lock:
         before = disk_of(root_paths.root)
         report.disk_before = attrs.asdict(before)
-        for info in inventory(root_paths, sizes=NO_SIZES):
+        if not dry_run:
+            for name, removal in remove_dropped_leftovers(root_paths):  # a removal a killed gc left
+                report.removed.append(Removed("dropped-leftover", name.split("-")[1], "", removal.freed))
+        keys = our_keys(root_paths, report)
+        newer = list(report.problems)
+        for info in inventory(root_paths, sizes=NO_SIZES, keys=keys):
             empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
-        repos = inventory(root_paths, sizes=FRESH_SIZES)
-        report.problems = [problem for info in repos for problem in info.problems]
+        repos = inventory(root_paths, sizes=FRESH_SIZES, keys=keys)
+        report.problems = newer + [problem for info in repos for problem in info.problems]
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
@@ -576,11 +659,17 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 report.kept.append(KeptOver(entry.repo, commit_of(entry.name), kept_why, eviction.limit, entry.name))
         report.kept += [KeptOver(k.entry.repo, commit_of(k.entry.name), k.why, k.limit, k.entry.name)
                         for k in plan.kept]
-        report.unmet = [attrs.asdict(u) for u in plan.unmet]
+        for eviction in plan.evict:
+            if (eviction.entry.repo, eviction.entry.name) in evicted and not dry_run:
+                with going_on(report, by_key[eviction.entry.repo].paths, root_paths):
+                    note_last_use(by_key[eviction.entry.repo].paths, eviction.entry.last_used)
+        freed = sum(r.bytes for r in report.removed if r.reason in ("lru", "age"))
+        dropped, repos_kept = drop_repositories(root_paths, limits, before, freed, now, report, keys)
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
+        repos = [info for info in repos if info.key not in dropped]
         for info in repos:
             with going_on(report, info.paths, root_paths):
                 maintain_mirror(info.paths, config, report, now, borrowed)
@@ -590,4 +679,73 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             with going_on(report, info.paths, root_paths):
                 record_unremovable(info.paths, report, now)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
+        report.unmet = unmet_entries(unmet_after(plan.unmet, sum(dropped.values())), report, repos_kept)
+        for unmet in report.unmet if not dry_run else []:
+            log.warning("gc could not meet %s: %s against %s (%s)", unmet["limit"], unmet["actual"],
+                        unmet["target"], unmet["why"])
     return report
+
+
+def drop_repositories(root_paths: RootPaths, limits: Limits, disk: Disk, freed: int, now: float,
+                      report: GcReport, keys: list[str] | None = None) -> tuple[dict[str, int], list[RepoKept]]:
+    """Whole repositories with nothing in them, unused past repo_max_idle (or past the grace
+    window while min-free is unmet): {key: bytes freed} of those removed, and those min-free
+    wanted that had to stay. keys: the repositories of our layout (a newer version's are
+    never touched), though every repository's borrows count."""
+    everything = inventory(root_paths, sizes=NO_SIZES)
+    borrowed = borrowed_keys_of(everything)
+    repos = [info for info in everything if keys is None or info.key in keys]
+    targets = free_targets(limits, disk)
+    short_of_space = targets is not None and disk.free < targets[0]
+    facts = []
+    for info in repos:
+        with going_on(report, info.paths, root_paths):
+            fact = repo_entry(info, borrowed, with_size=False)
+            # Its size (a walk of its mirror and LFS objects) only when it may go.
+            if fact.busy is None and (short_of_space or limits.repo_max_idle is not None and
+                                      idle_seconds(fact.last_used, now) > limits.repo_max_idle):
+                fact = attrs.evolve(fact, size=disk_usage(info.paths.base))
+            facts.append(fact)
+    drops, kept = plan_repo_drops(facts, limits, disk, freed, now)
+    dropped: dict[str, int] = {}
+    for drop in drops:
+        key = drop.entry.repo
+        try:
+            outcome = drop_repository(root_paths, key, borrowed, dry_run=report.dry_run)
+        except OSError as exc:
+            report.unremovable.append({"repo": key, "path": os.path.relpath(root_paths.repo(key).base,
+                                                                            root_paths.root),
+                                       "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__),
+                                       "entry": None})
+            continue
+        if outcome.kept is not None:
+            if outcome.kept != GONE:
+                kept.append(RepoKept(key, outcome.kept))
+            continue
+        freed_now = drop.entry.size if outcome.removal is None else outcome.removal.freed
+        dropped[key] = freed_now
+        report.removed.append(Removed(REPOSITORY, key, "", freed_now, drop.limit))
+        for stuck in outcome.removal.unremovable if outcome.removal is not None else []:
+            report.unremovable.append({"repo": key, "path": stuck.path, "error": stuck.error, "entry": None})
+    return dropped, kept
+
+
+def unmet_entries(unmet: list[Unmet], report: GcReport, repos_kept: list[RepoKept]) -> list[dict]:
+    """What an operator needs of each unmet limit: by how much, what gc had to keep and why,
+    and what to do about it."""
+    found = []
+    for item in unmet:
+        kept = collections.Counter(k.why for k in report.kept if k.limit == item.limit)
+        entry = {**attrs.asdict(item), "short": abs(item.target - item.actual), "kept": dict(kept)}
+        whys = [f"{count} checkout(s) {why}" for why, count in sorted(kept.items())]
+        if item.limit == MIN_FREE:
+            entry["repos_kept"] = [{"repo": k.repo, "why": k.why} for k in repos_kept]
+            entry["repacks_skipped"] = [m["repo"] for m in report.mirrors if m.get("repack_skipped")]
+            whys += [f"{len(repos_kept)} repositor(ies) in use"] if repos_kept else []
+            whys += [f"{len(entry['repacks_skipped'])} repack(s) lacking space"] if entry["repacks_skipped"] else []
+        entry["why"] = ", ".join(whys) or "nothing more gc may remove"
+        entry["next"] = ("what is kept is in use or within its grace window: `checkoutcache evict REPO [COMMIT] "
+                         "--force` removes what only the grace window protects; otherwise add disk or lower "
+                         "the other limits")
+        found.append(entry)
+    return found

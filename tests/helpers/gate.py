@@ -57,8 +57,12 @@ class GatedProxy:
             return
         with self._lock:
             self._sockets.append(upstream)
-        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+        threading.Thread(target=self._pump_down, args=(upstream, client), daemon=True).start()
         self._pump(client, upstream)
+
+    def _pump_down(self, source: socket.socket, sink: socket.socket) -> None:
+        """The server's bytes to the client."""
+        self._pump(source, sink)
 
     @staticmethod
     def _pump(source: socket.socket, sink: socket.socket) -> None:
@@ -80,3 +84,46 @@ class GatedProxy:
         with self._lock:
             for sock in self._sockets:
                 sock.close()
+
+
+class PackTailProxy(GatedProxy):
+    """A proxy in front of git daemon that hands the client a fetch's whole pack but holds
+    back the flush packet that ends the response (protocol v2), for as long as the test
+    needs: the client's index-pack has written the pack and its `.keep`, and its fetch
+    waits for the end of the response before it updates refs and removes the `.keep`."""
+
+    FLUSH = b"0000"
+
+    def __init__(self, target_port: int, host: str = "127.0.0.1"):
+        super().__init__(target_port, host)
+        self._tail_open = threading.Event()
+        self._tail_open.set()
+        self.tails_held = 0
+
+    def hold_tails(self) -> None:
+        self._tail_open.clear()
+
+    def close(self) -> None:
+        self._tail_open.set()
+        super().close()
+
+    def _pump_down(self, source: socket.socket, sink: socket.socket) -> None:
+        seen_pack = False
+        try:
+            while data := source.recv(65536):
+                seen_pack = seen_pack or b"packfile\n" in data
+                if seen_pack and data.endswith(self.FLUSH) and not self._tail_open.is_set():
+                    sink.sendall(data[:-len(self.FLUSH)])
+                    with self._lock:
+                        self.tails_held += 1
+                    self._tail_open.wait()  # the client waits for the end of the response meanwhile
+                    data = self.FLUSH
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -19,14 +19,17 @@ from .waiting import wait_until
 
 TOKEN = "tok-" + "a" * 28  # every scope
 SCOPED = "tok-" + "b" * 28  # scope team-a only
+# serve in a PID namespace of its own, pid 1 there (as in every container of the image).
+PID_NAMESPACE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 SHORT_BACKOFF = {"CHECKOUTCACHE_BACKOFF": "0.1", "CHECKOUTCACHE_BACKOFF_MAX": "0.2"}
 
 
 class Serve:
     def __init__(self, root: str, tmp_path, *extra: str, env: dict | None = None, unix: str | None = None,
-                 tokens: str | None = None, listen: str | None = "loopback"):
+                 tokens: str | None = None, listen: str | None = "loopback", prefix: tuple[str, ...] = ()):
         """listen: "loopback" (127.0.0.1 on a free port), an address (HOST:PORT), or None (from
-        the environment given: CHECKOUTCACHE_LISTEN)."""
+        the environment given: CHECKOUTCACHE_LISTEN). prefix: a command serve runs under
+        (PID_NAMESPACE: its own PID namespace, where it is pid 1 as under tini's exec)."""
         self.root = root
         self.unix = unix
         if listen == "loopback":
@@ -35,11 +38,11 @@ class Serve:
         self.port = int(address.rpartition(":")[2]) if address else free_port()
         token_file = tmp_path / f"tokens-{self.port}"
         token_file.write_text(tokens if tokens is not None else f"{TOKEN}\n{SCOPED} team-a\n")
-        ready = tmp_path / f"ready-{self.port}"
+        ready = self.ready_path = tmp_path / f"ready-{self.port}"
         where = ["--unix", unix] if unix else (["--listen", listen] if listen else [])
         # Its log goes to a file the test reads (a pipe nobody reads would fill).
         self.log_path = tmp_path / f"serve-{self.port}.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "serve", *where,
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "checkoutcache", "--root", root, "serve", *where,
                                       "--ready-file", str(ready), "--token-file", str(token_file), *extra],
                                      env=dict(os.environ, **(env or {})), stdout=subprocess.DEVNULL,
                                      stderr=open(self.log_path, "w"), text=True)
@@ -108,8 +111,24 @@ class Serve:
 
     def stop(self) -> int:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            os.kill(self.serve_pid(), signal.SIGTERM)
         return self.proc.wait(30)
+
+    def serve_pid(self) -> int:
+        """serve's pid as this test sees it: the process started, or under a prefix (unshare
+        --fork) its child, which unshare does not forward signals to."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as handle:
+                children = handle.read().split()
+        except FileNotFoundError:
+            children = []
+        if self.proc.args[0] == sys.executable or not children:
+            return self.proc.pid
+        return int(children[0])
+
+    def announced(self) -> dict:
+        """What serve wrote to its ready file (its pid there is the one of its own namespace)."""
+        return json.loads(self.ready_path.read_text())
 
 
 def _complete(data: bytes) -> bool:

@@ -1,0 +1,198 @@
+"""Asking the store's writer (a `serve`) for what this process cannot or should not
+do itself: one HTTP request, standard library only (the CLI's ready answer comes
+through here when it reads a root it may not write).
+
+Where the writer is: the root's socket (CHECKOUTCACHE_UNIX_SOCKET, else
+<root>/checkoutcache.sock), then CHECKOUTCACHE_API_URL (http://host:port, the
+shipped pod's review containers: they are outside the store's group and may not
+connect to its 0660 socket). CHECKOUTCACHE_API_TOKEN is sent when set.
+
+What it keeps:
+- The token goes only to a peer that is ours: over the socket, the kernel's
+  SO_PEERCRED must name this uid, root, or the root directory's owner (a group
+  member can put its own socket at that path); over TCP, only to the URL the
+  operator configured. No redirect is followed, no proxy is used.
+- Every request is bounded as a whole: a peer that trickles bytes never holds
+  the caller past its timeout; an answer larger than MAX_ANSWER is refused.
+- None of it is trusted further than an answer's shape: the callers check a
+  ready answer on disk (its marker at the very path they computed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+
+# serve answers when its wait ends (or at its own cap, sooner); this is for the answer's trip.
+HANDOFF_SLACK = 5.0
+MAX_ANSWER = 1 << 20
+# A socket nobody accepts on, or a URL nobody listens at, is no writer.
+CONNECT_TIMEOUT = 0.5
+API_URL_VAR, TOKEN_VAR, SOCKET_VAR = "CHECKOUTCACHE_API_URL", "CHECKOUTCACHE_API_TOKEN", "CHECKOUTCACHE_UNIX_SOCKET"
+
+
+class NoWriter(Exception):
+    """No writer answered: why, in one line (never the token)."""
+
+
+def trusted_peers(root: str) -> set[int]:
+    """Whom the token may go to over the socket: this uid, root, the root directory's
+    owner; never the overflow uid, which stands for every uid a user namespace does not
+    map (a stranger's socket and the root's owner would look alike there)."""
+    trusted = {os.getuid(), 0, os.stat(root).st_uid}
+    try:
+        with open("/proc/sys/kernel/overflowuid") as handle:
+            trusted.discard(int(handle.read()))
+    except (OSError, ValueError):
+        trusted.discard(65534)
+    return trusted
+
+
+def socket_path(root: str) -> str:
+    return os.environ.get(SOCKET_VAR) or os.path.join(root, "checkoutcache.sock")
+
+
+def post(root: str, endpoint: str, body: dict, timeout: float, api_url: bool = True) -> tuple[int, dict]:
+    """(HTTP status, JSON answer) of the first writer that answers: the root's socket, then
+    (api_url) CHECKOUTCACHE_API_URL. NoWriter when neither is there; a writer that was reached
+    but failed mid-answer raises what failed (OSError, TimeoutError, ValueError)."""
+    why = []
+    answered = _post_unix(socket_path(root), endpoint, body, timeout, root, why)
+    if answered is None and api_url:
+        url = os.environ.get(API_URL_VAR)
+        if url:
+            answered = _post_tcp(url, endpoint, body, timeout, why)
+        else:
+            why.append(f"{API_URL_VAR} is not set")
+    if answered is None:
+        raise NoWriter("; ".join(why))
+    return answered
+
+
+def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse) -> str | None:
+    """A reader's use of the checkout at path, recorded by the writer (serve's ready answer
+    touches the marker). Called while the caller holds the marker's shared lock, so the
+    writer's record comes before any eviction decision. None when recorded, else why not."""
+    from checkoutcache.credentials import strip_userinfo
+
+    request = {"repo": strip_userinfo(repo), "commit": commit, "wait": 0, "scope": scope,
+               **({"sparse": list(sparse)} if sparse else {})}
+    try:
+        status, answer = post(root, "/v1/ensure", request, HANDOFF_SLACK)
+    except NoWriter as exc:
+        return f"no writer answered ({exc})"
+    except Exception as exc:  # a writer that failed mid-answer: the checkout is still ready
+        return f"the writer did not answer ({type(exc).__name__})"
+    if status == 200 and answer.get("state") == "ready" and same_checkout(answer.get("path"), root, path):
+        return None
+    return f"the writer answered {status} {answer.get('error') or answer.get('state')}"
+
+
+def same_checkout(answered: object, root: str, path: str) -> bool:
+    """The writer's path names our checkout: the same path below the root (the writer may
+    see the volume at another mount point than this reader does)."""
+    below = path[len(root):] if path.startswith(root + "/") else path
+    return isinstance(answered, str) and (answered == path or answered.endswith(below))
+
+
+def _request(endpoint: str, body: dict, host: str) -> bytes:
+    payload = json.dumps(body).encode()
+    token = os.environ.get(TOKEN_VAR)
+    return (f"POST {endpoint} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n"
+            + (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n").encode() + payload
+
+
+def _post_unix(where: str, endpoint: str, body: dict, timeout: float, root: str,
+               why: list[str]) -> tuple[int, dict] | None:
+    """None when no serve of a trusted uid listens there (nothing is sent then)."""
+    import _socket  # not socket: it imports selectors and array, a few ms of a reader's ready answer
+
+    try:
+        mode = os.lstat(where).st_mode  # a symlink there is somebody's pointer to somewhere else
+    except OSError:
+        why.append(f"no socket at {where}")
+        return None
+    if not stat.S_ISSOCK(mode):
+        why.append(f"{where} is not a socket")
+        return None
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:  # (_socket's socket is no context manager)
+        conn.settimeout(CONNECT_TIMEOUT)
+        try:
+            conn.connect(where)
+        except OSError as exc:
+            why.append(f"{where}: {exc.strerror or exc}")
+            return None
+        # Who listens, as the kernel says (struct ucred: pid, uid, gid): a group member may have
+        # put its own socket at this path (the root's folders are the group's to write in that mode).
+        creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+        peer_uid = int.from_bytes(creds[4:8], sys.byteorder)
+        if peer_uid not in trusted_peers(root):
+            why.append(f"{where} is served by uid {peer_uid}, not the store's writer")
+            return None
+        return _exchange(conn, _request(endpoint, body, "localhost"), timeout)
+    finally:
+        conn.close()
+
+
+def _post_tcp(url: str, endpoint: str, body: dict, timeout: float, why: list[str]) -> tuple[int, dict] | None:
+    import _socket
+
+    host, port = _host_port(url)
+    if host is None:
+        why.append(f"{API_URL_VAR} is not http://HOST:PORT")
+        return None
+    conn = _socket.socket(_socket.AF_INET6 if ":" in host else _socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        conn.settimeout(CONNECT_TIMEOUT)
+        conn.connect((host, port))
+    except OSError as exc:
+        conn.close()
+        why.append(f"{API_URL_VAR} ({host}:{port}): {exc.strerror or exc}")
+        return None
+    try:
+        return _exchange(conn, _request(endpoint, body, f"{host}:{port}"), timeout)
+    finally:
+        conn.close()
+
+
+def _host_port(url: str) -> tuple[str | None, int]:
+    """http://HOST:PORT (a trailing / allowed; [v6] hosts too); (None, 0) for anything else:
+    no https here (the pod's writer listens on loopback), no credentials in the URL."""
+    if not url.startswith("http://"):
+        return None, 0
+    rest = url[len("http://"):].rstrip("/")
+    host, _, port = rest.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536 or not host or "@" in host or "/" in host:
+        return None, 0
+    return host.strip("[]"), int(port)
+
+
+def _exchange(conn, request: bytes, timeout: float) -> tuple[int, dict]:
+    """Send, then read to the end (Connection: close) within timeout in all."""
+    deadline = time.monotonic() + timeout
+    conn.settimeout(timeout)
+    conn.sendall(request)
+    chunks, size = [], 0
+    while size <= MAX_ANSWER:
+        left = deadline - time.monotonic()
+        if left <= 0:  # a peer that trickles bytes never holds us past the bound
+            raise TimeoutError("the writer's answer did not come in time")
+        conn.settimeout(left)
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > MAX_ANSWER:
+        raise ValueError("the writer's answer is too large")
+    data = b"".join(chunks)
+    status_line, _, rest = data.partition(b"\r\n")
+    _, _, body_bytes = rest.partition(b"\r\n\r\n")
+    status = int(status_line.split()[1])
+    answer = json.loads(body_bytes)
+    return status, answer if isinstance(answer, dict) else {}

@@ -1,0 +1,215 @@
+"""One writer (DESIGN invariant 16): a review that sees the root through a read-only
+mount, or as a uid outside the store's group, gets ready answers, new commits,
+holds, status and recorded uses, and writes nothing; the writer is a real
+`serve` on loopback, the reader a real process in a mount namespace of its own
+whose view of the root is read-only (`mount -o remount,bind,ro`, at the same
+path, as a pod's readOnly volume is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from checkoutcache.store.layout import RootPaths
+
+from .helpers import TOKEN, Serve, run_cli, assert_checkout_matches, make_idle, marker, only_repo, store_snapshot, \
+    wait_until, walk
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                reason="a read-only view of the root needs root (CI runs as root) and unshare")
+
+
+def reader(root: str, *args: str, env: dict | None = None, code: str | None = None,
+           timeout: float = 120) -> tuple[int, dict | None, str]:
+    """The CLI (or, with code, a Python snippet) in a mount namespace where root is read-only."""
+    program = [sys.executable, "-c", code] if code else [sys.executable, "-m", "checkoutcache", "--root", root, *args]
+    script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", root, *program]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKOUTCACHE_")}
+    full_env.update(env or {})
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
+    try:
+        answer = json.loads(done.stdout) if done.stdout.strip().startswith("{") else None
+    except ValueError:
+        answer = None
+    return done.returncode, answer, done.stderr + done.stdout
+
+
+def snapshot_but_markers(root: str) -> dict:
+    """Every entry under root but the markers' mtimes (the writer records uses there)."""
+    return {path: (size, 0 if path.endswith("/checkoutcache-ready") else mtime, mode)
+            for path, (size, mtime, mode) in store_snapshot(root).items()}
+
+
+@pytest.fixture
+def writer(tmp_path, served_upstream):
+    root = str(tmp_path / "cache")
+    serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
+    yield serve
+    serve.stop()
+
+
+def through(serve: Serve) -> dict:
+    return {"CHECKOUTCACHE_API_URL": f"http://127.0.0.1:{serve.port}", "CHECKOUTCACHE_API_TOKEN": TOKEN}
+
+
+@pytest.mark.slow
+def test_a_read_only_reader_gets_ready_answers_and_new_commits_through_the_writer(writer, served_upstream):
+    """Regression: `ensure` of a ready checkout through a read-only mount answered ROOT_UNUSABLE
+    (Read-only file system), and nothing could make a new commit there."""
+    upstream, url = served_upstream
+    first, second = upstream.shas[0], upstream.shas[1]
+    status, body = writer.request("POST", "/v1/ensure", {"repo": url, "commit": first, "wait": 60})
+    assert status == 200, body
+    path = body["path"]
+    make_idle(path, 3600)
+    before = snapshot_but_markers(writer.root)
+    code, answer, out = reader(writer.root, "ensure", url, first, env=through(writer))
+    assert code == 0 and answer == {"state": "ready", "commit": first, "repo": url, "path": path}, out
+    assert "not recorded" not in out, out
+    assert time.time() - os.stat(marker(path)).st_mtime < 600, "the writer recorded the reader's use"
+    assert snapshot_but_markers(writer.root) == before, "a ready answer wrote nothing but the writer's use"
+    # A new commit: the writer clones it, the reader checks it on its own (read-only) view.
+    code, answer, out = reader(writer.root, "ensure", url, second, "--wait", "60", env=through(writer))
+    assert code == 0 and answer["state"] == "ready", out
+    assert_checkout_matches(answer["path"], upstream.path, second)
+    # The library, likewise.
+    snippet = (f"import json; from checkoutcache import Cache; c = Cache({writer.root!r}); "
+               f"a = c.ensure({url!r}, {upstream.shas[2]!r}, wait=60); print(json.dumps(a.to_json()))")
+    code, answer, out = reader(writer.root, code=snippet, env=through(writer))
+    assert code == 0 and answer["state"] == "ready", out
+    assert_checkout_matches(answer["path"], upstream.path, upstream.shas[2])
+    # status reads only.
+    code, report, out = reader(writer.root, "status", env=through(writer))
+    assert code == 0 and report["totals"]["checkouts"] == 3, out
+
+
+@pytest.mark.slow
+def test_a_read_only_readers_uses_order_eviction(writer, served_upstream):
+    """Only read-only reviews ask: the LRU order still sees them. The checkout a reader asked
+    for last survives a gc that keeps one."""
+    upstream, url = served_upstream
+    paths = {}
+    for sha in upstream.shas[:2]:
+        status, body = writer.request("POST", "/v1/ensure", {"repo": url, "commit": sha, "wait": 60})
+        assert status == 200, body
+        paths[sha] = body["path"]
+        make_idle(body["path"], 7200)
+    older, newer = upstream.shas[0], upstream.shas[1]
+    make_idle(paths[older], 9000)  # by the writer's own record, `older` is the LRU one...
+    code, answer, out = reader(writer.root, "ensure", url, older, env=through(writer))  # ...until a reader asks
+    assert code == 0, out
+    # cron's gc, the writer's uid (serve's own gc also protects what it answered lately, in memory)
+    code, report, out = run_cli("gc", "--max-checkouts", "1", root=writer.root)
+    assert code == 0, out
+    assert [r["name"] for r in report["removed"]] == [newer], out
+    assert os.path.isdir(paths[older])
+
+
+@pytest.mark.slow
+def test_exec_through_a_read_only_mount_holds_against_the_writers_gc(writer, served_upstream, tmp_path):
+    upstream, url = served_upstream
+    sha = upstream.shas[0]
+    started, release = tmp_path / "started", tmp_path / "release"
+    script = f"cat README.md > /dev/null && touch {started} && while [ ! -e {release} ]; do sleep 0.05; done"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKOUTCACHE_")}
+    full_env.update(through(writer))
+    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"', "sh", writer.root,
+               sys.executable, "-m", "checkoutcache", "--root", writer.root, "exec", url, sha, "--wait", "60", "--",
+               "sh", "-c", script]
+    proc = subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: started.exists() or proc.poll() is not None, 90, "the command to start")
+        assert started.exists(), proc.communicate()
+        path = only_repo(writer.root).checkout(sha)
+        make_idle(path, 7200)
+        # cron's gc, the writer's uid: nothing but the reader's hold (a shared flock taken through
+        # the read-only mount) keeps it (serve's gc would also remember answering it)
+        code, report, out = run_cli("gc", "--max-checkouts", "0", root=writer.root)
+        assert code == 0 and report["removed"] == [], out
+        assert [(k["name"], k["why"]) for k in report["kept_over_limit"]] == [(sha, "held")], out
+        assert os.path.isdir(path)
+    finally:
+        release.touch()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    assert time.time() - os.stat(marker(path)).st_mtime < 600, "the end of the use was recorded by the writer"
+
+
+def test_a_reader_without_a_writer_says_so_and_writes_nothing(writer, served_upstream):
+    upstream, url = served_upstream
+    status, body = writer.request("POST", "/v1/ensure", {"repo": url, "commit": upstream.shas[0], "wait": 60})
+    assert status == 200, body
+    before = store_snapshot(writer.root)
+    # A ready checkout is still answered; the reader says its use went unrecorded.
+    code, answer, out = reader(writer.root, "ensure", url, upstream.shas[0])
+    assert code == 0 and answer["state"] == "ready", out
+    assert "was not recorded" in out and "CHECKOUTCACHE_API_URL is not set" in out, out
+    # A new commit cannot be made by a reader: NO_WRITER, what to do, nothing written.
+    code, answer, out = reader(writer.root, "ensure", url, upstream.shas[1], "--wait", "5")
+    assert code == 1 and answer["error"] == "NO_WRITER", out
+    assert "CHECKOUTCACHE_API_URL" in answer["next"], answer
+    assert store_snapshot(writer.root) == before
+
+
+def test_published_checkouts_are_writable_by_the_writer_alone(writer, served_upstream):
+    """Regression: a published checkout's content was group-writable (files 0664, directories
+    2775): a review in the group could change what the next review is answered ready with."""
+    upstream, url = served_upstream
+    status, body = writer.request("POST", "/v1/ensure", {"repo": url, "commit": upstream.shas[0], "wait": 60})
+    assert status == 200, body
+    entries = [e for e in walk(writer.root) if not e.is_link]
+    assert any(e.path.startswith(body["path"] + "/") and e.is_file for e in entries)
+    writable = [e.path for e in entries if stat.S_IMODE(e.info.st_mode) & 0o022]
+    # The sockets serve may listen on are the only exception (connecting takes write access).
+    assert [p for p in writable if not stat.S_ISSOCK(os.lstat(p).st_mode)] == []
+
+
+def _uid_outside_the_group() -> str:
+    name = "ccreader"
+    if subprocess.run(["id", name], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "-M", "-N", "-s", "/bin/sh", name], capture_output=True)
+    assert subprocess.run(["id", name], capture_output=True).returncode == 0
+    return name
+
+
+@pytest.mark.slow
+def test_another_uid_outside_the_group_changes_nothing_in_the_store(served_upstream):
+    """The writer's store (the default modes) against a review of another uid: it reads a
+    checkout, may not change a file, add one, or replace a store directory with a symlink."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is needed to run as another uid")
+    upstream, url = served_upstream
+    base = tempfile.mkdtemp(prefix="ccwriter-", dir="/tmp")
+    os.chmod(base, 0o755)
+    root = os.path.join(base, "cache")
+    try:
+        done = subprocess.run([sys.executable, "-m", "checkoutcache", "--root", root, "ensure", url,
+                               upstream.shas[0], "--wait", "60"], capture_output=True, text=True,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("CHECKOUTCACHE_")})
+        assert done.returncode == 0, done.stderr + done.stdout
+        path = json.loads(done.stdout)["path"]
+        user = _uid_outside_the_group()
+        paths = RootPaths(root).repo(os.path.basename(os.path.dirname(os.path.dirname(path))))
+        attempts = [f"echo changed > {path}/README.md", f"touch {path}/planted", f"rm -f {path}/README.md",
+                    f"chmod 0777 {path}", f"mv {paths.trash_dir} {paths.trash_dir}.x",
+                    f"ln -s / {paths.base}/planted", f"touch {marker(path)}", f"touch {root}/planted"]
+        before = store_snapshot(root)
+        for attempt in attempts:
+            done = subprocess.run(["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", "sh", "-c",
+                                   attempt], capture_output=True, text=True)
+            assert done.returncode != 0, (attempt, done.stdout, done.stderr)
+        assert store_snapshot(root) == before
+        assert_checkout_matches(path, upstream.path, upstream.shas[0])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
