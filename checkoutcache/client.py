@@ -91,6 +91,10 @@ class Totals:
     min_free: str | None = None
     disk: dict | None = None
     workspaces: int | None = None  # live ones in the workspaces directory the sidecar sees
+    free_headroom: str | None = None
+    max_age_seconds: float | None = None
+    clone_timeout_seconds: float | None = None
+    limits_from: dict | None = None  # whose limits these are: the writer's record (serve, gc) or the caller's
 
 
 @attrs.frozen

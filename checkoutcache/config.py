@@ -428,6 +428,10 @@ class ServeSettings(Settings):
                                      "Bearer tokens, one `TOKEN [SCOPE,...]` per line (a token is needed over TCP; "
                                      "or give one in CHECKOUTCACHE_API_TOKEN).", _input_file, "none",
                                      present=_readable_file)
+    token_overlap: float = setting(600.0, "CHECKOUTCACHE_API_TOKEN_OVERLAP",
+                                   "When the tokens file changes (checked every second, and on SIGHUP), a token it "
+                                   "no longer holds stays valid this long, so clients move to the new one.",
+                                   parse_duration, "10m")
     allow_repo: tuple[str, ...] = setting((), "CHECKOUTCACHE_API_REPOS",
                                           "Repositories the API may name: shell patterns over the normalized URL, "
                                           "e.g. 'https://github.com/acme/*' (repeatable, or comma-separated).",

@@ -1,5 +1,5 @@
 """Refresh the generated parts of README.md and docs/*.md (settings, error codes,
-the on-disk layout, the bundle store's layout) from the code.
+the on-disk layout, the bundle store's layout, serve's metrics) from the code.
 
     python scripts/render_readme.py          # rewrite every stale file in place
     python scripts/render_readme.py --check  # exit 1, naming them, if any file is stale
@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from checkoutcache.bundles import location  # noqa: E402
 from checkoutcache.config import Config, PublishSettings, ServeSettings, options_table  # noqa: E402
 from checkoutcache.errors import CODES  # noqa: E402
+from checkoutcache.serve.metrics import reference_table  # noqa: E402
 from checkoutcache.store import layout  # noqa: E402
 
 TOP = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -52,7 +53,7 @@ def bundle_store_layout() -> str:
 
 TABLES = {"settings": lambda: options_table(Config), "serve-settings": lambda: options_table(ServeSettings),
           "publish-settings": lambda: options_table(PublishSettings), "errors": errors_table,
-          "layout": layout_contract, "bundle-layout": bundle_store_layout}
+          "layout": layout_contract, "bundle-layout": bundle_store_layout, "metrics": reference_table}
 
 
 def markers(text: str) -> list[str]:

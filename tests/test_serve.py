@@ -93,7 +93,10 @@ def test_health_status_gc_and_metrics(server, upstream):
     assert 'checkoutcache_clones_total{error="",outcome="published"} 1.0' in metrics
     assert "checkoutcache_clone_duration_seconds_bucket" in metrics
     assert 'checkoutcache_gc_runs_total{result="ok"} 1.0' in metrics
-    assert 'checkoutcache_request_duration_seconds_count{endpoint="/v1/ensure"} 2.0' in metrics
+    # Latency by the answer's kind: the first answer waited on its clone, the second was ready at once.
+    assert 'checkoutcache_request_duration_seconds_count{endpoint="/v1/ensure",kind="waited"} 1.0' in metrics
+    assert 'checkoutcache_request_duration_seconds_count{endpoint="/v1/ensure",kind="ready"} 1.0' in metrics
+    assert "process_resident_memory_bytes " in metrics and "process_open_fds " in metrics
     assert 'checkoutcache_build_info{version=' in metrics
 
 

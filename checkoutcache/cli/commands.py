@@ -169,7 +169,7 @@ def gc(ctx: Context, dry_run: bool, **options) -> int:
     try:
         config = load_config(ctx, options)
         check_root(ctx, write=not dry_run)
-        report = run_gc(ctx.cache().paths, config, dry_run=dry_run)
+        report = run_gc(ctx.cache().paths, config, dry_run=dry_run, record_as="gc")
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
     if ctx.as_json:

@@ -191,6 +191,8 @@ def status_text(status: dict) -> str:
             lines.append(f"  mirror not seeded: {seed['why']}")
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
+        if repo.get("refused"):  # a symlink where a store directory should be: gc leaves it alone
+            lines.append(f"  REFUSED: {repo['refused']}")
     spaces = status.get("workspaces") or {}
     if spaces.get("workspaces"):
         lines.append(f"\nworkspaces in {spaces['dir']}")
@@ -207,6 +209,9 @@ def status_text(status: dict) -> str:
     lines.append(f"\ntotal {t['checkouts']} checkouts (limit {limit}), {format_bytes(t['bytes'])} "
                  f"(limit {format_bytes(t['max_bytes'])}){free}; * = inside the "
                  f"{format_duration(t['grace_seconds'])} grace window")
+    source = t.get("limits_from") or {}
+    if source.get("from") in ("serve", "gc"):
+        lines.append(f"limits as enforced by {source['from']} (pid {source.get('pid')}, recorded {source.get('at')})")
     return "\n".join(lines)
 
 

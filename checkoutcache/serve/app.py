@@ -37,12 +37,13 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
-from checkoutcache.answers import Answer
+from checkoutcache.answers import Answer, State
+from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.serve import logs
 from checkoutcache.serve.metrics import CONTENT_TYPE_LATEST, generate_latest
 from checkoutcache.serve.policy import Grant
-from checkoutcache.serve.service import Service, Stopping, http_status
+from checkoutcache.serve.service import Service, Stopping, Waited, http_status
 
 log = logging.getLogger("checkoutcache.serve")
 
@@ -51,12 +52,16 @@ BODY_DEADLINE = 5.0  # as granian's header deadline: a stalled body is closed as
 READY_PROBE_DEADLINE = 2.0
 RETRY_AFTER = "1"
 # Each endpoint and its methods (the OpenAPI document says the same; a test compares).
-ROUTES = {"/healthz": ("GET",), "/readyz": ("GET",), "/metrics": ("GET",), "/openapi.json": ("GET",),
+# HEAD /metrics is answered as GET without a body (scrapers and load balancers check with HEAD).
+ROUTES = {"/healthz": ("GET",), "/readyz": ("GET",), "/metrics": ("GET", "HEAD"), "/openapi.json": ("GET",),
           "/v1/ensure": ("GET", "POST"), "/v1/status": ("GET",), "/v1/gc": ("POST",), "/v1/hold": ("POST",),
           "/v1/release": ("POST",), "/v1/workspaces": ("GET",)}
 ENDPOINTS = tuple(ROUTES)
 PUBLIC = ("/healthz", "/readyz", "/openapi.json")
 HEALTH_ONLY = ("/healthz", "/readyz", "/metrics")
+# Probes and scrapes: one a few seconds from each kubelet and Prometheus. Their access
+# lines are debug ones when they succeed (an INFO line each buried what a request was about).
+QUIET = ("/healthz", "/readyz", "/metrics")
 PUBLIC_GRANT = Grant("public", frozenset())
 JSON = [("content-type", "application/json")]
 CLOSE = ("connection", "close")
@@ -123,15 +128,47 @@ def json_bytes(value: dict) -> bytes:
     return (json.dumps(value, sort_keys=True) + "\n").encode()
 
 
-class Request:
-    """What the access log says of one request."""
+class Request(Waited):
+    """What the access log and the latency histogram say of one request: who asked,
+    what about (repository without credentials, commit), the answer's state and kind,
+    and its error code."""
 
-    __slots__ = ("grant", "error", "why")
+    __slots__ = ("grant", "error", "why", "kind", "repo", "commit", "state")
 
     def __init__(self):
+        super().__init__()
         self.grant: Grant | None = None
         self.error: str | None = None
         self.why: str | None = None
+        self.kind: str | None = None  # metrics.KINDS; None: from the HTTP status
+        self.repo: str | None = None
+        self.commit: str | None = None
+        self.state: str | None = None
+
+    def about(self, params: dict) -> None:
+        """What the request names (kept raw: made fit for a log line only when one is written)."""
+        repo, commit = params.get("repo"), params.get("commit")
+        if isinstance(repo, str) and repo:
+            self.repo = repo
+        if isinstance(commit, str) and commit:
+            self.commit = commit
+
+    def answered(self, state: str, error: str | None, at_once: bool) -> None:
+        """A checkout's answer: its state, its error code, and its kind (ready at once or
+        after waiting on a clone, cloning, failed)."""
+        self.state = str(state)
+        if error:
+            self.error = error
+        if state == State.READY:
+            self.kind = "waited" if self.waited and not at_once else "ready"
+        else:
+            self.kind = "cloning" if state == State.CLONING else "failed"
+
+
+def loggable_repo(repo: str) -> str:
+    """A repository as a log line may show it: credentials, a query and a fragment removed,
+    at most a line's worth."""
+    return strip_userinfo(repo).split("?", 1)[0].split("#", 1)[0][:300]
 
 
 class Api:
@@ -154,24 +191,35 @@ class Api:
             log.exception("request failed: %s %s", scope.method, scope.path[:200])
             status, body, headers = error_reply(CheckoutCacheError("INTERNAL_ERROR", detail="see serve's log"))
             request.error = "INTERNAL_ERROR"
+        if scope.method == "HEAD" and status == 200:
+            body = b""  # as GET, without the body (its length is said)
+            headers = headers + [("content-length", "0")]
         if not keeps_alive(self.listener, request.grant) and CLOSE not in headers:
             headers = headers + [CLOSE]
         proto.response_bytes(status, headers, body)
         seconds = time.monotonic() - started
         endpoint = scope.path if scope.path in ROUTES else "other"  # only known endpoints become labels
-        self.service.metrics.request(endpoint, seconds)
-        if logs.access_enabled():
+        kind = request.kind or ("failed" if status >= 400 else "ok")
+        self.service.metrics.request(endpoint, kind, seconds)
+        quiet = endpoint in QUIET and status < 400
+        if logs.access_enabled(debug=quiet):
             grant = request.grant
             fields = {"method": scope.method[:16], "endpoint": endpoint, "status": status,
                       "ms": round(seconds * 1000, 2), "listener": "health" if self.listener.health_only else
                       ("tcp" if self.listener.tcp else "unix")}
             if grant is not None and grant is not PUBLIC_GRANT:
                 fields.update(token=grant.name, scopes=sorted(grant.scopes) if grant.scopes is not None else "*")
+            if request.repo is not None:
+                fields["repo"] = loggable_repo(request.repo)
+            if request.commit is not None:
+                fields["commit"] = request.commit[:80]
+            if request.state is not None:
+                fields["state"] = request.state
             if request.error:
                 fields["error"] = request.error
             if request.why:
                 fields["refused"] = request.why
-            logs.access(f"{fields['method']} {endpoint} {status}", fields)
+            logs.access(f"{fields['method']} {endpoint} {status}", fields, debug=quiet)
 
     # ------------------------------------------------------------ admission
     async def answer(self, scope, proto, request: Request) -> Reply:
@@ -184,7 +232,7 @@ class Api:
             if path in ROUTES and method not in ROUTES[path]:
                 return error_reply(CheckoutCacheError("METHOD_NOT_ALLOWED", method=method[:16], path=path),
                                    [("allow", ", ".join(ROUTES[path]))])
-            return await self.route(scope, proto, request.grant)
+            return await self.route(scope, proto, request.grant, request)
         except CheckoutCacheError as exc:
             request.error = exc.code
             headers = []
@@ -223,7 +271,7 @@ class Api:
             raise
 
     # ------------------------------------------------------------ routes
-    async def route(self, scope, proto, grant: Grant) -> Reply:
+    async def route(self, scope, proto, grant: Grant, request: Request) -> Reply:
         path, service = scope.path, self.service
         if path == "/healthz":
             ok, body = service.health()
@@ -244,14 +292,20 @@ class Api:
             raise Stopping()
         if path == "/v1/ensure":
             params = await self.params(scope, proto)
+            request.about(params)
             answer, wait = service.ready_now(params, grant)
+            at_once = answer is not None
             if answer is None:
-                answer = await self.blocking(wait, service.ensure, params, grant)
+                answer = await self.blocking(wait, service.ensure, params, grant, request)
+            request.answered(answer.state, answer.error, at_once)
             headers = JSON + ([("retry-after", str(answer.retry_after))] if answer.retry_after else [])
             return http_status(answer), json_bytes(answer.to_json()), headers
         if path == "/v1/hold":
             params = await self.params(scope, proto)
-            status, body = await self.blocking(self.asked_wait(params), service.hold, params, grant)
+            request.about(params)
+            status, body = await self.blocking(self.asked_wait(params), service.hold, params, grant, request)
+            if isinstance(body.get("state"), str):
+                request.answered(body["state"], body.get("error"), False)
             return status, json_bytes(body), JSON
         if path == "/v1/release":
             status, body = service.release(await self.params(scope, proto), grant)

@@ -3,10 +3,15 @@
 Loggers, each line carrying its fields as `extra`:
 - checkoutcache.access  one line per request: method, endpoint, status, ms,
                         token (its name: a digest, never the token), scopes,
-                        error; refused tokens and origins say why.
+                        what it was about (repo without credentials, commit),
+                        the answer's state, error; refused tokens and origins
+                        say why. Probes and scrapes that succeed are debug
+                        lines (one every few seconds from each kubelet and
+                        Prometheus), every other request an INFO one.
 - checkoutcache.events  clones started / published / failed / died, seeding,
                         gc summaries.
-- checkoutcache.serve   the server's own (start, stop, a failing gc).
+- checkoutcache.serve   the server's own (start: version and the limits in force;
+                        stop; a failing gc; tokens reloaded).
 
 A client's bad input is an access line with its error code, never a traceback;
 only a bug (INTERNAL_ERROR) logs one.
@@ -102,16 +107,17 @@ class DroppingQueueHandler(logging.handlers.QueueHandler):
 
 ACCESS = "checkoutcache.access"
 _ACCESS_LINES: collections.deque = collections.deque(maxlen=QUEUE_LINES)
-_ACCESS_ON = False
+_ACCESS_LEVEL = logging.CRITICAL + 1  # none until configured
 
 
-def access_enabled() -> bool:
-    return _ACCESS_ON
+def access_enabled(debug: bool = False) -> bool:
+    """Whether an access line of that level (debug, else INFO) is written."""
+    return _ACCESS_LEVEL <= (logging.DEBUG if debug else logging.INFO)
 
 
-def access(message: str, fields: dict) -> None:
-    """One access line (logger checkoutcache.access, level INFO), formatted by the writer."""
-    _ACCESS_LINES.append((time.time(), message, fields))
+def access(message: str, fields: dict, debug: bool = False) -> None:
+    """One access line (logger checkoutcache.access, level INFO or DEBUG), formatted by the writer."""
+    _ACCESS_LINES.append((time.time(), message, fields, debug))
 
 
 class BatchWriter(threading.Thread):
@@ -131,8 +137,9 @@ class BatchWriter(threading.Thread):
     def drain(self) -> None:
         lines = []
         while _ACCESS_LINES:
-            created, message, fields = _ACCESS_LINES.popleft()
-            record = logging.makeLogRecord({"name": ACCESS, "levelno": logging.INFO, "levelname": "INFO",
+            created, message, fields, debug = _ACCESS_LINES.popleft()
+            record = logging.makeLogRecord({"name": ACCESS, "levelno": logging.DEBUG if debug else logging.INFO,
+                                            "levelname": "DEBUG" if debug else "INFO",
                                             "msg": message, "created": created,
                                             "msecs": (created - int(created)) * 1000})
             record.__dict__.update(fields)
@@ -165,8 +172,8 @@ _WRITER: BatchWriter | None = None
 def configure(log_format: str, log_level: str) -> None:
     """serve's records on stderr for every checkoutcache logger (granian's included),
     formatted and written by a thread of its own."""
-    global _WRITER, _ACCESS_ON
-    _ACCESS_ON = LEVELS[log_level] <= logging.INFO
+    global _WRITER, _ACCESS_LEVEL
+    _ACCESS_LEVEL = LEVELS[log_level]
     if log_format == "json":
         formatter: logging.Formatter = JsonFormatter()
     else:

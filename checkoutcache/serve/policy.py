@@ -5,7 +5,9 @@ until shown otherwise (DESIGN.md invariant 10). The operator decides:
 
 - tokens: over TCP every request but /healthz needs `Authorization: Bearer
   <token>` (over the Unix socket only when tokens are configured); each token
-  may be limited to some scopes. Tokens are compared in constant time.
+  may be limited to some scopes. Tokens are compared in constant time. When
+  the tokens file changes (rotated()), a token it no longer holds stays valid
+  for the overlap (retiring), so clients move to the new one without a gap.
 - repositories: which URLs the API may name (shell-style patterns over the
   normalized URL, e.g. `https://github.com/acme/*`); local paths and file://
   are refused unless allowed, and even then only absolute ones (never
@@ -22,6 +24,7 @@ import fnmatch
 import hashlib
 import hmac
 import os
+import time
 
 import attrs
 
@@ -54,8 +57,21 @@ class ApiPolicy:
     tokens: tuple[tuple[str, Grant], ...] = ()
     repo_patterns: tuple[str, ...] = ()  # empty: any remote repository
     allow_local: bool = False
+    # Tokens a reload dropped, each valid until its time.monotonic() deadline.
+    retiring: tuple[tuple[str, Grant, float], ...] = ()
 
-    def authenticate(self, authorization: str | None, over_tcp: bool) -> Grant:
+    def rotated(self, tokens: tuple[tuple[str, Grant], ...], now: float, overlap: float) -> "ApiPolicy":
+        """This policy with the tokens a reloaded file holds: one it no longer holds retires,
+        valid for `overlap` seconds more (one retiring already keeps its deadline; one the
+        file holds again is simply current)."""
+        current = {token for token, _grant in tokens}
+        still = tuple(r for r in self.retiring if r[2] > now and r[0] not in current)
+        already = {r[0] for r in still}
+        leaving = tuple((token, grant, now + overlap) for token, grant in self.tokens
+                        if token not in current and token not in already)
+        return attrs.evolve(self, tokens=tokens, retiring=still + leaving)
+
+    def authenticate(self, authorization: str | None, over_tcp: bool, now: float | None = None) -> Grant:
         """The caller's grant, or UNAUTHORIZED. Over the Unix socket without
         configured tokens, the socket's file mode is the access control."""
         if not self.tokens:
@@ -69,6 +85,12 @@ class ApiPolicy:
         for token, grant in self.tokens:  # every token is compared: no early exit to time
             if hmac.compare_digest(token.encode(), presented.encode()) and presented:
                 found = grant
+        if self.retiring:
+            now = time.monotonic() if now is None else now
+            for token, grant, until in self.retiring:
+                if hmac.compare_digest(token.encode(), presented.encode()) and presented and until > now \
+                        and found is None:
+                    found = grant
         if found is None:
             raise CheckoutCacheError("UNAUTHORIZED")
         return found

@@ -13,7 +13,11 @@ Order at start (each step for a reason):
 2. raise the open-file limit: idle connections are descriptors;
 3. fork the worker server while still single-threaded (workserver.py);
 4. build the servers, then our logging (granian configures logging when built);
-5. threads: gc schedule and hold expiry, the journal follower, the store's gauges.
+5. record the limits in force in the root (for status anywhere), then threads:
+   gc schedule, hold expiry and the tokens file's watch, the journal follower.
+
+SIGHUP: read the tokens file again (as a change to it does, seen within a
+second): new tokens in force, dropped ones valid for the overlap (service.py).
 
 SIGTERM (or SIGINT): stop accepting; requests waiting on a clone are answered
 SHUTTING_DOWN (503, Retry-After) at once; in-flight answers get --stop-timeout
@@ -58,6 +62,7 @@ from checkoutcache.serve.reaper import Reaper, become_subreaper
 from checkoutcache.serve.service import Service
 from checkoutcache.store import locks
 from checkoutcache.store.create import init_root, make_dirs
+from checkoutcache.upkeep.limits import limits_of
 
 log = logging.getLogger("checkoutcache.serve")
 
@@ -201,8 +206,8 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
 
     threads = [threading.Thread(target=service.maintain, name="cc-maintain", daemon=True,
                                 kwargs={"on_tick": reaper.sweep}),
-               threading.Thread(target=service.follow_journal, name="cc-journal", daemon=True),
-               threading.Thread(target=service.refresh_gauges, name="cc-gauges", daemon=True)]
+               threading.Thread(target=service.follow_journal, name="cc-journal", daemon=True)]
+    service.record_limits()
     for thread in threads:
         thread.start()
     code = _run(servers, service, settings, address, health, unix, reaper)
@@ -243,6 +248,8 @@ def _run(servers: list, service: Service, settings: ServeSettings, address, heal
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # SIGHUP reloads the tokens (its default action, exit 129, lost every hold).
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, service.reload_tokens, "sighup"))
         tasks = [asyncio.ensure_future(s.serve()) for s in servers]
         listening = [a for a in (address, health) if a]
         up = await loop.run_in_executor(None, wait_listening, listening, [unix] if unix else [], time.monotonic() + 15)
@@ -251,9 +258,13 @@ def _run(servers: list, service: Service, settings: ServeSettings, address, heal
             stop.set()
         else:
             where = " and ".join(w for w in (unix, address and f"http://{address[0]}:{address[1]}") if w)
-            log.info("serving %s on %s", service.cache.root, where, extra={
-                "event": "serving", "root": service.cache.root, "api": where,
-                "health": f"http://{health[0]}:{health[1]}" if health else None, "pid": os.getpid()})
+            log.info("checkoutcache %s serving %s on %s", service.version, service.cache.root, where, extra={
+                "event": "serving", "version": service.version, "root": service.cache.root, "api": where,
+                "health": f"http://{health[0]}:{health[1]}" if health else None, "pid": os.getpid(),
+                "limits": limits_of(service.config), "gc_interval": settings.gc_interval,
+                "max_waiting": settings.max_waiting, "max_connections": settings.max_connections,
+                "max_holds": settings.max_holds, "tokens_file": settings.token_file,
+                "token_overlap": settings.token_overlap})
             if settings.ready_file:
                 try:
                     with open(settings.ready_file, "w") as handle:

@@ -34,12 +34,13 @@ from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CODES, CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE
 from checkoutcache.serve.metrics import SEED_OUTCOMES, SEED_REASONS, Metrics
-from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, tightened
+from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, load_tokens, tightened
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_root
 from checkoutcache.store.inventory import inventory
 from checkoutcache.units import parse_duration
 from checkoutcache.upkeep.gc import disk_of, run_gc
+from checkoutcache.upkeep.limits import record_limits
 from checkoutcache.upkeep.status import build_status
 
 log = logging.getLogger("checkoutcache.serve")
@@ -56,6 +57,16 @@ RESOLVED_FOR = 60.0
 RESOLVED_MAX = 4096
 # Scheduled gc runs failed in a row before /readyz says the sidecar is not ready.
 GC_FAILURES_NOT_READY = 3
+UNMET_LIMITS = ("max-checkouts", "max-bytes", "min-free")  # eviction.Unmet's names
+
+
+class Waited:
+    """Whether a request waited on a clone (the request latency's kind, metrics.KINDS)."""
+
+    __slots__ = ("waited",)
+
+    def __init__(self) -> None:
+        self.waited = False
 
 
 class Stopping(Exception):
@@ -79,7 +90,8 @@ class Service:
         self.settings = settings
         self.policy = policy or ApiPolicy()
         self.journal = journal
-        self.metrics = Metrics(cache.paths, version)
+        self.version = version
+        self.metrics = Metrics(cache.paths, version, figures=self.store_figures)
         self.holds: dict[str, HeldCheckout] = {}
         # (repository key, commit) -> time.monotonic() of this process's last ready
         # answer for it: a forward jump of the wall clock cannot make our own gc evict
@@ -90,11 +102,16 @@ class Service:
         self.stopping = threading.Event()
         self.resolved: dict[tuple[str, str, str], tuple[float, tuple]] = {}  # see resolve()
         self.gc_failures = 0  # scheduled runs failed in a row
+        self.tokens_lock = threading.Lock()
+        self.tokens_seen = file_identity(settings.token_file)
         self.gc_last_error: str | None = None
         for name in ("max_checkouts", "max_bytes"):
             value = getattr(config, name)
             if value is not None:
                 self.metrics.limit.labels(name).set(value)
+        self.metrics.clone_timeout.set(config.clone_timeout)
+        for name in UNMET_LIMITS:
+            self.metrics.unmet.labels(name).set(0)
 
     # ---------------------------------------------------------------- API
     def request(self, params: dict, grant: Grant) -> tuple[str, str, float, str, Cone]:
@@ -144,12 +161,23 @@ class Service:
                 self.recent_uses[(want.spec.key, want.name)] = time.monotonic()
         return answer, wait
 
-    def ensure(self, params: dict, grant: Grant = ANONYMOUS) -> Answer:
+    def ensure(self, params: dict, grant: Grant = ANONYMOUS, note: "Waited | None" = None) -> Answer:
+        """note, when given, learns whether the request waited on a clone (the latency's kind)."""
         repo, commit, wait, scope, cone = self.request(params, grant)
-        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.unless_stopping,
+        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
                                    sparse=cone)
         self.answered(answer)
         return answer
+
+    def progress_of(self, note: "Waited | None") -> Callable[[Answer], None]:
+        if note is None:
+            return self.unless_stopping
+
+        def progress(answer: Answer) -> None:
+            note.waited = True  # called only before a wait on a clone (clone/coordinator.py)
+            self.unless_stopping(answer)
+
+        return progress
 
     def unless_stopping(self, _answer: Answer) -> None:
         """The progress callback of a waiting request: serve stopping ends the wait."""
@@ -185,14 +213,15 @@ class Service:
             self.forget_old_uses(now)
             return frozenset(self.recent_uses)
 
-    def hold(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[int, dict]:
+    def hold(self, params: dict, grant: Grant = ANONYMOUS, note: "Waited | None" = None) -> tuple[int, dict]:
         ttl = parse_duration(params.get("ttl", DEFAULT_HOLD_TTL), "ttl")
         if not 0 < ttl <= MAX_HOLD_TTL:
             raise CheckoutCacheError("BAD_ARGUMENT", what=f"ttl must be 0 to {MAX_HOLD_TTL:g} seconds")
         repo, commit, wait, scope, cone = self.request(params, grant)
         with self.holds_lock:
             self.check_hold_room(grant)
-        held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.unless_stopping, sparse=cone)
+        held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
+                               sparse=cone)
         self.answered(held.answer)
         if not held.held:
             return http_status(held.answer), held.answer.to_json()
@@ -254,7 +283,10 @@ class Service:
             raise CheckoutCacheError("BAD_ARGUMENT", what="dry_run must be true or false")
         started = time.monotonic()
         try:
-            report = run_gc(self.cache.paths, config, dry_run=dry_run, used_within_grace=self.used_within_grace())
+            # The scheduled run enforces the limits in force (recorded for status); one over
+            # the API may have tightened them for once (not recorded).
+            report = run_gc(self.cache.paths, config, dry_run=dry_run, used_within_grace=self.used_within_grace(),
+                            record_as=None if from_api else "serve")
         except Exception:
             self.metrics.gc_runs.labels("error").inc()
             raise
@@ -263,12 +295,10 @@ class Service:
         self.metrics.gc_runs.labels("skipped" if report.skipped else "ok").inc()
         for removed in report.removed:
             self.metrics.evictions.labels(removed.reason).inc()
-        if report.disk_after:
-            self.metrics.disk_free.set(report.disk_after["free"])
-            self.metrics.disk_total.set(report.disk_after["total"])
-        if report.checkouts_after is not None:
-            self.metrics.checkouts.set(report.checkouts_after)
-            self.metrics.bytes.set(report.bytes_after)
+        if not dry_run and not report.skipped:
+            unmet = {u["limit"] for u in report.unmet}
+            for name in UNMET_LIMITS:
+                self.metrics.unmet.labels(name).set(1 if name in unmet else 0)
         events.info("gc %s", "skipped: " + report.skipped if report.skipped else "ran", extra={
             "event": "gc", "trigger": "api" if from_api else "schedule", "dry_run": dry_run,
             "seconds": round(seconds, 3), "removed": len(report.removed), "bytes_freed": report.bytes_freed,
@@ -336,19 +366,78 @@ class Service:
                   and self.gc_failures < GC_FAILURES_NOT_READY and not checks["stopping"])
         return ok, {"ok": ok, "checks": checks}
 
+    # ---------------------------------------------------------------- tokens
+    def tokens_changed(self) -> bool:
+        """Whether the tokens file is another file, or changed, since last read. os.stat
+        follows the links: a kubelet's swap of a Secret's `..data` link is a new inode."""
+        return self.settings.token_file is not None and file_identity(self.settings.token_file) != self.tokens_seen
+
+    def reload_tokens(self, trigger: str) -> bool:
+        """Read the tokens file again (on a change, or SIGHUP) and put its tokens in force;
+        those it no longer holds stay valid for the overlap (policy.rotated). A file that
+        cannot be read or holds no token changes nothing (said, counted, tried at its next
+        change or signal): a half-written file never locks every client out."""
+        path = self.settings.token_file
+        if path is None:
+            log.warning("SIGHUP: no tokens file to reload (CHECKOUTCACHE_API_TOKEN_FILE)",
+                        extra={"event": "tokens_reload_failed", "trigger": trigger})
+            return False
+        with self.tokens_lock:
+            self.tokens_seen = file_identity(path)
+            try:
+                tokens = load_tokens(path, os.environ)
+                if not tokens:
+                    raise CheckoutCacheError("BAD_ARGUMENT", what=f"{path} holds no token")
+            except (CheckoutCacheError, ValueError) as exc:  # ValueError: not UTF-8 text
+                self.metrics.token_reloads.labels("failed").inc()
+                log.error("the tokens file could not be reloaded, the tokens in force stay: %s",
+                          getattr(exc, "message", type(exc).__name__),
+                          extra={"event": "tokens_reload_failed", "trigger": trigger})
+                return False
+            self.policy = self.policy.rotated(tokens, time.monotonic(), self.settings.token_overlap)
+            self.metrics.token_reloads.labels("ok").inc()
+            log.info("tokens reloaded: %d in force, %d retiring within %gs", len(tokens), len(self.policy.retiring),
+                     self.settings.token_overlap, extra={
+                         "event": "tokens_reloaded", "trigger": trigger, "tokens": [g.name for _t, g in tokens],
+                         "retiring": [g.name for _t, g, _u in self.policy.retiring]})
+            return True
+
+    def watch_tokens(self) -> None:
+        if self.tokens_changed():
+            self.reload_tokens("change")
+
     # ---------------------------------------------------------------- background
-    def refresh_gauges(self) -> None:
-        """The store's gauges from the inventory (recorded sizes: no tree walk): at start,
-        so a free-disk alert never sees a restart as an empty disk."""
+    def store_figures(self) -> dict:
+        """The store's figures at a scrape (metrics.py: the "scrape" metrics): the inventory
+        with recorded sizes (no tree walk: O(checkouts)), the disk, running clones, readiness.
+        A figure that cannot be read is left out of that scrape (an absent series, never a
+        zero an alert would take for an empty store)."""
+        figures: dict = {}
         try:
             disk = disk_of(self.cache.paths.root)
-            self.metrics.disk_free.set(disk.free)
-            self.metrics.disk_total.set(disk.total)
-            ready = [c for info in inventory(self.cache.paths) for c in info.checkouts if c.ready and c.intact]
-            self.metrics.checkouts.set(len(ready))
-            self.metrics.bytes.set(sum(c.size for c in ready))
+            figures.update(checkoutcache_disk_free_bytes=disk.free, checkoutcache_disk_size_bytes=disk.total)
+        except OSError as exc:
+            log.warning("could not read the disk's figures: %s", exc)
+        try:
+            repos = inventory(self.cache.paths)
         except (OSError, CheckoutCacheError) as exc:
             log.warning("could not read the store's figures: %s", exc)
+        else:
+            ready = [c for info in repos for c in info.checkouts if c.ready and c.intact]
+            now = time.time()
+            started = [c.started_at for info in repos for c in info.clones if c.alive and c.started_at is not None]
+            figures.update(checkoutcache_checkouts=len(ready), checkoutcache_checkouts_bytes=sum(c.size for c in ready),
+                           checkoutcache_clones_running=sum(1 for info in repos for c in info.clones if c.alive),
+                           checkoutcache_oldest_clone_seconds=max(0.0, now - min(started)) if started else 0.0)
+        figures["checkoutcache_ready"] = 1 if self.readiness()[0] else 0
+        return figures
+
+    def record_limits(self) -> None:
+        """The limits this serve enforces, in the root for `status` anywhere (upkeep/limits.py)."""
+        try:
+            record_limits(self.cache.paths, self.config, "serve", self.version)
+        except OSError as exc:
+            log.warning("could not record the limits in force in the root: %s", exc)
 
     def follow_journal(self) -> None:
         """Count and log the clones this sidecar's workers report in their journal. A line
@@ -428,6 +517,7 @@ class Service:
         next_gc = time.monotonic() + self.settings.gc_interval
         while not self.stopping.wait(1.0):
             self.expire_holds()
+            self.watch_tokens()
             if on_tick is not None:
                 on_tick()
             if self.settings.gc_interval > 0 and time.monotonic() >= next_gc:
@@ -440,6 +530,17 @@ class Service:
                     self.gc_last_error = f"{type(exc).__name__}: {exc}"[:300]
                     log.error("scheduled gc failed (%d in a row): %s", self.gc_failures, self.gc_last_error)
                 self.metrics.gc_failing.set(self.gc_failures)
+
+
+def file_identity(path: str | None) -> tuple | None:
+    """What tells a file's versions apart (through symlinks): device, inode, size, mtime."""
+    if path is None:
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def http_status(answer: Answer) -> int:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 
-from checkoutcache.store import records
+from checkoutcache.store import records, tree
 from checkoutcache.store.layout import RepoPaths
 
 
 def disk_usage(path: str) -> int:
     """Bytes a directory tree occupies on disk, never following a symlink out."""
     total = 0
+    if os.path.islink(path):
+        return 0  # a symlink where a checkout should be: its target is not ours to measure
     stack = [path]
     while stack:
         current = stack.pop()
@@ -38,7 +40,7 @@ def disk_usage(path: str) -> int:
 def record_size(paths: RepoPaths, name: str) -> int:
     """Measure a checkout and record its size with the last use it was measured at."""
     try:
-        use = os.stat(paths.ready_marker(name)).st_mtime
+        use = tree.lstat(paths.ready_marker(name)).st_mtime
     except OSError:
         use = None
     size = disk_usage(paths.checkout(name))

@@ -1,7 +1,9 @@
 """status: what the store holds, per repository, against the limits.
 
-Read-only: built from the same inventory gc plans from. How it reads to a
-person is cli/output.py's business.
+Read-only (a reader of a read-only root runs it): built from the same
+inventory gc plans from. The limits it shows, and judges protection by, are
+those the writer recorded in the root (upkeep/limits.py), else the caller's
+own. How it reads to a person is cli/output.py's business.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from checkoutcache.store.ready import lfs_of
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
 from checkoutcache.upkeep.gc import disk_of
+from checkoutcache.upkeep.limits import in_force
 
 
 def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
@@ -45,6 +48,10 @@ def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
 
 
 def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
+    if info.refused:  # a symlink where a store directory should be: nothing is read through it
+        return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": [], "clones": [], "failures": [],
+                "scratch": [], "stuck_in_trash": [], "lfs": None, "seed": None, "filter": None,
+                "refused": info.refused, "problems": info.problems}
     checkouts = []
     for c in info.checkouts:
         entry = Entry(repo=info.key, name=c.name, last_used=c.last_used or 0.0, size=c.size, held=c.held)
@@ -102,13 +109,16 @@ def stuck_in_trash(info: RepoInfo) -> list[dict]:
 
 def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = None) -> dict:
     now = time.time()
+    config, limits_from = in_force(root_paths, config)
     repos = [repo_status(info, config, now) for info in inventory(root_paths)
              if repo_key is None or info.key == repo_key]
     count = sum(1 for r in repos for c in r["checkouts"] if c["ready"])
     size = sum(c["size"] for r in repos for c in r["checkouts"])
     totals = {"checkouts": count, "bytes": size, "max_checkouts": config.max_checkouts,
               "max_bytes": config.max_bytes, "grace_seconds": config.grace,
-              "min_free": str(config.min_free) if config.min_free else None}
+              "min_free": str(config.min_free) if config.min_free else None,
+              "free_headroom": str(config.free_headroom), "max_age_seconds": config.max_age,
+              "clone_timeout_seconds": config.clone_timeout, "limits_from": limits_from}
     try:
         disk = disk_of(root_paths.root)
         totals["disk"] = attrs.asdict(disk)
