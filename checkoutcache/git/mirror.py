@@ -1,6 +1,7 @@
 """What killed or failed git processes leave in a mirror, found and removed from
 what is on disk: lock files (`*.lock`), temporary packs (`tmp_pack_*`,
 `tmp_idx_*`, `.tmp-*` of a repack), temporary loose objects (`tmp_obj_*`) and
+partial fetches' quarantines (`objects/tmp_objdir-checkoutcache-*`), and
 `pack-*.keep` files (git writes one
 while a fetch's pack is not yet referenced, and removes it after; a fetch
 killed in between leaves it, and that pack then survives every gc: once its
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from typing import Callable
 
 from checkoutcache.store import records, tree
-from checkoutcache.store.layout import RepoPaths
+from checkoutcache.store.layout import QUARANTINE_PREFIX, RepoPaths
 
 # A leftover younger than this may belong to a git process that is still
 # running outside our lock discipline (an operator's own `git` in the mirror);
@@ -71,7 +73,26 @@ def remove_stale_leftovers(mirror: str, now: float | None = None, min_age: float
                 removed.append(relative)
         except (FileNotFoundError, NotADirectoryError):
             pass
+    # A partial fetch's quarantine (git/quarantine.py) a killed fetch left: under our lock no
+    # fetch of ours owns one, and the mirror never read it.
+    objects = os.path.join(mirror, "objects")
+    for name in _quarantines(objects):
+        path = os.path.join(objects, name)
+        try:  # beneath the root, as above; rmtree itself never follows a symlink inside
+            if now - tree.lstat(path).st_mtime >= min_age:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(os.path.join("objects", name))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
     return removed
+
+
+def _quarantines(objects: str) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(objects) if e.name.startswith(QUARANTINE_PREFIX)
+                and e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
 
 
 # ------------------------------------------------------------ LFS partial downloads

@@ -69,6 +69,11 @@ alone (a rollback cannot corrupt what a newer version made).
             │                      refs/bundles/ holds what seeding took in from bundles;
             │                      refs/heads/ and refs/tags/ what `bundle publish` fetched.
             │                      Its config names lfs/ as git-lfs's lfs.storage.
+            │                      objects/tmp_objdir-checkoutcache-<nonce>/: a partial fetch's
+            │                      quarantine (git/quarantine.py), under locks/mirror.lock;
+            │                      never read by the mirror, its packs moved in once git's
+            │                      fsck passed them; one a killed fetch left is removed by
+            │                      the next writer under the lock (git/mirror.py).
             ├── lfs/               the repository's one Git LFS object store (git-lfs's
             │   │                  lfs.storage for the mirror and for every checkout), so an
             │   │                  object is downloaded once per store, not once per checkout.
@@ -249,6 +254,7 @@ LAYOUT_VERSION = 1
 CLONE_LOG_CAP = 1 << 20
 READY_MARKER = "checkoutcache-ready"
 SCRATCH_PREFIX = ".clone-"
+QUARANTINE_PREFIX = "tmp_objdir-checkoutcache-"
 CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
@@ -595,6 +601,11 @@ class RepoPaths:
     @staticmethod
     def scratch_mirror(scratch: str) -> str:
         return os.path.join(scratch, "mirror.git")
+
+    @staticmethod
+    def quarantine_objects(mirror: str, nonce: str) -> str:
+        """A partial fetch's quarantine object store inside a mirror (git/quarantine.py)."""
+        return os.path.join(mirror, "objects", f"{QUARANTINE_PREFIX}{nonce}")
 
     @staticmethod
     def scratch_pid(name: str) -> int | None:

@@ -88,6 +88,11 @@ def podman_unusable() -> str | None:
     return None
 
 
+# tag -> the commit the session's image was built from (its revision label): HEAD may move
+# while the session runs (another merge), so a test compares the label with this, not HEAD.
+BUILT_FROM: dict[str, str] = {}
+
+
 @functools.cache
 def build_image(tag: str = IMAGE, context: str = REPO_ROOT, once_in: str | None = None) -> str:
     """The image built from the work tree, once per session (layers cached across sessions); its tag.
@@ -96,19 +101,22 @@ def build_image(tag: str = IMAGE, context: str = REPO_ROOT, once_in: str | None 
     first to get its file lock builds, the others wait on the lock and take that build, so two
     workers never build the same tag at once."""
     if once_in is None:
-        _build(tag, context)
+        BUILT_FROM[tag] = _build(tag, context)
         return tag
     with open(os.path.join(once_in, "image.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if the build fails
         built = os.path.join(once_in, "image.built")
-        if not os.path.exists(built) or open(built).read() != f"{tag} {context}":
-            _build(tag, context)
+        record = open(built).read().split(" ") if os.path.exists(built) else []
+        if record[:2] != [tag, context]:
+            record = [tag, context, _build(tag, context)]
             with open(built, "w") as handle:
-                handle.write(f"{tag} {context}")
+                handle.write(" ".join(record))
+        BUILT_FROM[tag] = record[2]
     return tag
 
 
-def _build(tag: str, context: str) -> None:
+def _build(tag: str, context: str) -> str:
+    """Build; the commit built from."""
     # --format docker: the OCI format drops HEALTHCHECK (with a warning), and the two formats
     # do not share cached layers.
     # --label as well as the build argument: podman 4.3's buildah reuses a cached LABEL step
@@ -118,6 +126,7 @@ def _build(tag: str, context: str) -> None:
     podman("build", "--format", "docker", "--network", "host", f"--build-arg=BASE_IMAGE={base_for_build()}",
            f"--build-arg=REVISION={commit}", f"--label=org.opencontainers.image.revision={commit}",
            "-t", tag, context, timeout=900)
+    return commit
 
 
 @dataclass(frozen=True)
