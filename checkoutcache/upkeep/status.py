@@ -16,7 +16,7 @@ import attrs
 from checkoutcache.config import Config
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import LFS_OFF, LFS_ON
-from checkoutcache.store import records
+from checkoutcache.store import records, tree
 from checkoutcache.store.inventory import RepoInfo, inventory
 from checkoutcache.store.layout import RootPaths, commit_of
 from checkoutcache.store.ready import lfs_of
@@ -40,7 +40,7 @@ def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
     size = 0
     for oid in oids:
         try:
-            size += os.lstat(info.paths.lfs_object(oid)).st_size
+            size += tree.lstat(info.paths.lfs_object(oid)).st_size
         except OSError:
             pass
     return {"setting": setting, "why": why, "checkouts": counts, "objects": len(oids), "bytes": size,
