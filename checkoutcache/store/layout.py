@@ -199,9 +199,9 @@ its errno), never the whole run.
 
 Every path below the root is reached beneath it (store/tree.py): the root is
 the only path opened by name; each entry's directory is opened relative to the
-root's descriptor without following a symlink in any component (openat2
-RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, or an O_NOFOLLOW walk), and the entry by
-*at calls relative to it; removals walk descriptors and never start from
+root's descriptor one component at a time, each openat(O_NOFOLLOW) relative
+to the one before (open_store_dir), and the entry by *at calls relative to it
+(a ready answer: one readlink of its marker's descriptor); removals walk descriptors and never start from
 realpath. A symlink (or a file) where a directory of this tree should be
 refuses that repository (gc and status list it as a problem, ELOOP; ensure
 answers ROOT_UNUSABLE naming it); where repos/ or the root's locks/ should be,
