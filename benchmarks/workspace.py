@@ -66,7 +66,10 @@ def cli(root: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=ENV)
 
 
-def measure(label: str, repo: str, sha: str, work: str, rounds: int, log=print) -> dict:
+SIDES = ("worktree", "cp", "library", "cli", "python")
+
+
+def measure(label: str, repo: str, sha: str, work: str, rounds: int, log=print, only: tuple[str, ...] = SIDES) -> dict:
     root = os.path.join(work, f"root-{label}")
     ready = json.loads(cli(root, "ensure", repo, sha, "--wait", "20m", "--json").stdout)
     checkout = ready["path"]
@@ -109,7 +112,8 @@ def measure(label: str, repo: str, sha: str, work: str, rounds: int, log=print) 
     def python_start() -> None:
         times["python3 -c pass"].append(timed(lambda: run(sys.executable, "-c", "pass")))
 
-    sides = [worktree, copy, library, command, python_start]
+    named = {"worktree": worktree, "cp": copy, "library": library, "cli": command, "python": python_start}
+    sides = [named[name] for name in SIDES if name in only]
     try:
         for number in range(rounds):
             for side in sides[number % len(sides):] + sides[:number % len(sides)]:
@@ -118,17 +122,23 @@ def measure(label: str, repo: str, sha: str, work: str, rounds: int, log=print) 
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
+    times = {k: v for k, v in times.items() if v}
     medians = {k: statistics.median(v) for k, v in times.items()}
     base = medians["worktree add"]
     ready_base = base + medians["worktree add: first status"]
+    def ratio(top: str, bottom: float) -> float | None:
+        return round(medians[top] / bottom, 2) if top in medians else None
+
     return {
         "rounds": rounds, "medians_s": {k: round(v, 4) for k, v in medians.items()},
-        "ratios_vs_worktree_add": {k: round(medians[k] / base, 2) for k in ("cp -a", "library", "cli")},
-        "ratios_vs_cp": {k: round(medians[k] / medians["cp -a"], 2) for k in ("library", "cli")},
-        "cli_vs_worktree_add_plus_python_start": round(medians["cli"] / (base + medians["python3 -c pass"]), 2),
+        "times_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+        "ratios_vs_worktree_add": {k: ratio(k, base) for k in ("cp -a", "library", "cli")},
+        "ratios_vs_cp": {k: ratio(k, medians["cp -a"]) for k in ("library", "cli")} if "cp -a" in medians else None,
+        "cli_vs_worktree_add_plus_python_start": ratio("cli", base + medians["python3 -c pass"])
+        if "python3 -c pass" in medians else None,
         "until_clean_status_vs_worktree_add": {
             k: round((medians[k] + medians[f"{k}: first status"]) / ready_base, 2)
-            for k in ("cp -a", "library", "cli")},
+            for k in ("cp -a", "library", "cli") if k in medians},
     }
 
 
@@ -144,14 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mono", default=None, help="an existing monorepo.py repository (bare), else generated")
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--skip-mono", action="store_true")
+    parser.add_argument("--skip-small", action="store_true")
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"which of {','.join(SIDES)} to measure")
     args = parser.parse_args(argv)
     report = {"load_before": loadavg(), "git": subprocess.run(["git", "--version"], capture_output=True,
                                                                text=True).stdout.strip()}
     with tempfile.TemporaryDirectory(prefix="cc-ws-bench-") as work:
-        small = os.path.join(work, "small")
-        shas = make_repo.generate(small, commits=3, files=250, file_size=2048, depth=3, changes=20, seed=1)
-        report["small"] = {"files": 250, **measure("small", small, shas[-1], work, args.rounds_small)}
-        print(json.dumps(report["small"], indent=1))
+        only = tuple(args.sides.split(","))
+        if not args.skip_small:
+            small = os.path.join(work, "small")
+            shas = make_repo.generate(small, commits=3, files=250, file_size=2048, depth=3, changes=20, seed=1)
+            report["small"] = {"files": 250, **measure("small", small, shas[-1], work, args.rounds_small, only=only)}
+            print(json.dumps(report["small"], indent=1))
         if not args.skip_mono:
             mono = args.mono
             if mono is None:
@@ -164,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                                  check=True).stdout.strip()
             files = len(subprocess.run(["git", "--git-dir", mono, "ls-tree", "-r", "--name-only", tip],
                                        capture_output=True, check=True).stdout.splitlines())
-            report["monorepo"] = {"files": files, **measure("mono", mono, tip, work, args.rounds_mono)}
+            report["monorepo"] = {"files": files, **measure("mono", mono, tip, work, args.rounds_mono, only=only)}
             print(json.dumps(report["monorepo"], indent=1))
     report["load_after"] = loadavg()
     if args.json_out:

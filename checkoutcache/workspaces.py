@@ -7,7 +7,11 @@ owns (store/workspaces.py: made under a .making- name with its owner lock
 held, then renamed into place). The copy is the checkout exactly (LFS content,
 submodule work trees, a sparse cone) with its own .git, whose objects are
 borrowed from the mirror by the absolute alternates the checkout already has:
-read only, no network fetch, and git never writes into an alternate. Then in
+read only, no network fetch, and git never writes an object into an
+alternate. (It may "freshen" one: set the mtime of the mirror's pack that
+holds an object it was about to write; through the reader's read-only mount,
+or as another uid, that fails and git writes its own copy; only the writer's
+own uid, a single user, can bump a pack's mtime, never its content.) Then in
 the copy: the ready marker goes, git's stat check is told to compare only
 mtime and size (core.checkStat=minimal, core.trustctime=false: the copy keeps
 the checkout's mtimes, so the index the checkout wrote is right without

@@ -114,14 +114,43 @@ def _other_pytest_sessions() -> list[int]:
     return found
 
 
+def _session_base(tmp_path_factory) -> str:
+    """The directory every test of this session (all its xdist workers) keeps its files under."""
+    base = str(tmp_path_factory.getbasetemp())
+    return os.path.dirname(base) if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def whose_view(path: str, session_base: str) -> str:
+    """"ours", "theirs" or "unknown" for a private git view in /tmp (checkoutcache/git/view.py):
+    its `objects` link names the mirror it showed, and every mirror of ours is under the
+    session's base directory; another program's (a serve beside the suite) is elsewhere."""
+    try:
+        target = os.readlink(os.path.join(path, "objects"))
+    except OSError:
+        return "unknown"  # killed before it linked anything: nothing says whose it was
+    inside = os.path.commonpath([os.path.realpath(session_base), os.path.realpath(target)])
+    return "ours" if inside == os.path.realpath(session_base) else "theirs"
+
+
 @pytest.fixture(scope="session", autouse=True)
-def nothing_left_in_the_system_tmp():
-    """The session leaves no new checkoutcache (or "pwned") entry in /tmp. Another pytest session
-    running on the same machine may create such entries itself: then this only warns."""
+def nothing_left_in_the_system_tmp(tmp_path_factory):
+    """The session leaves no new checkoutcache (or "pwned") entry in /tmp. A private git view
+    counts when it showed a mirror of this session's (another checkoutcache program's views
+    are not ours to judge); another pytest session running on the same machine may create
+    other entries itself: then this only warns."""
+    from checkoutcache.git.view import VIEW_PREFIX
+
     before = _system_tmp_entries()
     others = set(_other_pytest_sessions())
     yield
     new = _system_tmp_entries() - before
+    base = _session_base(tmp_path_factory)
+    views = {name: whose_view(os.path.join("/tmp", name), base) for name in new if name.startswith(VIEW_PREFIX)}
+    new -= {name for name, whose in views.items() if whose == "theirs"}
+    unknown = sorted(name for name, whose in views.items() if whose == "unknown")
+    if unknown:
+        warnings.warn(f"private git views of unknown owners appeared in /tmp: {unknown}")
+        new -= set(unknown)
     if not new:
         return
     others |= set(_other_pytest_sessions())

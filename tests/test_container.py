@@ -11,8 +11,12 @@ import re
 import socket
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from .helpers import Serve, free_port, wait_ready
 
@@ -130,7 +134,9 @@ def test_the_container_refuses_tcp_without_a_token(tmp_path):
 def test_the_dockerfile_keeps_its_promises():
     assert "USER checkoutcache" in DOCKERFILE
     assert "--uid 10001 --gid 10001" in DOCKERFILE and "--gid 10001 checkoutcache" in DOCKERFILE
-    assert "chmod 2775 /cache" in DOCKERFILE  # a new volume starts group-writable and setgid
+    # A new volume starts as the writer's alone; /workspaces is for any review uid (sticky).
+    assert "chown checkoutcache:checkoutcache /cache && chmod 0755 /cache" in DOCKERFILE
+    assert "mkdir /workspaces && chmod 1777 /workspaces" in DOCKERFILE
     assert "/nonexistent" not in DOCKERFILE and "--create-home" in DOCKERFILE
     assert 'VOLUME ["/cache"]' in DOCKERFILE and '"/src[s3]"' in DOCKERFILE
     assert "CHECKOUTCACHE_UNIX_SOCKET=/cache/checkoutcache.sock" in DOCKERFILE
@@ -138,3 +144,62 @@ def test_the_dockerfile_keeps_its_promises():
     assert 'ENTRYPOINT ["tini", "--", "docker-entrypoint.sh"]' in DOCKERFILE
     for name in ("docker-entrypoint.sh", "docker-healthcheck", "checkoutcache-gc-cron"):
         assert f"scripts/{name}" in DOCKERFILE and os.access(os.path.join(SCRIPTS, name), os.X_OK)
+
+
+def test_the_base_is_pinned_by_digest_and_the_image_carries_its_oci_labels():
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE).group(1)
+    assert re.fullmatch(r"docker\.io/library/python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", base), base
+    (from_line,) = re.findall(r"^FROM .*$", DOCKERFILE, re.MULTILINE)
+    assert from_line == "FROM ${BASE_IMAGE}"
+    labels = dict(re.findall(r'org\.opencontainers\.image\.(\w+)="([^"]*)"', DOCKERFILE))
+    assert {"source", "version", "revision", "licenses"} <= set(labels), labels
+    project = tomllib.load(open(os.path.join(REPO, "pyproject.toml"), "rb"))["project"]
+    assert re.search(r"^ARG VERSION=(\S+)$", DOCKERFILE, re.MULTILINE).group(1) == project["version"]
+    assert labels["licenses"] == project["license"]["text"]
+    # Last: a new revision rebuilds no layer.
+    assert DOCKERFILE.rindex("ARG REVISION") > DOCKERFILE.rindex("RUN ")
+
+
+def constraints() -> dict[str, str]:
+    pins = {}
+    for line in open(os.path.join(REPO, "constraints.txt")):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_every_dependency_is_pinned_and_the_image_installs_pyprojects_own():
+    """The image installs pyproject's dependencies (at constraints.txt's versions) in a layer of
+    their own, then the project with --no-deps (pip check in the build: nothing missing)."""
+    project = tomllib.load(open(os.path.join(REPO, "pyproject.toml"), "rb"))["project"]
+    pins = constraints()
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["s3"],
+              *project["optional-dependencies"]["test"]]
+    for text in wanted:
+        requirement = Requirement(text)
+        assert requirement.specifier.contains(pins[canonicalize_name(requirement.name)]), (text, pins.get(
+            canonicalize_name(requirement.name)))
+    assert '["dependencies"] + p["optional-dependencies"]["s3"]' in DOCKERFILE
+    assert "-c /src/constraints.txt -r /src/requirements.txt" in DOCKERFILE
+    assert '--no-deps "/src[s3]"' in DOCKERFILE and "pip check" in DOCKERFILE
+    ci = open(os.path.join(REPO, ".ci", "run")).read()
+    readme = open(os.path.join(REPO, "README.md")).read()
+    assert "pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'" in ci
+    assert "pip install -c constraints.txt -e '.[test]' && python -m pytest" in readme
+
+
+def test_the_pinned_set_is_what_this_environment_runs():
+    """CI installs with -c constraints.txt: every pinned distribution installed here has the pinned
+    version (a machine that installed without it reports what differs)."""
+    pins = constraints()
+    differ = {}
+    for name, version in pins.items():
+        try:
+            found = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if found != version:
+            differ[name] = (version, found)
+    assert len(pins) > 20 and not differ, differ

@@ -1,9 +1,11 @@
 """The image itself, run by podman as its Dockerfile's own example says: the
 sidecar with nothing but a volume and a limit serves on the volume's socket; a
-review container of another uid in the image's group, with its own PID
-namespace and the default umask, gets the checkouts the sidecar made (CLI and
-socket); the HEALTHCHECK passes as the engine runs it; SIGTERM stops it without
-waiting for the kill. The parts that need no engine are in test_container.py;
+review container of another uid in the image's group (which gives it the
+socket, and nothing to write in the store), the volume mounted read-only,
+with its own PID namespace and the default umask, gets the checkouts the
+sidecar made and new ones (CLI and socket); the HEALTHCHECK passes as the
+engine runs it; SIGTERM stops it without waiting for the kill. The image
+carries its OCI labels and none of apt's caches or manuals. The parts that need no engine are in test_container.py;
 the whole pod (deploy/kubernetes.yaml) is test_deployment.py."""
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import pytest
 
 from .helpers import GitDaemon, Upstream
+from .helpers.containers import BUILT_FROM, podman
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]  # each builds on the image and runs containers
 
@@ -49,7 +52,7 @@ def test_the_dockerfiles_example_with_a_review_container_of_another_uid(containe
     assert made.returncode == 0, made.stdout + made.stderr
 
     review = containers.run("infinity", name="review", user=f"10002:{group}", entrypoint="sleep",
-                            volumes={volume: "/cache"}, healthcheck=False,
+                            volumes={volume: "/cache:ro"}, healthcheck=False,
                             env={"CHECKOUTCACHE_UNIX_SOCKET": "/cache/checkoutcache.sock"})
     assert review.processes()[0].pid == 1  # its own PID namespace
     for sha in upstream.shas[:2]:  # the sidecar's checkout, then one the review's own worker makes
@@ -67,3 +70,15 @@ def test_the_dockerfiles_example_with_a_review_container_of_another_uid(containe
     sidecar.assert_no_zombie_stays()
     assert sidecar.stop(timeout=30) < 25  # SIGTERM ends serve; no SIGKILL after the timeout
     assert sidecar.exit_code() == 0, sidecar.logs()
+
+
+def test_the_image_carries_its_labels_and_nothing_a_container_never_reads(containers):
+    labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", containers.image).stdout)
+    assert labels["org.opencontainers.image.revision"] == BUILT_FROM[containers.image], labels
+    assert labels["org.opencontainers.image.licenses"] == "MIT" and labels["org.opencontainers.image.version"]
+    assert "org.opencontainers.image.source" in labels
+    # apt's downloads and indexes, and the manuals of what the image installed, are not in it.
+    found = podman("run", "--rm", "--no-healthcheck", "--entrypoint=sh", containers.image, "-c",
+                   "ls /var/cache/apt/archives/*.deb /var/cache/apt/*.bin /usr/share/man/man1/git.1.gz "
+                   "/var/lib/apt/lists/*_Packages* 2>/dev/null; git --version && git lfs version", check=False)
+    assert found.returncode == 0 and found.stdout.startswith("git version"), found.stdout + found.stderr

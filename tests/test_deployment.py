@@ -2,9 +2,9 @@
 the image built from this tree (helpers/pod.py says how, and where this
 machine differs from a cluster), against a real git daemon.
 
-The sidecar (uid 10001) and two review containers (uids 10002 and 10003, all
-in group 10001 by the pod's fsGroup, each in its own PID namespace, one
-volume) work at once: three reviewers ask 20 times each over six commits, one
+One writer: the sidecar (uid 10001) writes the store; two review containers
+(uids 10002 and 10003, group 10002, outside the store's group, the cache
+volume mounted read-only, each in its own PID namespace) work at once: three reviewers ask 20 times each over six commits, one
 through the API with the token (hold, verify, release), one through `exec`
 and one through `ensure` on the shared root, while the sidecar's gc runs every
 second with at most two checkouts. Then the sidecar is stopped in the middle
@@ -16,14 +16,24 @@ nothing answered ready (within the grace window) or held is lost; a pruned
 checkout is cloned again; the stop ends within its bound, with exit 0; the
 interrupted commit has no record or scratch left and is ready after the
 restart; no zombie in the sidecar; the image's HEALTHCHECK and the manifest's
-probes pass as the engine and the kubelet run them.
+probes pass as the engine and the kubelet run them; the example review
+container ends on SIGTERM (exit 0, not the grace period's SIGKILL).
+
+Then, one test each: the LRU order sees reviews that only read (a checkout
+asked again through the read-only mount outlives one asked before it); a
+hostile review (another uid, outside the group, read-only mount) that tries
+to write every path of the store, plant symlinks and change checkouts changes
+nothing another review sees; the persistent variant's volume owner makes a
+new root-owned volume the sidecar's, and its cache outlives the pod.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
+import stat
 import subprocess
 import threading
 import time
@@ -42,20 +52,71 @@ pytestmark = [pytest.mark.container, pytest.mark.slow]  # each builds on the ima
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REVIEWER = open(os.path.join(HERE, "helpers", "reviewer.py")).read()
-MANIFEST = os.path.join(HERE, "..", "deploy", "kubernetes.yaml")
+HOSTILE = open(os.path.join(HERE, "helpers", "hostile.py")).read()
+DEPLOY = os.path.join(HERE, "..", "deploy")
+MANIFEST = os.path.join(DEPLOY, "kubernetes.yaml")
 TOKEN = "deployment-" + secrets.token_hex(16)
 GRACE = 10.0
 # Tight maintenance for the test; everything else is the manifest's.
 TIGHT = {"CHECKOUTCACHE_GC_INTERVAL": "1s", "CHECKOUTCACHE_MAX_CHECKOUTS": "2", "CHECKOUTCACHE_GRACE": f"{GRACE:g}s"}
 ASKS = 20
+# The tree is the commit's: HEAD, and nothing changed, deleted or added.
+VERIFY = 'test "$(git -c safe.directory=* -C "$1" rev-parse HEAD)" = "$2" && ' \
+         'test -z "$(git -c safe.directory=* --no-optional-locks -C "$1" status --porcelain --untracked-files=all)"'
+ENSURE_WAIT = ("import json, sys\nfrom checkoutcache.client import Client\n"
+               "print(json.dumps(Client.from_env(timeout=400).ensure(sys.argv[1], sys.argv[2], wait=300).to_json()))")
 ENSURE_ONE = ("import json, sys\nfrom checkoutcache.client import Client\n"
               "print(json.dumps(Client.from_env().ensure(sys.argv[1], sys.argv[2]).to_json()))")
 
 
-def pod_spec() -> dict:
-    with open(MANIFEST) as handle:
+STORE_GID = 10001  # the image's group, the sidecar's
+
+
+def pod_spec(manifest: str = MANIFEST) -> dict:
+    with open(manifest) as handle:
         (deployment,) = [d for d in yaml.safe_load_all(handle) if d and d["kind"] == "Deployment"]
     return deployment["spec"]["template"]["spec"]
+
+
+def assert_one_writer_review(review) -> None:
+    """The review container as the manifest runs it: outside the store's group, the cache
+    read-only for it (its root file system too), its workspaces writable."""
+    groups = {int(g) for g in review.exec("id", "-G").stdout.split()}
+    assert groups and STORE_GID not in groups, groups
+    for path in ("/cache", "/cache/repos", "/"):
+        tried = review.exec("touch", f"{path.rstrip('/')}/.review-was-here")
+        assert tried.returncode != 0 and "Read-only file system" in tried.stderr, (path, tried.stderr)
+    wrote = review.exec("sh", "-c", 'd=$(mktemp -d /workspaces/probe.XXXXXX) && rmdir "$d"')
+    assert wrote.returncode == 0, wrote.stderr
+
+
+def status_of(container) -> dict:
+    done = container.exec("checkoutcache", "--json", "status")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def checkouts_of(status: dict) -> dict[str, dict]:
+    return {c["commit"]: c for repo in status["repos"] for c in repo["checkouts"] if c["ready"]}
+
+
+def client_ensure(container, url: str, sha: str) -> dict:
+    """The Python client's ensure (the API, with the token) until ready; the tree verified."""
+    done = container.exec("python3", "-c", ENSURE_WAIT, url, sha, timeout=400)
+    answer = json.loads(done.stdout)
+    assert answer["state"] == "ready", (answer, done.stderr)
+    verified = container.exec("sh", "-c", VERIFY, "sh", answer["path"], sha)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    return answer
+
+
+def cli_ensure(container, url: str, sha: str) -> dict:
+    done = container.exec("checkoutcache", "--json", "ensure", url, sha, "--wait", "300", timeout=400)
+    answer = json.loads(done.stdout)
+    assert done.returncode == 0 and answer["state"] == "ready", (answer, done.stderr)
+    verified = container.exec("sh", "-c", VERIFY, "sh", answer["path"], sha)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    return answer
 
 
 @pytest.fixture
@@ -124,6 +185,8 @@ def test_the_pod_as_deployed_with_reviews_gc_a_stop_and_a_restart(containers, se
     assert sidecar.exec("sh", "-c", "echo $$").stdout.strip() != review_a.exec("sh", "-c", "echo $$").stdout.strip() \
         or sidecar.processes()[0].pid == 1  # own PID namespaces: each container's first process is 1
     assert review_a.processes()[0].pid == 1 and review_b.processes()[0].pid == 1
+    assert_one_writer_review(review_a)
+    assert_one_writer_review(review_b)
 
     # Three reviewers at once, two uids, API and CLI, while gc keeps at most two checkouts.
     results: dict[str, list[dict]] = {}
@@ -214,3 +277,186 @@ def test_the_pod_as_deployed_with_reviews_gc_a_stop_and_a_restart(containers, se
     logs = sidecar.logs()
     assert "INTERNAL_ERROR" not in logs and "Traceback" not in logs, logs[-3000:]
     assert podman("inspect", "--format", "{{.State.Health.Status}}", sidecar.name).stdout.strip() == "healthy"
+
+    # The example review's PID 1 ends on SIGTERM: exit 0, where `sleep infinity` waited out the
+    # grace period and got SIGKILL (137).
+    review_a.stop(timeout=pod.grace)
+    assert review_a.exit_code() == 0, review_a.exit_code()
+
+
+def test_last_use_moves_when_only_read_only_reviews_ask(containers, served):
+    """A checkout asked again through the read-only mount (CLI ensure and exec, no write
+    possible there) is the more recently used: gc evicts the one asked before it."""
+    upstream, url, _proxy = served
+    first, second, third = upstream.shas[:3]
+    grace = 3.0
+    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    sidecar = pod.run("checkoutcache", env={"CHECKOUTCACHE_GC_INTERVAL": "1s", "CHECKOUTCACHE_MAX_CHECKOUTS": "2",
+                                            "CHECKOUTCACHE_GRACE": f"{grace:g}s"})
+    start_sidecar_checked(pod, sidecar)
+    review = pod.run("review")
+    assert_one_writer_review(review)
+    cli_ensure(review, url, first)  # new commits, handed to the writer
+    cli_ensure(review, url, second)
+    before = checkouts_of(status_of(sidecar))
+    assert set(before) == {first, second}, before
+    time.sleep(grace + 1)  # both out of their grace window
+
+    cli_ensure(review, url, first)  # a ready answer, read through the read-only mount
+    held = review.exec("checkoutcache", "exec", url, first, "--", "true")
+    assert held.returncode == 0, held.stderr
+    after = checkouts_of(status_of(review))
+    assert after[first]["last_used"] > before[first]["last_used"], (before[first], after[first])
+    assert after[second]["last_used"] == before[second]["last_used"], (before[second], after[second])
+    time.sleep(grace + 1)  # both out of their grace window again; first used last
+
+    cli_ensure(review, url, third)  # three checkouts, two allowed: the least recently used goes
+    wait_until(lambda: second not in checkouts_of(status_of(sidecar)), 60, "gc to evict the older use")
+    assert set(checkouts_of(status_of(review))) == {first, third}
+    logs = sidecar.logs()
+    assert "INTERNAL_ERROR" not in logs and "Traceback" not in logs, logs[-3000:]
+
+
+def store_digest(root: str) -> dict[str, tuple]:
+    """What a review can see of a store, from the host: every path's type, mode, owner and, for a
+    file, its content (a symlink: its target). Files the sidecar itself keeps changing (its logs,
+    journals, records, probe files) count by type, mode and owner only; markers' mtimes (last use)
+    are not content."""
+    churn = ("logs/", "serve/", "state/", "locks/")
+    seen = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root)
+            info = os.lstat(path)
+            kind = stat.S_IFMT(info.st_mode)
+            entry: tuple = (kind, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+            if stat.S_ISLNK(info.st_mode):
+                entry += (os.readlink(path),)
+            elif stat.S_ISREG(info.st_mode) and not any(f"/{part}" in f"/{rel}" for part in churn):
+                with open(path, "rb") as handle:
+                    entry += (hashlib.sha256(handle.read()).hexdigest(),)
+            if name.startswith(".health-") or (rel.startswith("serve/") and name.endswith(".journal")):
+                continue  # come and go with each probe and serve
+            seen[rel] = entry
+    return seen
+
+
+def test_a_hostile_review_changes_nothing_another_review_sees(containers, served):
+    upstream, url, _proxy = served
+    shas = upstream.shas[:3]
+    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    sidecar = pod.run("checkoutcache", env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
+    start_sidecar_checked(pod, sidecar)
+    review = pod.run("review")
+    for sha in shas:
+        client_ensure(review, url, sha)
+    root = pod.mountpoint("cache")
+    before = store_digest(root)
+    assert sum(1 for rel in before if "/checkouts/" in f"/{rel}") > 10, sorted(before)[:20]
+
+    hostile = pod.run("review", as_name="hostile", uid=10666)
+    assert_one_writer_review(hostile)
+    done = hostile.exec("python3", "-c", HOSTILE, "/cache", timeout=900)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["succeeded"] == [], report["succeeded"][:20]
+    assert report["attempts"] > 10 * len(before), report["attempts"]
+    assert report["errors"].get("EROFS"), report["errors"]
+    # Its other doors: the socket is the store's group's; the API wants the token.
+    knocked = hostile.exec("python3", "-c", "import socket; s = socket.socket(socket.AF_UNIX); "
+                                            "s.connect('/cache/checkoutcache.sock')")
+    assert knocked.returncode != 0 and "PermissionError" in knocked.stderr, knocked.stderr
+    refused = hostile.exec("python3", "-c", ENSURE_ONE, url, shas[0], env={"CHECKOUTCACHE_API_TOKEN": "guessed"})
+    assert "UNAUTHORIZED" in refused.stdout + refused.stderr, refused
+
+    assert store_digest(root) == before
+
+    # Beneath the root, the store's modes alone keep it: the same review with its cache mount
+    # writable by mistake (the volume's own root, an emptyDir's 0777, is kept by readOnly alone).
+    (mount,) = [m for m in pod.container_spec("review")["volumeMounts"] if m["mountPath"] == "/cache"]
+    mount["readOnly"] = False
+    careless = pod.run("review", as_name="hostile-rw", uid=10667)
+    mount["readOnly"] = True
+    done = careless.exec("python3", "-c", HOSTILE, "/cache/repos", timeout=900)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["succeeded"] == [], report["succeeded"][:20]
+    assert report["attempts"] > 10 * len([rel for rel in before if rel.startswith("repos/")]), report["attempts"]
+    # Refused by the modes (EACCES, EPERM), not by a read-only mount (EROFS): it was writable.
+    assert "EROFS" not in report["errors"] and report["errors"].get("EACCES"), report["errors"]
+
+    assert store_digest(root) == before
+    for sha in shas:  # another review is answered with the commit's own tree, as before
+        client_ensure(review, url, sha)
+    logs = sidecar.logs()
+    assert "INTERNAL_ERROR" not in logs and "Traceback" not in logs, logs[-3000:]
+
+
+def test_the_persistent_variant_owns_a_new_volume_and_its_cache_outlives_the_pod(containers, served):
+    upstream, url, _proxy = served
+    spec = pod_spec(os.path.join(DEPLOY, "kubernetes-persistent.yaml"))
+    pod = ManifestPod(containers, spec, TOKEN)  # the claim: a new volume, root's and 0755, as a new PV
+    claim = pod.volumes["cache"]
+    info = os.stat(pod.mountpoint("cache"))
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o755)
+    owner = pod.run_init("volume-owner")
+    sidecar = pod.run("checkoutcache")
+    start_sidecar_checked(pod, sidecar)
+    review = pod.run("review")
+    assert_one_writer_review(review)
+    made = client_ensure(review, url, upstream.shas[0])
+    info = os.stat(pod.mountpoint("cache"))
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (10001, 10001, 0o755)
+    for container in (review, sidecar, owner):
+        podman("rm", "--force", "--time=0", container.name)
+
+    again = ManifestPod(containers, spec, TOKEN, claims={"checkoutcache": claim})
+    again.run_init("volume-owner")
+    sidecar = again.run("checkoutcache")
+    start_sidecar_checked(again, sidecar)
+    review = again.run("review")
+    assert client_ensure(review, url, upstream.shas[0])["path"] == made["path"]
+    assert checkouts_of(status_of(sidecar)).keys() == {upstream.shas[0]}
+
+
+def test_the_example_review_container_ends_at_once_on_sigterm(containers):
+    """Regression: the example review ran `sleep infinity` as PID 1, which has no SIGTERM
+    handler: each stop waited out the whole grace period and ended in SIGKILL (exit 137)."""
+    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    review = pod.run("review")
+    wait_until(lambda: len(review.processes()) >= 2, 30, "the review's shell to start its sleep")
+    review.stop(timeout=pod.grace)
+    assert review.exit_code() == 0, (review.exit_code(), review.logs())
+
+
+def test_a_review_writes_in_a_workspace_of_its_own_that_the_sidecar_counts(containers, served):
+    """The review cannot write the shared checkout; `exec --writable` gives it a tree of its own
+    on the workspaces volume (read-write for it, read-only for the sidecar, whose status lists it),
+    gone when the command ends; the shared checkout stays the commit's."""
+    upstream, url, _proxy = served
+    sha = upstream.shas[0]
+    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    sidecar = pod.run("checkoutcache")
+    start_sidecar_checked(pod, sidecar)
+    review = pod.run("review")
+    shared = cli_ensure(review, url, sha)["path"]
+    wrote = review.exec("sh", "-c", 'echo changed > "$1/made-by-review"', "sh", shared)
+    assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, wrote.stderr
+
+    holder = subprocess.Popen(
+        ["podman", "exec", review.name, "checkoutcache", "exec", "--writable", url, sha, "--wait", "300", "--",
+         "sh", "-c", 'echo changed > made-by-review && git -c safe.directory=* status --porcelain '
+                     '--untracked-files=all | grep -q made-by-review && pwd && '
+                     'while [ ! -e /tmp/release ]; do sleep 0.2; done'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": "/var/tmp"})
+    workspace = holder.stdout.readline().strip()
+    assert workspace.startswith("/workspaces/"), (workspace, holder.stderr.read() if not workspace else "")
+    listed = status_of(sidecar)["workspaces"]["workspaces"]
+    assert [w["alive"] for w in listed if workspace.startswith(w["path"])] == [True], listed
+    review.exec("touch", "/tmp/release")
+    out, err = holder.communicate(timeout=120)
+    assert holder.returncode == 0, (out, err)
+    assert review.exec("test", "-e", workspace).returncode != 0  # removed when its command ended
+    assert not [w for w in status_of(sidecar)["workspaces"]["workspaces"] if w["alive"]]
+    cli_ensure(review, url, sha)  # the shared checkout is still the commit's own tree

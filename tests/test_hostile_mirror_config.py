@@ -11,10 +11,11 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 
 import pytest
 
-from .helpers import Upstream, git, only_repo, run_cli, wait_ready
+from .helpers import GitDaemon, Upstream, git, only_repo, run_cli, wait_ready
 from .helpers.daemons import answer_each
 from .helpers.lfs import LfsUpstream
 from .test_credentials_hosts import TOKEN, env_for, https_server  # noqa: F401 - the fixture
@@ -161,3 +162,27 @@ def test_a_mirrors_config_cannot_route_the_credential_through_a_proxy(root, tmp_
         assert heard == [], heard
     finally:
         listener.close()
+
+
+def test_a_mirrors_config_cannot_redirect_a_libgit2_fetch(root, tmp_path, served_upstream):
+    """Regression (issue 27): with CHECKOUTCACHE_TRANSPORT=pygit2, libgit2 read the mirror's
+    config: a planted `url.<other>.insteadOf` sent the next fetch to another server. Two
+    daemons: the upstream's, and another serving a repository that lacks the new commit
+    and has one of its own."""
+    repo, url = served_upstream
+    pygit2_env = {"CHECKOUTCACHE_TRANSPORT": "pygit2"}
+    wait_ready(root, url, repo.shas[0], env=pygit2_env)
+    mirror = only_repo(root).mirror
+    other_base = tmp_path / "other-served"
+    other_base.mkdir()
+    elsewhere = Upstream.clone_of(repo.path, str(other_base / "other.git"))
+    theirs = elsewhere.commit({"THEIRS.txt": "another server's\n"}, message="theirs")
+    other = GitDaemon(str(other_base))
+    try:
+        plant(mirror, f'[url "{other.url("other.git")}"]\n\tinsteadOf = {url}\n')
+        new = repo.commit({"NEW.txt": "new\n"}, message="new")
+        answer = wait_ready(root, url, new, env=pygit2_env)  # was UNKNOWN_COMMIT: asked of the other server
+    finally:
+        other.stop()
+    assert git("rev-parse", "HEAD", cwd=answer["path"]) == new
+    assert subprocess.run(["git", "-C", mirror, "cat-file", "-e", theirs], capture_output=True).returncode != 0

@@ -27,6 +27,7 @@ CLI_MODULES = {
     "checkoutcache.repospec", "checkoutcache.store", "checkoutcache.store.create", "checkoutcache.store.layout",
     "checkoutcache.store.liveness", "checkoutcache.store.locks", "checkoutcache.store.modes", "checkoutcache.sharing", "checkoutcache.handoff",
     "checkoutcache.store.ready", "checkoutcache.store.records", "checkoutcache.store.watch", "checkoutcache.units",
+    "checkoutcache.store.tree",  # every store path reached beneath the root (standard library only, no ctypes)
 }
 WORKER_MODULES = {
     "checkoutcache.clone.worker", "checkoutcache.git.cli", "checkoutcache.git.mirror",
@@ -34,6 +35,7 @@ WORKER_MODULES = {
     "checkoutcache.store.sizes", "checkoutcache.testhooks",
     "checkoutcache.git.view",  # every fetch runs in a private view of the mirror (docs/security.md)
     "checkoutcache.clone.tree", "checkoutcache.store.spares", "checkoutcache.store.beneath",  # the tree, spares
+    "checkoutcache.git.quarantine",  # a partial mirror's fetch is checked before it lands (git < 2.44)
 }
 # Never on this path, whatever else joins it: what the measured issue found there.
 # (logging is imported by setproctitle, which the fork's retitling needs.)

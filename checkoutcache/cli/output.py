@@ -191,6 +191,8 @@ def status_text(status: dict) -> str:
             lines.append(f"  mirror not seeded: {seed['why']}")
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
+        if repo.get("refused"):  # a symlink where a store directory should be: gc leaves it alone
+            lines.append(f"  REFUSED: {repo['refused']}")
     spaces = status.get("workspaces") or {}
     if spaces.get("workspaces"):
         lines.append(f"\nworkspaces in {spaces['dir']}")

@@ -40,7 +40,7 @@ from checkoutcache.credentials import (
     without_credentials,
 )
 from checkoutcache.store.layout import RepoPaths
-from checkoutcache.store.modes import open_created
+from checkoutcache.store import tree
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Workers started by a long-lived caller (serve, the library in a pipeline) must
@@ -102,7 +102,7 @@ def _spawn_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config: 
     cmd += [arg for dir_ in cone for arg in ("--sparse", dir_)]
     # The worker's stderr goes to the commit's log (appended: the history of attempts),
     # so even a crash before the worker sets up its own logging leaves a trace.
-    log_fd = open_created(paths.clone_log(name), os.O_WRONLY | os.O_APPEND)
+    log_fd = tree.open_file(paths.clone_log(name), os.O_WRONLY | os.O_APPEND, create=True)
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env)
@@ -157,7 +157,7 @@ def _become_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config:
     try:
         _retitle(name)
         devnull = os.open(os.devnull, os.O_RDWR)
-        log = open_created(paths.clone_log(name), os.O_WRONLY | os.O_APPEND)
+        log = tree.open_file(paths.clone_log(name), os.O_WRONLY | os.O_APPEND, create=True)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.dup2(log, 2)

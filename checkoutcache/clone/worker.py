@@ -50,7 +50,7 @@ from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, Git
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
 from checkoutcache.repospec import LFS_OFF, LFS_ON, SUBMODULES_RECURSIVE
-from checkoutcache.store import locks, records
+from checkoutcache.store import locks, records, tree
 from checkoutcache.store.checkouts import (
     GONE,
     HELD,
@@ -62,7 +62,7 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.sizes import record_size
 from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths, RootPaths, commit_of
-from checkoutcache.store.modes import open_created, set_store_umask
+from checkoutcache.store.modes import set_store_umask
 from checkoutcache.store.liveness import own_identity, pid_namespace
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import Scratch, create_scratch
@@ -92,11 +92,13 @@ def open_attempt_log(paths: RepoPaths, name: str):
     first rotated to <name>.log.1 (one previous generation is kept)."""
     log = paths.clone_log(name)
     try:
-        if os.path.getsize(log) > CLONE_LOG_CAP:
-            os.replace(log, paths.previous_clone_log(name))
+        if tree.lstat(log).st_size > CLONE_LOG_CAP:
+            tree.rename(log, paths.previous_clone_log(name))
+    except tree.NotBeneath:
+        raise
     except OSError:
         pass
-    fd = open_created(log, os.O_WRONLY | os.O_APPEND)
+    fd = tree.open_file(log, os.O_WRONLY | os.O_APPEND, create=True)
     return os.fdopen(fd, "a", buffering=1, errors="replace")
 
 
@@ -164,7 +166,7 @@ class Worker:
                            "pid": self.pid,
                            "at": time.time(), **fields})
         try:
-            fd = open_created(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+            fd = tree.open_file(path, os.O_WRONLY | os.O_APPEND, create=True)  # serve/ beneath the root
             try:
                 os.write(fd, (line + "\n").encode())  # one O_APPEND write: lines never interleave
             finally:
@@ -370,7 +372,7 @@ class Worker:
                 self.log(f"removed git lock {stale} left by a killed process")
             return operation()
 
-    def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...]) -> None:
+    def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...], refetch: bool = False) -> None:
         received: dict[str, int] = {}
 
         def track(update: dict) -> None:
@@ -382,7 +384,8 @@ class Worker:
 
         try:
             refused = self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs,
-                                                                   self.credential, track, self.log, keep_fds))
+                                                                   self.credential, track, self.log, keep_fds,
+                                                                   refetch=refetch))
             if refused:
                 self.filter_refused()
         except CheckoutCacheError:
@@ -431,6 +434,12 @@ class Worker:
         if still:
             raise CheckoutCacheError("CLONE_FAILED", detail=f"the server did not send {len(still)} of the "
                                                             f"{len(missing)} blobs the checkout needs, e.g. {still[0]}")
+        # What fsck checks of a .gitmodules at a full mirror's fetch (its tree and blob come
+        # together there): here its blob came alone, so it is checked now.
+        refused = self.backend.gitmodules_refused(self.paths.mirror, self.sha, filter)
+        if refused is not None:
+            self.backend.drop_keep(self.paths.mirror, self.sha)  # refused as a full mirror's fetch would be
+            raise CheckoutCacheError("CLONE_FAILED", detail=refused)
         self.log(f"fetched {len(missing)} blob(s) the checkout needs")
 
     def seed(self, build: str, keep_fds: tuple[int, ...], skip: str | None = None) -> None:
@@ -489,7 +498,9 @@ class Worker:
             self.log(f"could not fetch them by id ({exc.detail}); fetching all refs")
             self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds)
         for sha in shas:
-            if self.backend.has_commit(self.paths.mirror, sha):
+            # Kept only with its whole history: a stray commit's keep-ref would offer the
+            # upstream a "have" it cannot back, and the next fetch would lack its parents.
+            if self.backend.has_commit(self.paths.mirror, sha) and self.backend.is_connected(self.paths.mirror, sha):
                 self.keep(sha, keep_fds)
                 self.restore_blobs(sha, [n for n in names if commit_of(n) == sha], keep_fds)
                 continue
@@ -525,6 +536,12 @@ class Worker:
             mirror_dir = self.paths.mirror
             kept = False
             if not self.commit_present(mirror_dir):  # absent, or there without its history: fetch it
+                # There without its history (a server once left a parent out): in a partial
+                # mirror git takes it for fetched (the parent counts as promised) and sends
+                # nothing, so it is asked for as a new clone would (a full mirror's git
+                # sees the gap itself and fetches only what is missing).
+                refetch = self.backend.partial_filter(mirror_dir) is not None and \
+                    self.backend.object_kind(mirror_dir, self.sha) is not None
                 for stale in mirror.remove_stale_leftovers_of(self.paths):
                     self.log(f"removed stale git lock {stale}")
                 self.on_progress({"phase": "fetching"})
@@ -532,20 +549,23 @@ class Worker:
                 # Fetched straight into its keep-ref where the backend can: one git execution less.
                 by_id = f"+{self.sha}:{keep_ref(self.sha)}" if self.backend.fetches_into_refs else self.sha
                 try:
-                    self.fetch([by_id], keep_fds)
+                    self.fetch([by_id], keep_fds, refetch=refetch)
                     kept = self.backend.fetches_into_refs
                 except CheckoutCacheError as exc:
                     self.log(f"fetch by id refused ({exc.detail}); fetching all refs")
-                    self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds)
+                    self.fetch(ALL_BRANCHES_AND_TAGS, keep_fds, refetch=refetch)
                     if not self.commit_present(mirror_dir):
                         kept = self.fetch_from_review_refs(keep_fds)
                 checkpoint("after-fetch")
                 try:
                     # git's fetch by id into the keep-ref checked that ref's whole history (its
                     # connectivity check of every updated ref): walking it again costs seconds on
-                    # a big history (165k objects: 3.7 s). Any other way in is walked.
-                    present = self.refuse_non_commit(mirror_dir) is not None if kept else \
-                        self.commit_present(mirror_dir)
+                    # a big history (165k objects: 3.7 s). Any other way in is walked, and so is
+                    # every fetch into a partial mirror: there git takes a missing parent or tree
+                    # for a promised one, and only blobs may be promised.
+                    trusted = kept and self.backend.partial_filter(mirror_dir) is None
+                    found = self.refuse_non_commit(mirror_dir)
+                    present = found is not None if trusted else self.commit_present(mirror_dir)
                 except CheckoutCacheError:
                     if kept:
                         self.backend.drop_keep(mirror_dir, self.sha)  # a tag, tree or blob is never kept
@@ -553,6 +573,12 @@ class Worker:
                 if not present:
                     if kept:
                         self.backend.drop_keep(mirror_dir, self.sha)
+                    if found is not None:
+                        # CLONE_FAILED, as git says for a full mirror ("did not receive expected
+                        # object"): the clone then checks the mirror and rebuilds it if its own
+                        # refs reach what is missing (what made the server leave it out).
+                        raise CheckoutCacheError("CLONE_FAILED", detail=f"the server sent commit {self.sha} "
+                                                                        f"without its whole history")
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha,
                                              detail="the server does not have it (or not its whole history)")
             if not kept:

@@ -7,4 +7,6 @@
 - mirror.py   stale git lock files in a mirror, found and removed.
 - env.py      the environment every git process runs in (no ambient GIT_*,
               no prompts, only safe transports, credentials by environment).
+- view.py     the private view of a mirror every network git runs in.
+- quarantine.py  a partial fetch checked by fsck before it lands (git < 2.44).
 """

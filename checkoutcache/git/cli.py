@@ -55,7 +55,8 @@ from checkoutcache.git.backend import (
     write_alternates,
 )
 from checkoutcache.git import mirror as mirror_module
-from checkoutcache.git.env import OPERATOR_CONFIG_VAR, git_env
+from checkoutcache.git import quarantine
+from checkoutcache.git.env import FSCK_VAR, OPERATOR_CONFIG_VAR, git_env
 from checkoutcache.git.view import private_view
 
 _PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>[0-9]{1,3})% "
@@ -415,11 +416,38 @@ class GitCliBackend:
         cmd = [*remote_config, "-c", "fetch.negotiationAlgorithm=noop", "fetch",
                "--no-tags", "--no-write-fetch-head", "--progress", f"--filter={filter}", "--stdin", remote]
         log(f"$ git {redact(' '.join(cmd), secrets)} ({len(oids)} blob(s))")
-        with private_view(mirror, filter) as view:
-            code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
-                                        log, secrets, keep_fds, stdin="".join(oid + "\n" for oid in oids).encode())
-        if code != 0:
-            raise git_failure(output, last_meaningful_line(output), secrets)
+        self._fetch_through_view(mirror, filter, cmd, credential, url, on_progress, log, secrets, keep_fds,
+                                 stdin="".join(oid + "\n" for oid in oids).encode())
+
+    def _fetch_through_view(self, mirror: str, filter: str | None, cmd: list[str], credential: Credential | None,
+                            url: str, on_progress: Progress, log: Log, secrets: list[str],
+                            keep_fds: tuple[int, ...], stdin: bytes | None = None) -> str:
+        """Run a fetch in the mirror's private view; its output. A partial mirror's fetch is
+        quarantined and checked after where git cannot check it with our choices itself."""
+        if not quarantine.needed(filter, self.git):
+            with private_view(mirror, filter) as view:
+                code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
+                                            log, secrets, keep_fds, stdin)
+            if code != 0:
+                raise git_failure(output, last_meaningful_line(output), secrets)
+            return output
+        before = quarantine.refs_of(mirror, self.git)
+        with quarantine.incoming_objects(mirror) as incoming:
+            with private_view(mirror, filter, objects=incoming, refs=before) as view:
+                code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url, fsck=False),
+                                            on_progress, log, secrets, keep_fds, stdin)
+                if code != 0:
+                    raise git_failure(output, last_meaningful_line(output), secrets)
+                after = quarantine.refs_of(view, self.git)
+            quarantine.check(mirror, incoming, filter, keep_fds, self.git)
+            quarantine.admit(mirror, incoming, before, after, self.git)
+        return output
+
+    def gitmodules_refused(self, mirror: str, sha: str, filter: str) -> str | None:
+        """Why git's fsck refuses the commit's .gitmodules in a partial mirror (None: it does not)."""
+        if os.environ.get(FSCK_VAR, "on") == "off":
+            return None
+        return quarantine.gitmodules_refused(mirror, sha, filter, self.git)
 
     def is_usable(self, mirror: str) -> bool:
         # What git itself checks to call a directory a repository (HEAD, objects/, refs/),
@@ -443,17 +471,29 @@ class GitCliBackend:
         return kind, target
 
     def is_connected(self, mirror: str, sha: str) -> bool:
-        # allow-promisor: a partial mirror's blobs not fetched are promised, not missing (a
-        # full mirror has no promisor objects: anything missing there still fails the walk).
-        done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", "--missing=allow-promisor", sha,
+        # Only blobs may be promised (DESIGN invariant 13). In a partial mirror git counts any
+        # object a promisor pack refers to as promised, a commit's parent and a tree
+        # included (`--missing=allow-promisor`, fsck, fetch's own check): a server that sent
+        # a commit without its parent would pass. So blobs are left out of the walk
+        # (--filter=blob:none: never read, so never missing), and every commit and tree
+        # must be there; nothing is fetched lazily (GIT_NO_LAZY_FETCH, git_env).
+        partial = mirror_module.has_promisor_packs(os.path.join(mirror, "objects"))  # no git started
+        blobs = ["--filter=blob:none"] if partial else []
+        done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", *blobs, sha,
                           "--not", f"--exclude={keep_ref(sha)}", "--all"], stdout=subprocess.DEVNULL)
         return done.returncode == 0
 
     def is_sound(self, mirror: str) -> bool:
         if not self.is_usable(mirror):
             return False
-        done = self._run(["-C", mirror, "fsck", "--connectivity-only", "--no-dangling", "--no-progress"],
-                         stdout=subprocess.DEVNULL)
+        if mirror_module.has_promisor_packs(os.path.join(mirror, "objects")):
+            # fsck --connectivity-only takes a missing commit or tree for promised, as
+            # is_connected says: every commit and tree every ref reaches, blobs left out.
+            done = self._run(["-C", mirror, "rev-list", "--objects", "--quiet", "--filter=blob:none", "--all"],
+                             stdout=subprocess.DEVNULL)
+        else:
+            done = self._run(["-C", mirror, "fsck", "--connectivity-only", "--no-dangling", "--no-progress"],
+                             stdout=subprocess.DEVNULL)
         return done.returncode == 0
 
     def objects_readable(self, mirror: str, sha: str, cone: Cone = ()) -> bool:
@@ -519,24 +559,21 @@ class GitCliBackend:
             return False
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> bool:
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False) -> bool:
         """Fetch into the mirror; into a partial one always with its filter (an unfiltered pack
         there is not a promisor pack, and gc would drop what only promisor commits reach).
         True when the server ignored the filter (it sent every object)."""
         secrets = secrets_of(credential)
         filter = self.partial_filter(mirror)
+        again = ["--refetch"] if refetch else []  # git 2.36+
         if filter is None:
-            cmd = ["fetch", "--no-tags", "--no-write-fetch-head", "--progress", "--", url, *refspecs]
+            cmd = ["fetch", "--no-tags", "--no-write-fetch-head", "--progress", *again, "--", url, *refspecs]
         else:
             remote, remote_config = one_time_promisor_remote(url, filter)
             cmd = [*remote_config, "fetch", "--no-tags", "--no-write-fetch-head",
-                   "--progress", f"--filter={filter}", remote, *refspecs]
+                   "--progress", *again, f"--filter={filter}", remote, *refspecs]
         log("$ git " + redact(" ".join(cmd), secrets))
-        with private_view(mirror, filter) as view:
-            code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
-                                        log, secrets, keep_fds)
-        if code != 0:
-            raise git_failure(output, last_meaningful_line(output), secrets)
+        output = self._fetch_through_view(mirror, filter, cmd, credential, url, on_progress, log, secrets, keep_fds)
         return filter is not None and FILTER_REFUSED in output
 
     def lfs_unsupported(self) -> str | None:
@@ -822,6 +859,12 @@ class GitCliBackend:
 
         if run("cat-file", "-e", f"{sha}^{{tree}}").returncode != 0:
             return ["the commit's objects cannot be read (is the mirror damaged?)"]
+        # `git log` must work (invariant 1): every commit of its history is there (a partial
+        # mirror once took a commit without its parent for a promised one).
+        history = run("rev-list", "--quiet", sha)
+        if history.returncode != 0:
+            return ["the commit's history is not all there (git log fails): "
+                    + (history.stderr.strip().splitlines() or ["?"])[-1][:200]]
         status = run("status", "--porcelain", "--untracked-files=no")
         if status.returncode != 0:
             return ["git status fails: " + (status.stderr.strip().splitlines() or ["?"])[-1][:200]]

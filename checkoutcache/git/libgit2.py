@@ -3,6 +3,8 @@ git, or CHECKOUTCACHE_TRANSPORT=pygit2. pygit2 is imported by each method
 that needs it, so a process that never uses this backend never loads it.
 
 libgit2 has no repack: `repack` answers None (not done), and gc says so.
+Its fetches run in the private view of the mirror (git/view.py), as the git
+CLI's do: no setting in the mirror's config decides where a fetch goes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from checkoutcache.git.backend import (
     write_alternates,
 )
 from checkoutcache.git.env import SSH_KEY_FILE_VAR, SSH_KNOWN_HOSTS_VAR
+from checkoutcache.git.view import private_view
 
 
 def _errors():
@@ -286,15 +289,24 @@ class Pygit2Backend:
         return None
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = ()) -> bool:
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False) -> bool:
+        # refetch is not libgit2's to give: its mirrors are never partial, and a bundle's
+        # stray commits are dropped after seeding (seed_mirror reachable_only).
         import pygit2
 
         secrets = secrets_of(credential)
         log("libgit2 fetch " + redact(url, secrets) + " " + " ".join(refspecs))
         try:
-            repo = pygit2.Repository(mirror)
-            stats = repo.remotes.create_anonymous(url).fetch(
-                refspecs, callbacks=self._callbacks(credential, on_progress, url))
+            # libgit2 reads the repository's config as git does (`url.<other>.insteadOf` would
+            # send the fetch elsewhere, `http.*` settings would apply): it fetches in the
+            # same private view as the git CLI (git/view.py), whose config is ours alone,
+            # and what it brings still lands in the mirror.
+            with private_view(mirror) as view:
+                repo = pygit2.Repository(view)
+                stats = repo.remotes.create_anonymous(url).fetch(
+                    refspecs, callbacks=self._callbacks(credential, on_progress, url))
+        except CheckoutCacheError:
+            raise  # TMPDIR could not hold the view: its own error says so
         except (pygit2.GitError, OSError, KeyError) as exc:
             text = str(exc) or type(exc).__name__
             log(redact(text, secrets))
@@ -373,4 +385,9 @@ class Pygit2Backend:
             changed = [p for p, flags in repo.status(untracked_files="no").items() if flags]
         except _errors() as exc:
             return [f"the commit's objects cannot be read: {exc}"]
+        try:
+            for _commit in repo.walk(sha, pygit2.enums.SortMode.NONE):
+                pass  # `git log` must work: every commit of its history is there
+        except _errors() as exc:
+            return [f"the commit's history is not all there (git log fails): {exc}"]
         return [f"{len(changed)} tracked file(s) differ from the commit, e.g. {changed[0]}"] if changed else []

@@ -1,6 +1,7 @@
 """What killed or failed git processes leave in a mirror, found and removed from
 what is on disk: lock files (`*.lock`), temporary packs (`tmp_pack_*`,
 `tmp_idx_*`, `.tmp-*` of a repack), temporary loose objects (`tmp_obj_*`) and
+partial fetches' quarantines (`objects/tmp_objdir-checkoutcache-*`), and
 `pack-*.keep` files (git writes one
 while a fetch's pack is not yet referenced, and removes it after; a fetch
 killed in between leaves it, and that pack then survives every gc: once its
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from typing import Callable
 
-from checkoutcache.store import records
-from checkoutcache.store.layout import RepoPaths
+from checkoutcache.store import records, tree
+from checkoutcache.store.layout import QUARANTINE_PREFIX, RepoPaths
 
 # A leftover younger than this may belong to a git process that is still
 # running outside our lock discipline (an operator's own `git` in the mirror);
@@ -65,13 +67,32 @@ def remove_stale_leftovers(mirror: str, now: float | None = None, min_age: float
     removed = []
     for relative in git_lock_files(mirror) + pack_leftovers(mirror):
         path = os.path.join(mirror, relative)
-        try:
-            if now - os.lstat(path).st_mtime >= min_age:
-                os.unlink(path)
+        try:  # beneath the root: a directory of the mirror swapped for a symlink is refused, never followed
+            if now - tree.lstat(path).st_mtime >= min_age:
+                tree.unlink(path, missing_ok=False)
                 removed.append(relative)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+    # A partial fetch's quarantine (git/quarantine.py) a killed fetch left: under our lock no
+    # fetch of ours owns one, and the mirror never read it.
+    objects = os.path.join(mirror, "objects")
+    for name in _quarantines(objects):
+        path = os.path.join(objects, name)
+        try:  # beneath the root, as above; rmtree itself never follows a symlink inside
+            if now - tree.lstat(path).st_mtime >= min_age:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(os.path.join("objects", name))
+        except (FileNotFoundError, NotADirectoryError):
             pass
     return removed
+
+
+def _quarantines(objects: str) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(objects) if e.name.startswith(QUARANTINE_PREFIX)
+                and e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
 
 
 # ------------------------------------------------------------ LFS partial downloads
@@ -93,12 +114,12 @@ def remove_lfs_partials(paths: RepoPaths, oids: set[str] | None = None, min_age:
         if oids is not None and name[:64] not in oids:
             continue
         path = os.path.join(paths.lfs_incomplete, name)
-        try:
-            info = os.lstat(path)
+        try:  # beneath the root: lfs/ swapped for a symlink is refused, never followed
+            info = tree.lstat(path)
             if now - info.st_mtime < min_age:
                 continue
-            os.unlink(path)
-        except FileNotFoundError:
+            tree.unlink(path, missing_ok=False)
+        except (FileNotFoundError, NotADirectoryError):
             continue
         removed += 1
         freed += info.st_size
@@ -181,4 +202,4 @@ def install_new_mirror(paths: RepoPaths, backend, workdir: str, filter: str | No
         # A bundle's take-in writes an ordinary pack: as a promisor pack it survives gc
         # (benchmarks/MONOREPO.md A6).
         mark_packs_promisor(build)
-    os.rename(build, paths.mirror)
+    tree.rename(build, paths.mirror)

@@ -27,15 +27,22 @@ symlinks), so a rewrite of packed-refs (a packed ref deleted by `fetch
 git ran there (tests/test_git_view.py).
 
 Callers hold the mirror lock (locks/mirror.lock), as for any write of a mirror.
-The view is removed when the command is done, whatever happened; one a killed
-process left (its name carries its pid) is removed by a later view made by
-the same uid, once it is older than any fetch runs.
+The view is removed when the command is done, whatever happened. Its owner
+holds `owner.lock` inside it (flock, exclusive) for the view's whole life, as a
+clone holds its scratch's (DESIGN invariant 3): the lock appears already held
+(taken on a temporary name, then renamed into place), and a view whose
+owner.lock can be taken is a killed process's, removed by the next view this
+uid makes, however young. A view without one (a process killed in the instant
+before it took it, or a version without owner locks) is judged by its pid, and
+only once it is older than any fetch runs: a pid names its process only in its
+own PID namespace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
@@ -47,6 +54,7 @@ from checkoutcache.git.backend import mirror_config, partial_mirror_config
 
 PACKED_REFS = "packed-refs"
 VIEW_PREFIX = "checkoutcache-view-"
+OWNER_LOCK = "owner.lock"
 # A pid names its process only in its own PID namespace: a view younger than this may be a
 # live fetch's in another namespace sharing this TMPDIR (no fetch of ours runs this long).
 DEAD_VIEW_AGE = 6 * 3600
@@ -54,21 +62,37 @@ DEAD_VIEW_AGE = 6 * 3600
 
 @contextlib.contextmanager
 def private_view(mirror: str, filter: str | None = None, settings: dict[str, str] | None = None,
+                 objects: str | None = None, refs: dict[str, str] | None = None,
                  own_objects: bool = False) -> Iterator[str]:
     """Yields the private git directory that shows the mirror: run git with `-C` it.
-    own_objects: objects written in the view stay in it (an objects directory of its own that
-    borrows the mirror's as an alternate), for what only one command needs (git-lfs's list)."""
+
+    objects: another object store to show instead of the mirror's (a quarantine). refs: the
+    view's own refs instead of the mirror's, these (ref -> id) as its packed-refs: what git
+    writes to a ref then stays in the view (git/quarantine.py). own_objects: objects written
+    in the view stay in it (an objects directory of its own that borrows the mirror's as an
+    alternate), for what only one command needs (git-lfs's list)."""
     remove_dead_views()
     view = None
+    owner = None
     try:
         try:
             view = tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-")
-            for name in ("refs", PACKED_REFS) if own_objects else ("objects", "refs", PACKED_REFS):
-                os.symlink(os.path.join(mirror, name), os.path.join(view, name))
+            owner = _take_owner_lock(view)
             if own_objects:
                 os.makedirs(os.path.join(view, "objects", "info"))
                 with open(os.path.join(view, "objects", "info", "alternates"), "w") as handle:
                     handle.write(os.path.abspath(os.path.join(mirror, "objects")) + "\n")
+            else:
+                os.symlink(objects or os.path.join(mirror, "objects"), os.path.join(view, "objects"))
+            if refs is None:
+                for name in ("refs", PACKED_REFS):
+                    os.symlink(os.path.join(mirror, name), os.path.join(view, name))
+            else:
+                for name in ("refs/heads", "refs/tags"):
+                    os.makedirs(os.path.join(view, name))
+                with open(os.path.join(view, PACKED_REFS), "w") as handle:
+                    # No header: git sorts the lines itself and trusts no peeled value.
+                    handle.write("".join(f"{sha} {ref}\n" for ref, sha in sorted(refs.items())))
             with open(os.path.join(view, "HEAD"), "w") as handle:
                 handle.write("ref: refs/heads/main\n")  # a fetch never reads it; git wants one
             config = {"core.bare": "true", **mirror_config(), **(partial_mirror_config(filter) if filter else {}),
@@ -85,6 +109,22 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
     finally:
         if view is not None:
             shutil.rmtree(view, ignore_errors=True)
+        if owner is not None:
+            os.close(owner)  # after the removal: no reaper takes a view still being removed
+
+
+def _take_owner_lock(view: str) -> int:
+    """The view's owner.lock, held: taken on a temporary name and renamed into place, so no
+    reaper ever finds it free while its owner lives."""
+    fresh = os.path.join(view, f".{OWNER_LOCK}.new")
+    handle = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(fresh, os.path.join(view, OWNER_LOCK))
+    except BaseException:
+        os.close(handle)
+        raise
+    return handle
 
 
 def _config_text(entries: dict[str, str], partial: bool) -> str:
@@ -114,13 +154,39 @@ def remove_dead_views() -> None:
     except OSError:
         return
     for name in names:
-        pid = name[len(VIEW_PREFIX):].split("-", 1)[0]
         path = os.path.join(where, name)
         try:
             info = os.lstat(path)
-            if not pid.isdigit() or info.st_uid != os.getuid() or os.path.exists(f"/proc/{pid}") \
-                    or time.time() - info.st_mtime < DEAD_VIEW_AGE:
-                continue
         except OSError:
             continue
+        if info.st_uid != os.getuid() or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        owner = owner_gone(path)
+        if owner is None:
+            owner = _pid_gone_long_ago(name, info.st_mtime)
+        if not owner:
+            continue
         shutil.rmtree(path, ignore_errors=True)
+
+
+def owner_gone(view: str) -> bool | None:
+    """Whether the view's owner is gone, as its owner.lock says (None: the view has none)."""
+    try:
+        handle = os.open(os.path.join(view, OWNER_LOCK), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False  # not ours to judge (a symlink, unreadable)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # held: its owner lives
+        return True
+    finally:
+        os.close(handle)
+
+
+def _pid_gone_long_ago(name: str, mtime: float) -> bool:
+    pid = name[len(VIEW_PREFIX):].split("-", 1)[0]
+    return pid.isdigit() and not os.path.exists(f"/proc/{pid}") and time.time() - mtime >= DEAD_VIEW_AGE

@@ -24,7 +24,7 @@ from typing import Callable
 import attrs
 
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.store import locks, records
+from checkoutcache.store import locks, records, tree
 from checkoutcache.store.layout import RepoPaths, commit_of, entries
 from checkoutcache.store.ready import looks_intact, top_names
 from checkoutcache.testhooks import checkpoint
@@ -44,7 +44,7 @@ def is_published(paths: RepoPaths, name: str) -> bool:
     return record is not None and looks_intact(paths.checkout(name), record)
 
 
-def publish(paths: RepoPaths, tree: str, name: str, extra: dict | None = None) -> bool:
+def publish(paths: RepoPaths, built: str, name: str, extra: dict | None = None) -> bool:
     """Rename the built tree to checkouts/<name>, then write the ready marker
     (with extra: what the answer says of the checkout's LFS files).
 
@@ -55,8 +55,8 @@ def publish(paths: RepoPaths, tree: str, name: str, extra: dict | None = None) -
     holds it.
     """
     target = paths.checkout(name)
-    top = top_names(tree)
-    if os.path.lexists(target):
+    top = top_names(built)
+    if tree.lexists(target):
         if is_published(paths, name):
             return False
         moved = move_checkout_aside(paths, name, "replaced", clone_lock_held=True)
@@ -64,7 +64,8 @@ def publish(paths: RepoPaths, tree: str, name: str, extra: dict | None = None) -
             raise CheckoutCacheError("CLONE_FAILED", detail="a damaged checkout of this commit is held by a "
                                                             "running command; it is replaced once that ends")
     try:
-        os.rename(tree, target)
+        with tree.parent_of(built) as (src_fd, src), tree.parent_of(target) as (dst_fd, dst):
+            os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
     except OSError as exc:
         if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
             return False
@@ -87,7 +88,7 @@ def to_trash(paths: RepoPaths, path: str, what: str) -> str | None:
     """Rename anything of this repository's store into a fresh trash slot; None if it is gone."""
     slot = paths.trash_slot(what)
     try:
-        os.rename(path, slot)
+        tree.rename(path, slot)
     except FileNotFoundError:
         return None
     return slot
@@ -109,7 +110,7 @@ def move_checkout_aside(paths: RepoPaths, name: str, why: str,
     marker = paths.ready_marker(name)
     exclusive = locks.checkout_exclusive(marker)
     if exclusive is None:
-        if os.path.exists(marker):
+        if tree.lexists(marker):
             return Moved(kept=HELD)  # a reader or a running command holds it
         if not clone_lock_held:
             return Moved(kept=GONE)
@@ -117,8 +118,8 @@ def move_checkout_aside(paths: RepoPaths, name: str, why: str,
         return Moved(slot=slot) if slot else Moved(kept=GONE)
     with exclusive:
         try:
-            last_use = os.stat(marker).st_mtime
-        except FileNotFoundError:
+            last_use = tree.lstat(marker).st_mtime
+        except (FileNotFoundError, NotADirectoryError):
             return Moved(kept=GONE)
         reason = recheck(last_use) if recheck is not None else None
         if reason is not None:
@@ -231,42 +232,51 @@ class _Dir:
 def remove_tree(path: str) -> Removal:
     """Delete something renamed into trash/, whatever it holds; never raises.
 
-    Never follows a symlink, never enters another mount, works on directory
-    descriptors (names of any bytes, any depth, bounded descriptors), makes
-    read-only directories writable as it goes, and goes on past what it cannot
-    remove: that is returned with its cause, for the caller to report and retry.
+    Starts from a descriptor of the directory holding it, resolved beneath the
+    root without following a symlink (store/tree.py), never from `realpath`:
+    a trash/ (or any directory on the way) swapped for a symlink is refused
+    (reported as ELOOP), never followed. Then never follows a symlink, never
+    enters another mount, works on directory descriptors (names of any bytes,
+    any depth, bounded descriptors), makes read-only directories writable as it
+    goes, and goes on past what it cannot remove: that is returned with its
+    cause, for the caller to report and retry.
     """
     removal = Removal()
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return removal
+        with tree.parent_of(path) as (parent_fd, name):
+            _remove_named(parent_fd, name, removal)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # gone already, or the directory holding it is
     except OSError as exc:
         removal.unremovable.append(Unremovable("", _errno_name(exc)))
-        return removal
+    return removal
+
+
+def _remove_named(parent_fd: int, name: str, removal: Removal) -> None:
+    try:
+        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
     if not stat.S_ISDIR(info.st_mode):
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=parent_fd)  # a symlink itself goes; what it names is never touched
             removal.freed += _freed_by(info)
         except FileNotFoundError:
             pass
         except OSError as exc:
             removal.unremovable.append(Unremovable("", _errno_name(exc)))
-        return removal
-    top_path = os.fsencode(os.path.realpath(path))
-    mounts = _mount_points_under(top_path)
-    parent_fd = None
+        return
+    top_fd = _open_dir(name, parent_fd)
     try:
-        parent_fd = os.open(os.path.dirname(top_path) or b".", _DIR_FLAGS)
-        top_name = os.path.basename(top_path)
-        top = _Dir(_open_dir(os.fsdecode(top_name), parent_fd), os.fsdecode(top_name), b"", b"", info.st_dev)
-        _remove_dir(top, parent_fd, mounts, top_path, removal)
-    except OSError as exc:
-        removal.unremovable.append(Unremovable("", _errno_name(exc)))
-    finally:
-        if parent_fd is not None:
-            os.close(parent_fd)
-    return removal
+        # Where the kernel says the opened directory is: only to find mount points
+        # inside it in mountinfo, never to open anything by.
+        top_path = tree.fd_name(top_fd)
+    except BaseException:
+        os.close(top_fd)
+        raise
+    mounts = _mount_points_under(top_path)
+    top = _Dir(top_fd, name, b"", b"", info.st_dev)
+    _remove_dir(top, parent_fd, mounts, top_path, removal)
 
 
 def _remove_dir(top: _Dir, top_parent_fd: int, mounts: set[bytes], top_path: bytes, removal: Removal) -> None:
@@ -404,4 +414,5 @@ def _remove_entry(name: str, dir_fd: int, rel: bytes, is_dir: bool, removal: Rem
 
 
 def trash_entries(paths: RepoPaths) -> list[str]:
+    """What trash/ holds; tree.NotBeneath when trash/ (or the store) is a symlink: never listed through."""
     return [paths.trash_entry(name) for name in entries(paths.trash_dir)]

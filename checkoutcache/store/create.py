@@ -15,8 +15,7 @@ import time
 
 from checkoutcache.errors import CheckoutCacheError, disk_full, is_disk_full
 from checkoutcache.repospec import RepoSpec
-from checkoutcache.store import records
-from checkoutcache.store.modes import make_dir, open_created
+from checkoutcache.store import records, tree
 from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.layout import (
     LAYOUT_VERSION,
@@ -29,19 +28,9 @@ from checkoutcache.store.layout import (
 
 def make_dirs(path: str) -> None:
     """Like os.makedirs, but every level it creates gets DIR_MODE whatever the umask
-    (os.makedirs gives the intermediate ones 0777 minus the umask: world-writable under umask 0)."""
-    missing = []
-    while not os.path.isdir(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    for directory in reversed(missing):
-        try:
-            make_dir(directory)
-        except FileExistsError:
-            pass
+    (os.makedirs gives the intermediate ones 0777 minus the umask: world-writable under umask 0),
+    and below a root every level is made and entered without following a symlink (store/tree.py)."""
+    tree.make_dirs(path)
 
 
 def root_error(root: str, exc: OSError) -> CheckoutCacheError:
@@ -73,12 +62,12 @@ def init_root(root_paths: RootPaths) -> None:
     try:
         make_dirs(root_paths.repos_dir)
         make_dirs(root_paths.locks_dir)
-        if not os.path.exists(root_paths.readme):
+        if not tree.lexists(root_paths.readme):
             tmp = f"{root_paths.readme}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-            fd = open_created(tmp, os.O_WRONLY | os.O_TRUNC)
+            fd = tree.open_file(tmp, os.O_WRONLY | os.O_TRUNC | os.O_EXCL, create=True)
             with os.fdopen(fd, "w") as handle:
                 handle.write(ROOT_README.format(version=LAYOUT_VERSION))
-            os.replace(tmp, root_paths.readme)
+            tree.rename(tmp, root_paths.readme)
         if not os.access(root, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, "not writable")
     except OSError as exc:
@@ -89,7 +78,7 @@ def init_repo_store(root_paths: RootPaths, paths: RepoPaths, spec: RepoSpec) -> 
     init_root(root_paths)
     try:
         make_dirs(paths.base)
-        if not os.path.exists(paths.repo_json):
+        if not tree.lexists(paths.repo_json):
             records.write_json(paths.repo_json, {
                 "url": spec.url, "scope": spec.scope, "is_local": spec.is_local,
                 "layout_version": LAYOUT_VERSION, "created_at": time.time(), "lfs": spec.lfs,
@@ -109,7 +98,12 @@ def refuse_newer_layout(paths: RepoPaths, url: str) -> None:
 
 
 def store_exists(paths: RepoPaths) -> bool:
-    return os.path.isfile(paths.repo_json) and os.path.isdir(paths.locks_dir)
+    """The store was made; tree.NotBeneath (an OSError) when repos/<key> or one of its
+    directories is a symlink or a file: such a store is refused, never used through it."""
+    refused = tree.refusal(paths.base)
+    if refused is not None:
+        raise refused
+    return tree.is_file(paths.repo_json) and tree.is_dir(paths.locks_dir)
 
 def store_key(root_paths: RootPaths, spec: RepoSpec) -> RepoSpec:
     """The spec with the key of the store to use (store/layout.py existing_key)."""

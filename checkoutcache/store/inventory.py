@@ -18,7 +18,7 @@ import os
 
 import attrs
 
-from checkoutcache.store import locks, records
+from checkoutcache.store import locks, records, tree
 from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of
 from checkoutcache.store.ready import looks_intact
 from checkoutcache.store.records import Failure
@@ -78,6 +78,9 @@ class RepoInfo:
     meta: dict = attrs.field(factory=dict, eq=False)  # repo.json, validated
     # Entries that could not be read or did not fit their schema: {"path", "error", "why"}
     problems: list[dict] = attrs.field(factory=list, eq=False)
+    # Why this store is not used at all (repos/<key> or a directory of it is a symlink
+    # or a file: store/tree.py refusal), else None. gc leaves a refused store alone.
+    refused: str | None = None
 
 
 NO_SIZES, RECORDED_SIZES, FRESH_SIZES = "none", "recorded", "fresh"
@@ -107,7 +110,7 @@ def checkout_info(paths: RepoPaths, name: str, sizes: str = RECORDED_SIZES,
     path = paths.checkout(name)
     marker = paths.ready_marker(name)
     try:
-        last_used = os.stat(marker).st_mtime
+        last_used = tree.lstat(marker).st_mtime
         ready = True
         record = records.load_json(marker)
     except (FileNotFoundError, NotADirectoryError):
@@ -158,6 +161,13 @@ def failures(paths: RepoPaths, reader: records.Reader) -> dict[str, Failure]:
 
 def repo_info(paths: RepoPaths, sizes: str = RECORDED_SIZES) -> RepoInfo:
     reader = records.Reader(paths.root)
+    refused = tree.refusal(paths.base)
+    if refused is not None:  # listed as a problem, never read or changed through the symlink
+        reader.note(refused.filename, "ELOOP", refused.strerror or "")
+        meta = reader.read(paths.repo_json, records.REPO) or {} if refused.filename != paths.base else {}
+        return RepoInfo(key=paths.key, url=meta.get("url"), scope=meta.get("scope"), paths=paths, checkouts=[],
+                        clones=[], failures={}, scratch=[], meta=meta, problems=reader.problems,
+                        refused=refused.strerror)
     meta = reader.read(paths.repo_json, records.REPO) or {}
     checkouts = []
     for name in paths.checkout_names():

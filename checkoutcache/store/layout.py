@@ -71,6 +71,11 @@ alone (a rollback cannot corrupt what a newer version made).
             │                      refs/bundles/ holds what seeding took in from bundles;
             │                      refs/heads/ and refs/tags/ what `bundle publish` fetched.
             │                      Its config names lfs/ as git-lfs's lfs.storage.
+            │                      objects/tmp_objdir-checkoutcache-<nonce>/: a partial fetch's
+            │                      quarantine (git/quarantine.py), under locks/mirror.lock;
+            │                      never read by the mirror, its packs moved in once git's
+            │                      fsck passed them; one a killed fetch left is removed by
+            │                      the next writer under the lock (git/mirror.py).
             ├── lfs/               the repository's one Git LFS object store (git-lfs's
             │   │                  lfs.storage for the mirror and for every checkout), so an
             │   │                  object is downloaded once per store, not once per checkout.
@@ -213,6 +218,16 @@ never world-writable, decided by CHECKOUTCACHE_SHARING:
 An entry a peer made unreadable costs that entry in status and gc (listed with
 its errno), never the whole run.
 
+Every path below the root is reached beneath it (store/tree.py): the root is
+the only path opened by name; each entry's directory is opened relative to the
+root's descriptor one component at a time, each openat(O_NOFOLLOW) relative
+to the one before (open_store_dir), and the entry by *at calls relative to it
+(a ready answer: one readlink of its marker's descriptor); removals walk descriptors and never start from
+realpath. A symlink (or a file) where a directory of this tree should be
+refuses that repository (gc and status list it as a problem, ELOOP; ensure
+answers ROOT_UNUSABLE naming it); where repos/ or the root's locks/ should be,
+the whole root. Nothing is ever followed or moved through it.
+
 A reader may assume: a checkout with its marker is complete and stays where it
 is for as long as the reader holds the marker's shared lock; records are
 always whole JSON (never half-written); nothing under scratch/ or trash/ is
@@ -251,8 +266,10 @@ order is only ever tried without waiting, so no cycle can deadlock:
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 
 LAYOUT_VERSION = 1
 # What one clone attempt may write to its log: a server's endless `remote:`
@@ -260,6 +277,7 @@ LAYOUT_VERSION = 1
 CLONE_LOG_CAP = 1 << 20
 READY_MARKER = "checkoutcache-ready"
 SCRATCH_PREFIX = ".clone-"
+QUARANTINE_PREFIX = "tmp_objdir-checkoutcache-"
 CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
@@ -275,12 +293,90 @@ Run `checkoutcache status` to see what it holds and `checkoutcache gc` to trim i
 """
 
 
-def entries(directory: str) -> list[str]:
-    """The sorted names in a directory of the store; none if it does not exist (yet, or any more)."""
+class NotBeneath(OSError):
+    """A store path that passes through a symlink (or a file) where a directory should be:
+    never followed (ELOOP, naming the path)."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(errno.ELOOP, f"{why}: the store never follows a symlink (move it away)", path)
+
+
+# Every root this process works in: a path below one is reached beneath it
+# (store/tree.py). Registered by RootPaths (and RepoPaths).
+_ROOTS: set[str] = set()
+
+
+def root_of(path: str) -> str | None:
+    """The known root a store path is under (None: under none, e.g. a test's own file)."""
+    found = None
+    for root in _ROOTS:
+        if (path == root or path.startswith(root + "/")) and (found is None or len(root) > len(found)):
+            found = root
+    return found
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def open_store_dir(path: str) -> int:
+    """A descriptor of a directory below a known root, opened one component at a time
+    from the root's descriptor with O_NOFOLLOW (what openat2's RESOLVE_NO_SYMLINKS does,
+    without ctypes on the new commit's path): a symlink (or a file) on the way raises
+    NotBeneath, a missing component FileNotFoundError. Only the root is opened by name
+    (the operator chose it). A path under no known root is opened by name, its last
+    component not followed. The caller closes the descriptor."""
+    root = root_of(path)
+    if root is None:
+        return os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
+    current = os.open(root, _DIR_FLAGS)
+    rel = path[len(root):].strip("/")
+    done = root
     try:
-        return sorted(os.listdir(directory))
+        for part in rel.split("/") if rel else []:
+            done = f"{done}/{part}"
+            if part in ("", ".", ".."):
+                raise NotBeneath(path, f"{_shown(root, path)} has a {part or 'empty'!r} component")
+            following = open_step(current, part, root, done)
+            os.close(current)
+            current = following
+        return current
+    except BaseException:
+        os.close(current)
+        raise
+
+
+def open_step(dir_fd: int, part: str, root: str, done: str) -> int:
+    try:
+        return os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), done) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+    # O_NOFOLLOW | O_DIRECTORY says ENOTDIR for a symlink too: tell which it is.
+    try:
+        is_link = stat.S_ISLNK(os.stat(part, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        is_link = False
+    raise NotBeneath(done, f"{_shown(root, done)} is {'a symlink' if is_link else 'not a directory'}")
+
+
+def _shown(root: str, path: str) -> str:
+    return repr(path[len(root):].strip("/") or ".")
+
+
+def entries(directory: str) -> list[str]:
+    """The sorted names in a directory of the store; none if it does not exist (yet, or any more).
+    Listed through a descriptor opened beneath the root (open_store_dir): a symlink where
+    the directory should be raises NotBeneath (an OSError), never lists its target."""
+    try:
+        fd = open_store_dir(directory)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    try:
+        return sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
 
 
 def _names_like(names: list[str], prefix: str, suffix: str) -> list[str]:
@@ -357,6 +453,7 @@ class RootPaths:
 
     def __init__(self, root: str):
         self.root = root
+        _ROOTS.add(root.rstrip("/") or "/")
 
     @property
     def readme(self) -> str:
@@ -440,6 +537,7 @@ class RepoPaths:
 
     def __init__(self, base: str):
         self.base = base
+        _ROOTS.add(os.path.dirname(os.path.dirname(base)) or "/")
 
     @property
     def key(self) -> str:
@@ -527,6 +625,11 @@ class RepoPaths:
     @staticmethod
     def scratch_mirror(scratch: str) -> str:
         return os.path.join(scratch, "mirror.git")
+
+    @staticmethod
+    def quarantine_objects(mirror: str, nonce: str) -> str:
+        """A partial fetch's quarantine object store inside a mirror (git/quarantine.py)."""
+        return os.path.join(mirror, "objects", f"{QUARANTINE_PREFIX}{nonce}")
 
     @staticmethod
     def scratch_pid(name: str) -> int | None:

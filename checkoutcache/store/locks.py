@@ -31,7 +31,7 @@ import fcntl
 
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store.layout import RepoPaths, RootPaths
-from checkoutcache.store.modes import open_created
+from checkoutcache.store import tree
 
 
 _LOCK_UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -70,8 +70,8 @@ class Lock:
 def _open(path: str, create: bool):
     # Read-only: flock needs no write access, so a lock file a peer made 0644 (its
     # umask, or a chmod) still locks for every uid of the group.
-    fd = open_created(path, os.O_RDONLY) if create else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    return os.fdopen(fd, "rb")
+    # Resolved beneath the root (store/tree.py): a lock file is never reached through a symlink.
+    return os.fdopen(tree.open_file(path, os.O_RDONLY, create=create), "rb")
 
 
 def _flock(handle, shared: bool, path: str) -> bool:
@@ -101,8 +101,8 @@ def try_lock(path: str, shared: bool = False, create: bool = True) -> Lock | Non
             handle.close()
             return None
         try:
-            same = os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
-        except FileNotFoundError:
+            same = os.path.samestat(os.fstat(handle.fileno()), tree.lstat(path))
+        except (FileNotFoundError, NotADirectoryError):
             same = False
         if same:
             return Lock(path, handle)
@@ -135,7 +135,7 @@ def is_locked(path: str) -> bool:
     """Whether some process holds the lock right now (a snapshot: it may change at once)."""
     probe = try_lock(path, shared=False, create=False)
     if probe is None:
-        return os.path.exists(path)
+        return tree.lexists(path)
     probe.release()
     return False
 
@@ -196,7 +196,7 @@ def checkout_exclusive(marker: str) -> Lock | None:
 
 def checkout_held(marker: str) -> bool:
     """Whether a ready answer, an exec or a hold has the checkout right now."""
-    return os.path.exists(marker) and is_locked(marker)
+    return tree.lexists(marker) and is_locked(marker)
 
 
 def serve_journal_owned(path: str) -> Lock:

@@ -47,7 +47,7 @@ def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | Non
                     return None
                 time.sleep(0.001)
         try:
-            in_place = os.path.samestat(os.fstat(fd), os.stat(marker))
+            in_place = os.path.samestat(os.fstat(fd), os.stat(marker)) and _reached_directly(fd, marker)
         except (FileNotFoundError, NotADirectoryError):
             in_place = False
         if not in_place:
@@ -60,6 +60,17 @@ def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | Non
         except OSError:
             pass
         raise
+
+
+def _reached_directly(fd: int, marker: str) -> bool:
+    """Whether the marker was opened without passing a symlink: the kernel's name for the
+    descriptor is the path asked for (the root is canonical: realpath'd by every caller), so
+    a peer's symlink in place of checkouts/ or repos/<key> is never read or touched. One
+    readlink: the ready path stays a few syscalls (store/tree.py does the rest of the store)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == marker
+    except OSError:
+        return True  # no /proc: the samestat check alone, as before
 
 
 # The marker records up to this many of the checkout's top-level names; a

@@ -16,6 +16,7 @@ EIO) raises OSError: the caller decides what that entry costs.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from typing import Any, Callable
 import attrs
 
 from checkoutcache.errors import CODES
+from checkoutcache.store import tree
 from checkoutcache.store.modes import open_created
 from checkoutcache.store.ready import MAX_RECORD_BYTES
 
@@ -32,25 +34,41 @@ TMP_SUFFIX = ".tmp"
 
 
 def write_json(path: str, value: dict) -> None:
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}{TMP_SUFFIX}")
-    fd = open_created(tmp, os.O_WRONLY | os.O_TRUNC)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(value, handle, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        remove_quietly(tmp)
-        raise
+    """Write a record whole: a temp file and the rename, both relative to one descriptor of
+    its directory, resolved beneath the root (store/tree.py): never through a symlink."""
+    with tree.parent_of(path) as (dir_fd, name):
+        tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}{TMP_SUFFIX}"
+        fd = open_created(tmp, os.O_WRONLY | os.O_TRUNC | os.O_EXCL | os.O_NOFOLLOW, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump(value, handle, sort_keys=True)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
 
 
 def load_json(path: str) -> Any:
-    """The parsed content; None when the file is missing or is not JSON. OSError otherwise."""
+    """The parsed content; None when the file is missing or is not JSON. OSError otherwise
+    (tree.NotBeneath for a record reached through a symlink: never read)."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_RECORD_BYTES + 1)
+        fd = tree.open_file(path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except tree.NotBeneath:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None  # the record itself is a symlink: not a record, never followed
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(MAX_RECORD_BYTES + 1)
+        except IsADirectoryError:
+            return None
     if len(data) > MAX_RECORD_BYTES:
         return None
     try:
@@ -60,10 +78,7 @@ def load_json(path: str) -> Any:
 
 
 def remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    tree.unlink(path)
 
 
 # ------------------------------------------------------------------ schemas
@@ -198,7 +213,7 @@ class Reader:
             self.note(path, errno_name(exc), exc.strerror or "")
             return None
         if value is None:
-            if os.path.lexists(path):
+            if tree.lexists(path):
                 self.note(path, "INVALID", "not JSON")
             return None
         why = invalid(value, kind)
@@ -209,8 +224,6 @@ class Reader:
 
 
 def errno_name(exc: OSError) -> str:
-    import errno
-
     return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 

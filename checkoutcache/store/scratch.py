@@ -19,10 +19,9 @@ import time
 
 import attrs
 
-from checkoutcache.store import locks, records
+from checkoutcache.store import locks, records, tree
 from checkoutcache.store.checkouts import remove_tree, to_trash
 from checkoutcache.store.layout import RepoPaths, entries
-from checkoutcache.store.modes import make_dir
 from checkoutcache.store.liveness import (
     is_alive,
     own_identity,
@@ -50,7 +49,7 @@ def create_scratch(paths: RepoPaths, commit: str) -> Scratch:
     pid, start_time = own_identity()
     with locks.scratch_change(paths):
         path = paths.scratch_dir_for(pid, os.urandom(6).hex())
-        make_dir(path)
+        tree.mkdir(path)
         owner_lock = locks.try_lock(paths.scratch_owner_lock(path))
         if owner_lock is None:  # pragma: no cover - a fresh directory's lock cannot be held
             raise RuntimeError(f"fresh scratch lock {path} is held")
@@ -105,7 +104,7 @@ def _owner_alive(pid: int | None, owner: dict, path: str) -> bool:
 def reap_dead_scratch(paths: RepoPaths, dry_run: bool = False) -> list[tuple[str, str]]:
     """Move every dead owner's scratch to trash/; return (name, trash path) of each."""
     reaped = []
-    if not os.path.isdir(paths.scratch_dir):
+    if not tree.is_dir(paths.scratch_dir):
         return reaped
     with locks.scratch_change(paths):
         for fact in scratch_facts(paths):

@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 import stat
 
-from checkoutcache.store import records
+from checkoutcache.store import records, tree
 from checkoutcache.store.layout import RepoPaths
 
 
 def disk_usage(path: str) -> int:
     """Bytes a directory tree occupies on disk, never following a symlink out."""
     total = 0
+    if os.path.islink(path):
+        return 0  # a symlink where a checkout should be: its target is not ours to measure
     stack = [path]
     while stack:
         current = stack.pop()
@@ -60,7 +62,7 @@ def record_size(paths: RepoPaths, name: str, index: list[int] | None = None) -> 
     index: the identity of its index, given only by the worker that publishes it (a spare
     is trusted only with that index); a later measure keeps what the record says."""
     try:
-        use = os.stat(paths.ready_marker(name)).st_mtime
+        use = tree.lstat(paths.ready_marker(name)).st_mtime
     except OSError:
         use = None
     size = disk_usage(paths.checkout(name))

@@ -70,7 +70,7 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git import mirror
 from checkoutcache.git.backend import BUNDLE_REFS
 from checkoutcache.git.transport import pick_backend
-from checkoutcache.store import locks, records
+from checkoutcache.store import locks, records, tree
 from checkoutcache.store.checkouts import (
     GONE,
     is_published,
@@ -189,7 +189,10 @@ def disk_of(path: str) -> Disk:
 
 
 def size_of(path: str) -> int:
-    return disk_usage(path) if os.path.isdir(path) and not os.path.islink(path) else 0
+    try:
+        return disk_usage(path) if tree.is_dir(path) else 0  # never measured through a symlink
+    except OSError:
+        return 0
 
 
 def note_unremovable(report: GcReport, paths: RepoPaths, path: str, removal: Removal) -> None:
@@ -266,17 +269,18 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
     """Leftovers of dead processes: scratch, clone records, temp files, unmarked or damaged checkouts."""
     paths = info.paths
     for directory in (paths.state_dir, paths.base):
-        for entry in os.scandir(directory) if os.path.isdir(directory) else []:
-            if entry.name.startswith(".") and entry.name.endswith(records.TMP_SUFFIX) and \
-                    time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_TMP_AGE and not report.dry_run:
-                records.remove_quietly(entry.path)
+        for name in entries(directory):  # listed beneath the root, never through a symlink
+            path = os.path.join(directory, name)
+            if name.startswith(".") and name.endswith(records.TMP_SUFFIX) and not report.dry_run and \
+                    time.time() - tree.lstat(path).st_mtime > STRAY_TMP_AGE:
+                records.remove_quietly(path)
     for name, slot in reap_dead_scratch(paths, dry_run=report.dry_run):
         size = 0 if report.dry_run else size_of(slot)
         remove_moved(paths, slot or None, report, Removed("dead-scratch", paths.key, name, size))
     for clone in info.clones:
         if not clone.alive and not report.dry_run:
             def dead(name: str = clone.name) -> bool:
-                return os.path.exists(paths.clone_record(name))
+                return tree.lexists(paths.clone_record(name))
 
             with locks.rechecked(locks.clone_of(paths, clone.name), dead) as clone_lock:
                 if clone_lock is not None:  # not alive meanwhile: its record is a dead owner's
@@ -295,7 +299,7 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
             continue
         # No marker: a worker renamed it but died before the marker, or is about to
         # write it. Only a free clone lock (no live worker) makes it a leftover.
-        unmarked = lambda name=checkout.name: not os.path.exists(paths.ready_marker(name))  # noqa: E731
+        unmarked = lambda name=checkout.name: not tree.lexists(paths.ready_marker(name))  # noqa: E731
         with locks.rechecked(locks.clone_of(paths, checkout.name), unmarked) as clone_lock:
             if clone_lock is None:
                 continue
@@ -342,7 +346,11 @@ def forget_unreachable(root_paths: RootPaths, report: GcReport, now: float) -> N
     """Records of repositories never reached go a day after their retry time (nobody asked since)."""
     if report.dry_run:
         return
-    for _key, path in root_paths.unreachable_records():
+    try:
+        found = root_paths.unreachable_records()
+    except OSError:  # unreachable/ a symlink: never listed through
+        return
+    for _key, path in found:
         failure = read_failure(path)
         if failure is None or now - failure.retry_at > DEATHS_MEMORY:
             records.remove_quietly(path)
@@ -360,13 +368,17 @@ def forget_stale_journals(root_paths: RootPaths, report: GcReport, now: float) -
     once untouched for a day."""
     if report.dry_run:
         return
-    for path in root_paths.serve_journals():
+    try:
+        journals = root_paths.serve_journals()
+    except OSError:  # serve/ a symlink: never listed through
+        return
+    for path in journals:
         try:
             if not RootPaths.journal_has_owner_lock(path):
-                if now - os.lstat(path).st_mtime > STALE_JOURNAL_AGE:
+                if now - tree.lstat(path).st_mtime > STALE_JOURNAL_AGE:
                     records.remove_quietly(path)
                 continue
-            if stat.S_ISLNK(os.lstat(path).st_mode):
+            if stat.S_ISLNK(tree.lstat(path).st_mode):
                 records.remove_quietly(path)  # never a journal: nothing to lock through it
                 continue
             held = locks.abandoned_journal(path)
@@ -388,8 +400,8 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
         return
     for name in paths.clone_lock_names():
         def finished(name: str = name) -> bool:
-            return not os.path.lexists(paths.checkout(name)) and not os.path.exists(paths.failure_record(name)) \
-                and not os.path.exists(paths.deaths_record(name))
+            return not tree.lexists(paths.checkout(name)) and not tree.lexists(paths.failure_record(name)) \
+                and not tree.lexists(paths.deaths_record(name))
 
         if not finished():
             continue
@@ -397,7 +409,7 @@ def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
             if clone_lock is None:
                 continue  # a clone is running (or the file just went, or it is needed again)
             drop_dead_clone_record(paths, name)
-            if os.path.exists(paths.deaths_record(name)):
+            if tree.lexists(paths.deaths_record(name)):
                 continue  # a dead clone's record just became a deaths record: keep its lock and log
             records.remove_quietly(paths.clone_log(name))
             records.remove_quietly(paths.previous_clone_log(name))
@@ -415,9 +427,9 @@ def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcRe
         return  # held: the holder's own touch sets it to now
     with exclusive:
         try:
-            was = os.stat(marker).st_mtime
+            was = tree.lstat(marker).st_mtime
             if was > time.time():
-                os.utime(marker, (now, now))
+                tree.utime(marker, (now, now))
                 report.clock_repaired.append({"repo": paths.key, "commit": commit_of(name), "name": name,
                                               "was": iso(was)})
         except OSError:
@@ -509,7 +521,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             def unused(sha: str = sha) -> bool:
                 # Every checkout of the commit counts, whole or sparse: one keep-ref serves them all.
                 names = names_of_commit(paths, sha)
-                return not any(os.path.lexists(paths.checkout(n)) for n in names) and \
+                return not any(tree.lexists(paths.checkout(n)) for n in names) and \
                     not any(locks.clone_running(paths, n) for n in names if n != sha) and \
                     (paths.key, sha) not in borrowed
 
@@ -631,9 +643,9 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
             continue
         path = paths.lfs_object(oid)
         try:
-            size = os.lstat(path).st_size
-            os.unlink(path)
-        except FileNotFoundError:
+            size = tree.lstat(path).st_size
+            tree.unlink(path, missing_ok=False)
+        except (FileNotFoundError, NotADirectoryError):
             continue
         removed += 1
         freed += size
@@ -692,7 +704,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
     checkpoint("gc-start")
     forget_unreachable(root_paths, report, time.time())  # there may be no repository store at all
     forget_stale_journals(root_paths, report, time.time())
-    if not os.path.isdir(root_paths.repos_dir):
+    if not tree.is_dir(root_paths.repos_dir):
+        if tree.lexists(root_paths.repos_dir):  # a symlink (or a file): never followed
+            raise root_error(root_paths.root, tree.NotBeneath(root_paths.repos_dir, "'repos' is not a directory"))
         return report
     try:
         make_dirs(root_paths.locks_dir)
@@ -711,7 +725,10 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         keys = our_keys(root_paths, report)
         newer = list(report.problems)
         for info in inventory(root_paths, sizes=NO_SIZES, keys=keys):
-            empty_trash(info.paths, report)
+            if info.refused:
+                continue  # a symlink where a store directory should be: left alone (a problem below)
+            with going_on(report, info.paths, root_paths):
+                empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
             with going_on(report, info.paths, root_paths):
@@ -825,6 +842,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
         repos = [info for info in repos if info.key not in dropped]
         for info in repos:
+            if info.refused:
+                continue
             with going_on(report, info.paths, root_paths):
                 maintain_mirror(info.paths, config, report, now, borrowed,
                                 frozenset(spare.sha for paths, spare in spares if paths.key == info.key))
@@ -849,7 +868,8 @@ def drop_repositories(root_paths: RootPaths, limits: Limits, disk: Disk, freed: 
     never touched), though every repository's borrows count."""
     everything = inventory(root_paths, sizes=NO_SIZES)
     borrowed = borrowed_keys_of(everything)
-    repos = [info for info in everything if keys is None or info.key in keys]
+    # A refused store (a symlink where one of its directories should be) is never dropped through.
+    repos = [info for info in everything if (keys is None or info.key in keys) and not info.refused]
     targets = free_targets(limits, disk)
     short_of_space = targets is not None and disk.free < targets[0]
     facts = []

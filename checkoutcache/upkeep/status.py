@@ -16,7 +16,7 @@ import attrs
 from checkoutcache.config import Config
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import LFS_OFF, LFS_ON
-from checkoutcache.store import records
+from checkoutcache.store import records, tree
 from checkoutcache.store.inventory import RepoInfo, inventory
 from checkoutcache.store.layout import RootPaths, commit_of
 from checkoutcache.store.ready import lfs_of
@@ -41,7 +41,7 @@ def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
     size = 0
     for oid in oids:
         try:
-            size += os.lstat(info.paths.lfs_object(oid)).st_size
+            size += tree.lstat(info.paths.lfs_object(oid)).st_size
         except OSError:
             pass
     return {"setting": setting, "why": why, "checkouts": counts, "objects": len(oids), "bytes": size,
@@ -49,6 +49,10 @@ def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
 
 
 def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
+    if info.refused:  # a symlink where a store directory should be: nothing is read through it
+        return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": [], "clones": [], "failures": [],
+                "scratch": [], "stuck_in_trash": [], "lfs": None, "seed": None, "filter": None,
+                "refused": info.refused, "problems": info.problems}
     checkouts = []
     for c in info.checkouts:
         entry = Entry(repo=info.key, name=c.name, last_used=c.last_used or 0.0, size=c.size, held=c.held)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from checkoutcache.git.backend import GitBackend
-from checkoutcache.store import locks, records
+from checkoutcache.store import locks, records, tree
 from checkoutcache.store.checkouts import move_checkout_aside, remove_tree
 from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of
 from checkoutcache.store.ready import looks_intact
@@ -45,7 +45,7 @@ def verify_checkout(paths: RepoPaths, name: str, backend: GitBackend) -> dict:
 
 def marker_identity(paths: RepoPaths, name: str) -> tuple[int, int] | None:
     try:
-        info = os.stat(paths.ready_marker(name))
+        info = tree.lstat(paths.ready_marker(name))  # beneath the root, never through a symlink
     except OSError:
         return None
     return info.st_dev, info.st_ino

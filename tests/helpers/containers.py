@@ -10,7 +10,9 @@ the `containers` fixture calls even when the test fails; names carry this
 process's pid, so tests of two sessions on one machine never meet.
 
 Facts of this machine that shape it (see ../shared/tools/container-base):
-- No registry: the Dockerfile's base image must already be in podman's store.
+- No registry: the Dockerfile's base image must already be in podman's store. The
+  Dockerfile pins it by digest, which a local stand-in (container-base imports one
+  under the tag) cannot have: the build then gives the tag as BASE_IMAGE (`base_for_build`).
 - cgroups v1 and no raising of rlimits: runc, and no `--ulimit` (any fails).
 - No systemd: the image's HEALTHCHECK never runs by itself (podman logs
   "unable to get systemd connection"); `healthcheck()` runs it as the engine
@@ -48,8 +50,26 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
 
 
 def base_image(dockerfile: str = os.path.join(REPO_ROOT, "Dockerfile")) -> str:
+    """The base the Dockerfile names: BASE_IMAGE's default (name:tag@sha256:digest)."""
     with open(dockerfile) as handle:
-        return re.search(r"^FROM\s+(\S+)", handle.read(), re.MULTILINE).group(1)
+        return re.search(r"^ARG\s+BASE_IMAGE=(\S+)", handle.read(), re.MULTILINE).group(1)
+
+
+@functools.cache
+def base_for_build() -> str | None:
+    """The base to build on: the pinned image if podman has it, else the same name and tag
+    without the digest (the local stand-in), else None."""
+    pinned = base_image()
+    for candidate in (pinned, pinned.partition("@")[0]):
+        if podman("image", "exists", candidate, check=False).returncode == 0:
+            return candidate
+    return None
+
+
+def revision() -> str:
+    """The commit the image is built from (its org.opencontainers.image.revision label)."""
+    done = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
 @functools.cache
@@ -59,13 +79,18 @@ def podman_unusable() -> str | None:
         return "container tests run podman as root (CI does)"
     if shutil.which("podman") is None:
         return f"podman is not installed: {SETUP_HINT}"
-    base = base_image()
-    if podman("image", "exists", base, check=False).returncode != 0:
-        return f"the base image {base} is not in podman's store and no registry is reachable: {SETUP_HINT}"
+    base = base_for_build()
+    if base is None:
+        return f"the base image {base_image()} is not in podman's store and no registry is reachable: {SETUP_HINT}"
     done = podman("run", "--rm", "--network", "host", base, "true", check=False, timeout=60)
     if done.returncode != 0:
         return f"podman cannot run a container here: {(done.stderr or done.stdout).strip()[-300:]}"
     return None
+
+
+# tag -> the commit the session's image was built from (its revision label): HEAD may move
+# while the session runs (another merge), so a test compares the label with this, not HEAD.
+BUILT_FROM: dict[str, str] = {}
 
 
 @functools.cache
@@ -76,22 +101,32 @@ def build_image(tag: str = IMAGE, context: str = REPO_ROOT, once_in: str | None 
     first to get its file lock builds, the others wait on the lock and take that build, so two
     workers never build the same tag at once."""
     if once_in is None:
-        _build(tag, context)
+        BUILT_FROM[tag] = _build(tag, context)
         return tag
     with open(os.path.join(once_in, "image.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if the build fails
         built = os.path.join(once_in, "image.built")
-        if not os.path.exists(built) or open(built).read() != f"{tag} {context}":
-            _build(tag, context)
+        record = open(built).read().split(" ") if os.path.exists(built) else []
+        if record[:2] != [tag, context]:
+            record = [tag, context, _build(tag, context)]
             with open(built, "w") as handle:
-                handle.write(f"{tag} {context}")
+                handle.write(" ".join(record))
+        BUILT_FROM[tag] = record[2]
     return tag
 
 
-def _build(tag: str, context: str) -> None:
+def _build(tag: str, context: str) -> str:
+    """Build; the commit built from."""
     # --format docker: the OCI format drops HEALTHCHECK (with a warning), and the two formats
     # do not share cached layers.
-    podman("build", "--format", "docker", "--network", "host", "-t", tag, context, timeout=900)
+    # --label as well as the build argument: podman 4.3's buildah reuses a cached LABEL step
+    # whose ARG value changed (its cache key is the unexpanded instruction), so an image built
+    # after a commit would carry the previous commit's revision.
+    commit = revision()
+    podman("build", "--format", "docker", "--network", "host", f"--build-arg=BASE_IMAGE={base_for_build()}",
+           f"--build-arg=REVISION={commit}", f"--label=org.opencontainers.image.revision={commit}",
+           "-t", tag, context, timeout=900)
+    return commit
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,30 @@
 """deploy/kubernetes.yaml's pod, run by podman as the kubelet would run it.
 
-Each container of the pod spec becomes a podman container of the image, with
-what the spec says: the uid and gid (and fsGroup as a supplementary group),
-a read-only root, dropped capabilities, no privilege escalation, the memory
+Why not `podman kube play`: podman 4.3 refuses the file ("cannot create an
+init container that has either of lifecycle, livenessProbe, readinessProbe, or
+startupProbe set"): a native sidecar (an init container with restartPolicy
+Always) and its probes are newer than its kube support. So each container of
+the pod spec becomes a podman container of the image, with what the spec says:
+the uid and gid (and fsGroup, if any, as a supplementary group), a read-only
+root, dropped and added capabilities, no privilege escalation, the memory
 limit, the environment (secret references get the test's token), the command,
-and the volume mounts (an emptyDir becomes a podman volume prepared as the
-kubelet prepares one for an fsGroup: group fsGroup, setgid, 0777 | 02000;
-/tmp a tmpfs). A field of a container this module does not translate fails
-the test: the manifest cannot say more than what runs.
+and the volume mounts, read-only where the spec says readOnly. An emptyDir
+becomes a podman volume prepared as the kubelet prepares one: root's, 0777
+(with an fsGroup: that group, 02777); a persistentVolumeClaim a volume as a
+new PersistentVolume usually starts, root's and 0755 (or a volume the test
+gives, to outlive the pod); a volume mounted at /tmp a tmpfs. An init
+container without restartPolicy Always runs to its end (`run_init`) before
+the test starts the others. A field this module does not translate fails the
+test: the manifest cannot say more than what runs.
 
 Where this machine differs from a cluster (and why): the pod's shared network
 namespace is the host network (no CNI here; containers still have their own
 PID namespaces), so the listening ports are replaced by free ones (the host
-network is shared with the machine); probes are run by the test, by HTTP on
-127.0.0.1, when it asks (`probe`); restarts are `start()` after `stop()`.
+network is shared with the machine) and no NetworkPolicy applies; probes are
+run by the test, by HTTP on 127.0.0.1, when it asks (`probe`); restarts are
+`start()` after `stop()`; the test starts the containers (the sidecar first,
+as a kubelet does) and may start more than one copy of a container, as
+another uid; resource requests (cpu, ephemeral-storage) are not enforced.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ from .daemons import free_port
 
 TRANSLATED = {"name", "image", "imagePullPolicy", "restartPolicy", "env", "ports", "startupProbe",
               "readinessProbe", "livenessProbe", "resources", "securityContext", "volumeMounts", "command"}
+SECURITY_TRANSLATED = {"runAsUser", "runAsGroup", "runAsNonRoot", "allowPrivilegeEscalation",
+                       "readOnlyRootFilesystem", "capabilities"}
 PORT_SETTINGS = ("CHECKOUTCACHE_LISTEN", "CHECKOUTCACHE_HEALTH_LISTEN")
 
 
@@ -36,29 +49,50 @@ def podman_memory(quantity: str) -> str:
 
 
 class ManifestPod:
-    def __init__(self, containers: Containers, spec: dict, token: str):
+    def __init__(self, containers: Containers, spec: dict, token: str, claims: dict[str, str] | None = None):
+        """claims: persistentVolumeClaim name -> an existing podman volume (a cache that outlives
+        a pod); a claim not given gets a new volume."""
         self.containers = containers
         self.spec = spec
         self.token = token
         self.grace = int(spec.get("terminationGracePeriodSeconds", 30))
         self.fs_group = spec.get("securityContext", {}).get("fsGroup")
         self.volumes: dict[str, str | None] = {}  # pod volume name -> podman volume (None: a tmpfs)
+        tmp_volumes = {m["name"] for c in self.all_containers() for m in c.get("volumeMounts", [])
+                       if m["mountPath"] == "/tmp"}
         for volume in spec.get("volumes", []):
-            assert set(volume) == {"name", "emptyDir"}, volume
-            # a /tmp of its own (a tmpfs per container), the cache a shared volume
-            self.volumes[volume["name"]] = None if volume["name"].endswith("tmp") else self._empty_dir()
+            name = volume["name"]
+            if "emptyDir" in volume:
+                assert set(volume) == {"name", "emptyDir"}, volume
+                self.volumes[name] = None if name in tmp_volumes else self._prepared("0:0", "0777")
+            else:
+                assert set(volume) == {"name", "persistentVolumeClaim"} and name not in tmp_volumes, volume
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                given = (claims or {}).get(claim)
+                self.volumes[name] = given if given is not None else self._prepared("0:0", "0755")
         # The ports serve listens on, replaced by free ones (shared host network).
         self.ports = {name: free_port() for name in PORT_SETTINGS}
 
-    def _empty_dir(self) -> str:
+    def _prepared(self, owner: str, mode: str) -> str:
+        """A new podman volume whose root has this owner and mode (with the pod's fsGroup, the
+        kubelet's SetVolumeOwnership: that group, setgid). Its first mount is this one, so podman
+        copies nothing of the image's directory up into it."""
         volume = self.containers.volume()
-        if self.fs_group is not None:  # the kubelet's SetVolumeOwnership for an fsGroup
-            podman("run", "--rm", "--user=0", "--no-healthcheck", "--entrypoint=sh", f"--volume={volume}:/v",
-                   self.containers.image, "-c", f"chgrp {self.fs_group} /v && chmod 2777 /v")
+        if self.fs_group is not None:
+            owner, mode = f"0:{self.fs_group}", f"2{mode[-3:]}"
+        podman("run", "--rm", "--user=0", "--no-healthcheck", "--entrypoint=sh", f"--volume={volume}:/v",
+               self.containers.image, "-c", f"chown {owner} /v && chmod {mode} /v")
         return volume
 
+    def all_containers(self) -> list[dict]:
+        return self.spec.get("initContainers", []) + self.spec["containers"]
+
+    def init_containers(self) -> list[str]:
+        """The init containers that run to their end before the others (not native sidecars)."""
+        return [c["name"] for c in self.spec.get("initContainers", []) if c.get("restartPolicy") != "Always"]
+
     def container_spec(self, name: str) -> dict:
-        for container in self.spec.get("initContainers", []) + self.spec["containers"]:
+        for container in self.all_containers():
             if container["name"] == name:
                 return container
         raise KeyError(name)
@@ -86,14 +120,19 @@ class ManifestPod:
         untranslated = set(spec) - TRANSLATED
         assert not untranslated, f"{name}: the test does not run {sorted(untranslated)}"
         security = spec.get("securityContext", {})
+        assert not set(security) - SECURITY_TRANSLATED, f"{name}: the test does not run {sorted(security)}"
+        run_as_root = security["runAsUser"] == 0
+        assert run_as_root or security.get("runAsNonRoot", True), name
         user = f"{uid if uid is not None else security['runAsUser']}:{security['runAsGroup']}"
         options = []
         if self.fs_group is not None:
             options.append(f"--group-add={self.fs_group}")
         if security.get("readOnlyRootFilesystem"):
             options.append("--read-only")
-        if security.get("capabilities", {}).get("drop") == ["ALL"]:
-            options.append("--cap-drop=all")
+        capabilities = security.get("capabilities", {})
+        assert set(capabilities) <= {"drop", "add"} and capabilities.get("drop") == ["ALL"], capabilities
+        options.append("--cap-drop=all")
+        options += [f"--cap-add={cap.lower()}" for cap in capabilities.get("add", [])]
         if security.get("allowPrivilegeEscalation") is False:
             options.append("--security-opt=no-new-privileges")
         memory = spec.get("resources", {}).get("limits", {}).get("memory")
@@ -101,16 +140,25 @@ class ManifestPod:
             options.append(f"--memory={podman_memory(memory)}")
         volumes = {}
         for mount in spec.get("volumeMounts", []):
+            assert set(mount) <= {"name", "mountPath", "readOnly"}, mount
             source = self.volumes[mount["name"]]
             if source is None:
                 options.append(f"--tmpfs={mount['mountPath']}")
             else:
-                volumes[source] = mount["mountPath"]
+                volumes[source] = mount["mountPath"] + (":ro" if mount.get("readOnly") else "")
         command = spec.get("command")
         entrypoint = json.dumps(command) if command else None
         return self.containers.run(name=as_name or name, user=user, env={**self.env(spec), **(env or {})},
                                    volumes=volumes, entrypoint=entrypoint, options=tuple(options),
                                    healthcheck=command is None)
+
+    def run_init(self, name: str, timeout: float = 120) -> Container:
+        """An init container (not a native sidecar), run to its end as the kubelet runs it before
+        the pod's other containers; fails the test unless it exits 0."""
+        container = self.run(name)
+        code = podman("wait", container.name, timeout=timeout).stdout.strip()
+        assert code == "0", f"{name} exited {code}:\n{container.logs()}"
+        return container
 
     def probe(self, container_name: str, kind: str) -> tuple[int, dict]:
         """The container's probe (startupProbe, readinessProbe, livenessProbe) as the kubelet runs
