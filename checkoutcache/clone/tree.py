@@ -41,7 +41,8 @@ from checkoutcache.git.backend import lfs_checkout_config, lfs_endpoint
 from checkoutcache.git.env import git_env
 from checkoutcache.repospec import LFS_OFF, SUBMODULES_NONE
 from checkoutcache.store import records
-from checkoutcache.store.beneath import Escape, fd_path, open_dir_beneath
+from checkoutcache.store import tree as store_tree
+from checkoutcache.store.beneath import Escape, open_dir_beneath
 from checkoutcache.store.checkouts import remove_tree
 from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.sizes import index_identity
@@ -169,14 +170,14 @@ class TreeBuilder:
             last[0] = now
             checkpoint(name)
 
-        os.rename(RepoPaths.spare_tree(taken), tree)
+        store_tree.rename(RepoPaths.spare_tree(taken), tree)
         git_dir = os.path.join(tree, ".git")
         if index_identity(git_dir) != list(spare.record["index"]):
             raise SpareUnusable("its index changed since it was published")
         # The verified index waits in our scratch while the rest of .git (config, hooks,
         # objects, refs: all a reader could have written) goes.
         index = RepoPaths.scratch_index(w.scratch.path)
-        os.rename(os.path.join(git_dir, "index"), index)
+        store_tree.rename(os.path.join(git_dir, "index"), index)
         removal = remove_tree(git_dir)
         if not removal.complete:
             raise SpareUnusable(f"its .git could not be removed ({removal.unremovable[0].error})")
@@ -213,8 +214,8 @@ class TreeBuilder:
                     return
                 if not stat.S_ISDIR(info.st_mode):
                     os.unlink(name, dir_fd=parent_fd)
-                else:
-                    removal = remove_tree(os.path.join(fd_path(parent_fd), os.fsdecode(name)))
+                else:  # by its path under the root: remove_tree never follows a symlink on the way
+                    removal = remove_tree(os.path.join(self.w.scratch.tree, os.fsdecode(rel)))
                     if not removal.complete:
                         raise SpareUnusable(f"a submodule could not be emptied: {rel[:200]!r}")
                 os.mkdir(name, 0o777, dir_fd=parent_fd)
@@ -243,7 +244,7 @@ class TreeBuilder:
                         if parent == () and name == b".git":
                             continue
                         if entry.is_dir(follow_symlinks=False) and parent + (name,) not in inside | parents:
-                            removal = remove_tree(os.path.join(fd_path(fd), entry.name))
+                            removal = remove_tree(os.path.join(tree, os.fsdecode(b"/".join(parent + (name,)))))
                             if not removal.complete:
                                 raise SpareUnusable(f"a directory outside the cone could not be removed: {name!r}")
                 finally:

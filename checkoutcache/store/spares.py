@@ -30,10 +30,9 @@ from typing import Callable
 
 import attrs
 
-from checkoutcache.store import records
+from checkoutcache.store import records, tree
 from checkoutcache.store.checkouts import Moved, move_checkout_aside, to_trash
 from checkoutcache.store.layout import RepoPaths, commit_of
-from checkoutcache.store.modes import make_dir
 from checkoutcache.testhooks import checkpoint
 
 
@@ -94,18 +93,14 @@ def evict_to_spare(paths: RepoPaths, name: str, record: dict,
                    recheck: Callable[[float], str | None]) -> Moved:
     """gc's eviction of checkouts/<name> into spares/ (the same lock and re-check as
     into trash/). Its slot is the finished spare's path."""
-    if not os.path.isdir(paths.spares_dir):
-        try:
-            make_dir(paths.spares_dir)
-        except FileExistsError:
-            pass
+    tree.make_dirs(paths.spares_dir)  # each directory resolved beneath the root, never through a symlink
     making = paths.spare_in_making()
-    make_dir(making)
+    tree.mkdir(making)
     records.write_json(RepoPaths.spare_record(making), record)
 
     def into(checkout: str) -> str | None:
         try:
-            os.rename(checkout, RepoPaths.spare_tree(making))
+            tree.rename(checkout, RepoPaths.spare_tree(making))
         except FileNotFoundError:
             return None
         return making
@@ -120,7 +115,7 @@ def evict_to_spare(paths: RepoPaths, name: str, record: dict,
         return moved
     checkpoint("gc-after-spare-rename")
     final = paths.spare_slot(name)
-    os.rename(making, final)
+    tree.rename(making, final)
     return Moved(slot=final)
 
 
@@ -138,7 +133,7 @@ def take_spare(paths: RepoPaths, spare: Spare, scratch: str) -> str | None:
     """Rename a spare into our scratch (it is ours from now on); None if another took it."""
     target = RepoPaths.scratch_spare(scratch)
     try:
-        os.rename(spare.path, target)
+        tree.rename(spare.path, target)
     except (FileNotFoundError, NotADirectoryError):
         return None
     return target
