@@ -262,6 +262,31 @@ def test_a_token_rotated_in_a_mounted_secret_takes_effect_without_a_restart(root
         assert running.stop() == 0
 
 
+def test_clients_that_read_the_mounted_secret_move_to_a_rotated_token_without_a_restart(root, tmp_path, upstream):
+    """Regression: the typed client and the CLI's hand-off read the token once (from the
+    environment): once the overlap ended, a long-running client got 401 until restarted."""
+    from checkoutcache.client import Client
+
+    secret = MountedSecret(tmp_path / "secret", "tokens", f"{OLD_TOKEN}\n")
+    running = Serve(root, tmp_path, "--gc-interval", "0", "--token-file", secret.path, "--token-overlap", "1s")
+    try:
+        env = {"CHECKOUTCACHE_API_URL": f"http://127.0.0.1:{running.port}", "CHECKOUTCACHE_API_TOKEN_FILE": secret.path}
+        client = Client.from_env(env)
+        assert client.status().totals is not None
+        secret.update(f"{NEW_TOKEN}\n")
+        wait_until(lambda: not authorized(running, OLD_TOKEN), 30, "the old token to retire")
+        report = client.status()  # the same Client, a new token: no 401
+        assert report.totals is not None
+        # What the CLI sends a writer (handoff.py) is read at each request the same way.
+        from checkoutcache.handoff import api_token
+
+        assert api_token({"CHECKOUTCACHE_API_TOKEN_FILE": secret.path}) == NEW_TOKEN
+        secret.update(f"# rotated\n{OLD_TOKEN} team-a\n")
+        assert api_token({"CHECKOUTCACHE_API_TOKEN_FILE": secret.path}) == OLD_TOKEN
+    finally:
+        assert running.stop() == 0
+
+
 def scrape_with(running: Serve, token: str) -> str:
     status, text = running.request("GET", "/metrics", token=token)
     assert status == 200
