@@ -44,6 +44,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from checkoutcache.answers import Answer, State
+from checkoutcache.handoff import TOKEN_FILE_VAR, TOKEN_VAR, token_from_file
 
 Duration = float | int | str
 
@@ -206,10 +207,13 @@ def _seconds(wait: Duration) -> float:
 
 class Client:
     def __init__(self, url: str | None = None, unix: str | None = None, token: str | None = None,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, token_file: str | None = None):
+        """token_file: a tokens file (a mounted Secret) whose first token is read at each request,
+        so a rotation reaches the next request without a new Client; token wins when both are given."""
         if (url is None) == (unix is None):
             raise ValueError("give exactly one of url= (http://host:port) and unix= (a socket path)")
         self.token = token
+        self.token_file = token_file
         self.timeout = timeout
         if url is not None:
             parts = urllib.parse.urlsplit(url)
@@ -225,13 +229,16 @@ class Client:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> "Client":
         """The client a review container's environment describes (deploy/): CHECKOUTCACHE_API_URL
-        (http://host:port) with CHECKOUTCACHE_API_TOKEN, else the socket CHECKOUTCACHE_UNIX_SOCKET."""
+        (http://host:port), else the socket CHECKOUTCACHE_UNIX_SOCKET; with CHECKOUTCACHE_API_TOKEN,
+        or CHECKOUTCACHE_API_TOKEN_FILE (read at each request: rotation needs no restart)."""
         environ = os.environ if environ is None else environ
-        token = environ.get("CHECKOUTCACHE_API_TOKEN") or None
+        token = environ.get(TOKEN_VAR) or None
+        token_file = environ.get(TOKEN_FILE_VAR) or None
         if environ.get("CHECKOUTCACHE_API_URL"):
-            return cls(environ["CHECKOUTCACHE_API_URL"], token=token, timeout=timeout)
+            return cls(environ["CHECKOUTCACHE_API_URL"], token=token, timeout=timeout, token_file=token_file)
         if environ.get("CHECKOUTCACHE_UNIX_SOCKET"):
-            return cls(unix=environ["CHECKOUTCACHE_UNIX_SOCKET"], token=token, timeout=timeout)
+            return cls(unix=environ["CHECKOUTCACHE_UNIX_SOCKET"], token=token, timeout=timeout,
+                       token_file=token_file)
         raise ValueError("set CHECKOUTCACHE_API_URL (http://host:port, with CHECKOUTCACHE_API_TOKEN) or "
                          "CHECKOUTCACHE_UNIX_SOCKET")
 
@@ -356,8 +363,9 @@ class Client:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        token = self.token or (token_from_file(self.token_file) if self.token_file else None)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         with self._lock:
             for attempt in (1, 2):  # a kept-alive connection the server closed: one fresh try
                 if self._conn is None:

@@ -5,7 +5,9 @@ through here when it reads a root it may not write).
 Where the writer is: the root's socket (CHECKOUTCACHE_UNIX_SOCKET, else
 <root>/checkoutcache.sock), then CHECKOUTCACHE_API_URL (http://host:port, the
 shipped pod's review containers: they are outside the store's group and may not
-connect to its 0660 socket). CHECKOUTCACHE_API_TOKEN is sent when set.
+connect to its 0660 socket). CHECKOUTCACHE_API_TOKEN is sent when set, else the
+first token of CHECKOUTCACHE_API_TOKEN_FILE, read at each request so a rotated
+Secret takes effect without a restart.
 
 What it keeps:
 - The token goes only to a peer that is ours: over the socket, the kernel's
@@ -32,6 +34,32 @@ MAX_ANSWER = 1 << 20
 # A socket nobody accepts on, or a URL nobody listens at, is no writer.
 CONNECT_TIMEOUT = 0.5
 API_URL_VAR, TOKEN_VAR, SOCKET_VAR = "CHECKOUTCACHE_API_URL", "CHECKOUTCACHE_API_TOKEN", "CHECKOUTCACHE_UNIX_SOCKET"
+TOKEN_FILE_VAR = "CHECKOUTCACHE_API_TOKEN_FILE"
+
+
+def token_from_file(path: str) -> str | None:
+    """The first token of a tokens file (serve's format: `TOKEN [SCOPE,...]` a line, # comments),
+    read anew at each use, so a Secret rotated in place (the kubelet's ..data swap) reaches the
+    very next request; None when it holds none or cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            return words[0]
+    return None
+
+
+def api_token(environ=os.environ) -> str | None:
+    """CHECKOUTCACHE_API_TOKEN, else the first token of CHECKOUTCACHE_API_TOKEN_FILE (read now)."""
+    token = environ.get(TOKEN_VAR)
+    if token:
+        return token
+    path = environ.get(TOKEN_FILE_VAR)
+    return token_from_file(path) if path else None
 
 
 class NoWriter(Exception):
@@ -100,7 +128,7 @@ def same_checkout(answered: object, root: str, path: str) -> bool:
 
 def _request(endpoint: str, body: dict, host: str) -> bytes:
     payload = json.dumps(body).encode()
-    token = os.environ.get(TOKEN_VAR)
+    token = api_token()
     return (f"POST {endpoint} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n"
             + (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n").encode() + payload

@@ -112,3 +112,31 @@ def test_gc_drops_a_repository_unused_past_its_limit_and_keeps_one_in_use(root, 
     assert sorted(os.listdir(os.path.join(root, "repos"))) == [used_key]
     assert os.path.isdir(used)  # held (its repository too)
     held.end()
+
+
+def test_a_wait_that_outlives_its_repository_begins_it_again(root, upstream, monkeypatch):
+    """Regression: an `ensure --wait` that had looked at the store when gc (or `evict`)
+    dropped the whole idle repository answered `cloning` with no owner until its wait ran
+    out. The drop is made to fall exactly there: right after the first look."""
+    from checkoutcache import Cache
+    from checkoutcache.clone.coordinator import Coordinator
+
+    first, second = upstream.shas[0], upstream.shas[1]
+    assert Cache(root).ensure(upstream.path, first, wait=60).state == "ready"
+    store = only_repo(root)
+    dropped = []
+    original = Coordinator.first_contact
+
+    def then_dropped(self):
+        answer = original(self)
+        if not dropped:  # what gc's drop does: the repository renamed aside, then deleted
+            aside = os.path.join(os.path.dirname(store.base), ".dropped-test")
+            os.rename(store.base, aside)
+            dropped.append(aside)
+        return answer
+
+    monkeypatch.setattr(Coordinator, "first_contact", then_dropped)
+    answer = Cache(root).ensure(upstream.path, second, wait=60)
+    assert dropped, "the repository was dropped between the looks"
+    assert answer.state == "ready", answer
+    assert os.path.isdir(answer.path) and answer.path.startswith(store.base)

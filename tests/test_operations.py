@@ -109,13 +109,18 @@ def test_head_metrics_is_answered_as_get_without_a_body(root, tmp_path):
 
 
 def test_unmet_limits_and_clones_failed_by_code_are_metrics(root, tmp_path, upstream):
-    running = Serve(root, tmp_path, "--allow-local", "--gc-interval", "0", "--max-checkouts", "0")
+    running = Serve(root, tmp_path, "--allow-local", "--gc-interval", "0", "--max-checkouts", "0",
+                    "--log-format", "json")
     try:
         assert running.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[0],
                                                       "wait": 60})[1]["state"] == "ready"
         assert sample(scrape(running), 'checkoutcache_limit_unmet{limit="max-checkouts"}') == 0
         status, report = running.request("POST", "/v1/gc", {})
         assert [u["limit"] for u in report["unmet"]] == ["max-checkouts"]  # the grace window keeps it
+        # An unmet limit is a WARNING line (it was INFO: nothing an operator would see).
+        (gc_line,) = wait_until(lambda: [line for line in lines_of(running) if line.get("event") == "gc"], 10,
+                                "gc's log line")
+        assert gc_line["level"] == "WARNING" and gc_line["unmet"] == ["max-checkouts"], gc_line
         metrics = scrape(running)
         assert sample(metrics, 'checkoutcache_limit_unmet{limit="max-checkouts"}') == 1
         assert sample(metrics, 'checkoutcache_limit_unmet{limit="min-free"}') == 0
@@ -262,6 +267,31 @@ def test_a_token_rotated_in_a_mounted_secret_takes_effect_without_a_restart(root
         assert running.stop() == 0
 
 
+def test_clients_that_read_the_mounted_secret_move_to_a_rotated_token_without_a_restart(root, tmp_path, upstream):
+    """Regression: the typed client and the CLI's hand-off read the token once (from the
+    environment): once the overlap ended, a long-running client got 401 until restarted."""
+    from checkoutcache.client import Client
+
+    secret = MountedSecret(tmp_path / "secret", "tokens", f"{OLD_TOKEN}\n")
+    running = Serve(root, tmp_path, "--gc-interval", "0", "--token-file", secret.path, "--token-overlap", "1s")
+    try:
+        env = {"CHECKOUTCACHE_API_URL": f"http://127.0.0.1:{running.port}", "CHECKOUTCACHE_API_TOKEN_FILE": secret.path}
+        client = Client.from_env(env)
+        assert client.status().totals is not None
+        secret.update(f"{NEW_TOKEN}\n")
+        wait_until(lambda: not authorized(running, OLD_TOKEN), 30, "the old token to retire")
+        report = client.status()  # the same Client, a new token: no 401
+        assert report.totals is not None
+        # What the CLI sends a writer (handoff.py) is read at each request the same way.
+        from checkoutcache.handoff import api_token
+
+        assert api_token({"CHECKOUTCACHE_API_TOKEN_FILE": secret.path}) == NEW_TOKEN
+        secret.update(f"# rotated\n{OLD_TOKEN} team-a\n")
+        assert api_token({"CHECKOUTCACHE_API_TOKEN_FILE": secret.path}) == OLD_TOKEN
+    finally:
+        assert running.stop() == 0
+
+
 def scrape_with(running: Serve, token: str) -> str:
     status, text = running.request("GET", "/metrics", token=token)
     assert status == 200
@@ -392,3 +422,20 @@ def test_a_scrape_storm_reads_the_store_once_per_period():
     assert collector.current() == {"checkoutcache_checkouts": 2} and len(calls) == 2
     (family,) = collector.collect()
     assert family.name == "checkoutcache_checkouts" and family.samples[0].value == 2
+
+
+@pytest.mark.parametrize("event,error,level", [("failed", "DISK_FULL", "WARNING"), ("died", None, "WARNING"),
+                                               ("failed", "UNKNOWN_COMMIT", "INFO"), ("published", None, "INFO")])
+def test_clone_events_an_operator_must_act_on_are_warnings(tmp_path, caplog, event, error, level):
+    """Regression: `clone_failed DISK_FULL` was an INFO line like every other clone event."""
+    import logging
+
+    from checkoutcache.cache import Cache
+    from checkoutcache.config import Config, ServeSettings
+    from checkoutcache.serve.service import Service
+
+    service = Service(Cache(str(tmp_path / "cache")), Config(), ServeSettings(), str(tmp_path / "journal"))
+    with caplog.at_level(logging.INFO, logger="checkoutcache.events"):
+        service.count_journal_event({"event": event, "commit": "a" * 40, **({"error": error} if error else {})})
+    (record,) = [r for r in caplog.records if r.name == "checkoutcache.events"]
+    assert record.levelname == level and record.getMessage() == f"clone_{event} {'a' * 40}"

@@ -44,6 +44,17 @@ def reader(root: str, *args: str, env: dict | None = None, code: str | None = No
     return done.returncode, answer, done.stderr + done.stdout
 
 
+def settled(root: str) -> None:
+    """Wait until the writer's clones have finished their own tidying (a worker removes its
+    scratch and record after the marker that let serve answer ready)."""
+    def quiet() -> bool:
+        paths = only_repo(root)
+        return not os.listdir(paths.scratch_dir) and \
+            not [n for n in os.listdir(paths.state_dir) if n.endswith(".clone.json")]
+
+    wait_until(quiet, 60, "the writer's clone to finish tidying")
+
+
 def snapshot_but_markers(root: str) -> dict:
     """Every entry under root but the markers' mtimes (the writer records uses there)."""
     return {path: (size, 0 if path.endswith("/checkoutcache-ready") else mtime, mode)
@@ -72,6 +83,7 @@ def test_a_read_only_reader_gets_ready_answers_and_new_commits_through_the_write
     assert status == 200, body
     path = body["path"]
     make_idle(path, 3600)
+    settled(writer.root)
     before = snapshot_but_markers(writer.root)
     code, answer, out = reader(writer.root, "ensure", url, first, env=through(writer))
     assert code == 0 and answer == {"state": "ready", "commit": first, "repo": url, "path": path}, out
@@ -150,6 +162,7 @@ def test_a_reader_without_a_writer_says_so_and_writes_nothing(writer, served_ups
     upstream, url = served_upstream
     status, body = writer.request("POST", "/v1/ensure", {"repo": url, "commit": upstream.shas[0], "wait": 60})
     assert status == 200, body
+    settled(writer.root)
     before = store_snapshot(writer.root)
     # A ready checkout is still answered; the reader says its use went unrecorded.
     code, answer, out = reader(writer.root, "ensure", url, upstream.shas[0])

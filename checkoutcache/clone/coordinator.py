@@ -254,6 +254,12 @@ class Coordinator:
         with StateWatch(self.paths.state_dir) as watch:
             while True:
                 try:
+                    # gc or `evict` may drop a whole idle repository between our first look and
+                    # this one: begin it again (no lock of its would ever be held: `cloning`
+                    # with no owner until the wait ran out).
+                    gone = self.first_contact() if not store_exists(self.paths) else None
+                    if gone is not None:
+                        return gone
                     answer = self.step()
                 except CheckoutCacheError as exc:
                     return self.error(exc)

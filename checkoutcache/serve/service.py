@@ -44,6 +44,10 @@ from checkoutcache.upkeep.limits import record_limits
 from checkoutcache.upkeep.status import build_status
 
 log = logging.getLogger("checkoutcache.serve")
+# Clone failures an operator must act on (logged at WARNING): the disk, the store, a worker
+# killed or stuck, a bug. The rest (an unknown commit, an unreachable server) are callers'.
+OPERATOR_FAILURES = frozenset({"DISK_FULL", "ROOT_UNUSABLE", "TIMEOUT", "WORKER_DIED", "WORKER_START_FAILED",
+                               "INTERNAL_ERROR"})
 events = logging.getLogger("checkoutcache.events")
 
 MAX_HOLD_TTL = 24 * 3600.0
@@ -299,7 +303,8 @@ class Service:
             unmet = {u["limit"] for u in report.unmet}
             for name in UNMET_LIMITS:
                 self.metrics.unmet.labels(name).set(1 if name in unmet else 0)
-        events.info("gc %s", "skipped: " + report.skipped if report.skipped else "ran", extra={
+        events.log(logging.WARNING if report.unmet else logging.INFO,  # a limit gc could not meet
+                   "gc %s", "skipped: " + report.skipped if report.skipped else "ran", extra={
             "event": "gc", "trigger": "api" if from_api else "schedule", "dry_run": dry_run,
             "seconds": round(seconds, 3), "removed": len(report.removed), "bytes_freed": report.bytes_freed,
             "checkouts_after": report.checkouts_after, "problems": len(report.problems),
@@ -497,8 +502,12 @@ class Service:
                   "repo": self.repo_url(event.get("repo")), "seconds": seconds, "error": error}
         if kind == "seeded":
             fields.update(outcome=event.get("outcome"), reason=event.get("reason"), bundles=event.get("bundles"))
-        events.info("%s %s", fields["event"], fields["commit"], extra={k: v for k, v in fields.items()
-                                                                       if v is not None})
+        # What an operator must act on (the disk, a worker killed, a clone stuck) is a WARNING;
+        # a commit the server does not have is the caller's business.
+        level = logging.WARNING if kind == "died" or (kind == "failed" and error in OPERATOR_FAILURES) \
+            else logging.INFO
+        events.log(level, "%s %s", fields["event"], fields["commit"], extra={k: v for k, v in fields.items()
+                                                                             if v is not None})
 
     def repo_url(self, key: object) -> str | None:
         """A repository's URL (credentials never stored: repo.json has none) from its key."""
