@@ -322,6 +322,9 @@ class Config(Settings):
                                         parse_free, "2%")
     max_age: float | None = setting(None, "CHECKOUTCACHE_MAX_AGE",
                                     "gc evicts checkouts unused for longer than this.", parse_duration, "off")
+    max_spares: int = setting(4, "CHECKOUTCACHE_MAX_SPARES",
+                              "gc keeps at most this many evicted trees per root as spares, updated in place "
+                              "into a later commit's checkout (0: evicted trees are deleted).", _count)
     repo_max_idle: float = setting(7 * 86400.0, "CHECKOUTCACHE_REPO_MAX_IDLE",
                                    "gc removes a whole repository (mirror, LFS objects) that has no checkout, "
                                    "hold or clone left and was unused for longer than this; past the grace "

@@ -199,7 +199,7 @@ def test_gc_killed_between_rename_and_delete(root, store_with_bystander, kill_lo
     victim = wait_ready(root, upstream.path, upstream.shas[1])["path"]
     make_idle(victim, 3600)
     os.utime(marker(bystander))
-    code, _, _ = run_cli("gc", "--max-checkouts", "1", "--grace", "10m", root=root,
+    code, _, _ = run_cli("gc", "--max-checkouts", "1", "--grace", "10m", "--max-spares", "0", root=root,
                          env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-evict-rename"})
     assert code == -9 and not os.path.exists(victim)
     assert len(assert_died_at(kill_log, "gc-after-evict-rename")) == 1

@@ -61,10 +61,14 @@ def test_lru_order_follows_the_sequence_of_ensures(root, three_ready):
         make_idle(path, 3600 - index * 60)  # shas[0] oldest ... shas[2] newest
     run_cli("ensure", upstream.path, upstream.shas[0], root=root)  # a use makes it the newest
     make_idle(paths[0], 1000)
-    report = gc(root, "--max-checkouts", "1", "--grace", "5m")
+    report = gc(root, "--max-checkouts", "1", "--grace", "5m", "--max-spares", "1")
     removed = [r["name"] for r in report["removed"] if r["reason"] == "lru"]
     assert removed == [upstream.shas[1], upstream.shas[2]]
     assert os.path.isdir(paths[0]) and not os.path.exists(paths[1]) and not os.path.exists(paths[2])
+    # One tree is kept as a spare (the newest evicted), the other deleted.
+    assert [(r["name"], r["reason"]) for r in report["removed"] if r["reason"] == "spare"] == [(upstream.shas[1],
+                                                                                                "spare")]
+    assert [name for _, name in only_repo(root).spare_entries()] == [upstream.shas[2]]
     assert report["bytes_freed"] > 0
 
 
@@ -133,7 +137,8 @@ def test_exec_passes_exit_status_and_runs_in_the_checkout(root, upstream):
 def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready, kill_log):
     upstream, paths = three_ready
     make_idle(paths[0], 3600)
-    code, _, _ = run_cli("gc", "--max-checkouts", "2", root=root,
+    # (no spares: the eviction into trash/ is what is killed; tests/test_spares.py kills gc's sparing)
+    code, _, _ = run_cli("gc", "--max-checkouts", "2", "--max-spares", "0", root=root,
                          env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-evict-rename"})
     assert code == -9
     (line,) = kill_log.read_text().splitlines()  # it died at that step, not anywhere else
@@ -221,7 +226,10 @@ def test_mirror_maintenance_drops_refs_and_never_breaks_a_checkout(root, three_r
     assert report["mirrors"][0]["refs_dropped"] == 2 and report["mirrors"][0]["repacked"]
     assert report["mirrors"][0]["stale_locks"] == ["shallow.lock"]
     refs = git("for-each-ref", "--format=%(refname)", cwd=mirror).split()
-    assert refs == [f"refs/keep/{upstream.shas[2]}"]
+    assert [r for r in refs if not r.startswith("refs/spares/")] == [f"refs/keep/{upstream.shas[2]}"]
+    # The evicted trees are spares (store/spares.py): their commits keep their history by refs/spares/.
+    assert sorted(r for r in refs if r.startswith("refs/spares/")) == sorted(f"refs/spares/{sha}"
+                                                                             for sha in upstream.shas[:2])
     assert_checkout_matches(paths[2], upstream.path, upstream.shas[2])
     assert git("fsck", "--connectivity-only", cwd=paths[2]) == ""
 
@@ -262,7 +270,7 @@ def test_a_repack_stays_due_after_refs_were_dropped_by_an_earlier_run(root, thre
     after = stamp()
     assert after["pending"] is False and after["at"] > repacked_at, after
     refs = git("for-each-ref", "--format=%(refname)", cwd=store.mirror).split()
-    assert refs == [f"refs/keep/{upstream.shas[2]}"]
+    assert [r for r in refs if not r.startswith("refs/spares/")] == [f"refs/keep/{upstream.shas[2]}"]
     assert_checkout_matches(paths[2], upstream.path, upstream.shas[2])
 
     # Nothing pending any more: another gc does not repack again.

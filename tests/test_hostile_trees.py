@@ -116,7 +116,8 @@ def test_gc_removes_any_tree_and_goes_on(root, tmp_path, upstream, deep):
     age(victim, 7200)
     age(other, 3600)  # evicted after the hostile one, in the same run
 
-    code, report, err = gc(root, "--max-checkouts", "0", "--grace", "0")
+    # (no spares: the trees are deleted, what this test is about)
+    code, report, err = gc(root, "--max-checkouts", "0", "--grace", "0", "--max-spares", "0")
     assert code == 0, err
     removed = {r["name"]: r for r in report["removed"]}
     assert sha in removed and upstream.shas[0] in removed, report

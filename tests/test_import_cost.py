@@ -34,6 +34,7 @@ WORKER_MODULES = {
     "checkoutcache.store.checkouts", "checkoutcache.store.liveness", "checkoutcache.store.scratch",
     "checkoutcache.store.sizes", "checkoutcache.testhooks",
     "checkoutcache.git.view",  # every fetch runs in a private view of the mirror (docs/security.md)
+    "checkoutcache.clone.tree", "checkoutcache.store.spares", "checkoutcache.store.beneath",  # the tree, spares
     "checkoutcache.git.quarantine",  # a partial mirror's fetch is checked before it lands (git < 2.44)
 }
 # Never on this path, whatever else joins it: what the measured issue found there.

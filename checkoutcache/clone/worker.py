@@ -6,7 +6,8 @@ commit and its death (even by SIGKILL) frees the commit at once. Steps:
 
     scratch  -> mirror (a new one: bundles first, if CHECKOUTCACHE_BUNDLE_URI is set;
                 fetch by id, fallback all refs; keep-ref; LFS objects into lfs/)
-             -> checkout (the LFS filter finds every object in lfs/)
+             -> the tree in scratch (clone/tree.py: a spare updated in place, or a fresh
+                checkout; the LFS filter finds every object in lfs/; submodules)
              -> rename scratch tree to checkouts/<name>  -> ready marker (last)
 
 <name> is the checkout's (store/layout.py checkout_name): the commit, or the
@@ -33,6 +34,7 @@ import time
 from typing import Callable, Iterator
 
 from checkoutcache.clone.decide import next_failure
+from checkoutcache.clone.tree import TreeBuilder
 from checkoutcache.cones import Cone
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
@@ -47,7 +49,7 @@ from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, Git
                                        lfs_checkout_config, lfs_endpoint, not_a_commit)
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
-from checkoutcache.repospec import LFS_OFF, LFS_ON, SUBMODULES_NONE, SUBMODULES_RECURSIVE
+from checkoutcache.repospec import LFS_OFF, LFS_ON, SUBMODULES_RECURSIVE
 from checkoutcache.store import locks, records, tree
 from checkoutcache.store.checkouts import (
     GONE,
@@ -118,7 +120,6 @@ class Worker:
         self.lfs_setting = info.get("lfs", LFS_ON)
         self.scope = info.get("scope", "default")
         self.submodules_setting = info.get("submodules", SUBMODULES_RECURSIVE)
-        self.submodule_lfs: str | None = None  # what the submodules' LFS files hold, if they have any
         # What the ready answer will say of LFS files (None: the commit has none), why,
         # and the checkout's LFS configuration when their content is there.
         self.lfs_answer: str | None = None
@@ -298,28 +299,10 @@ class Worker:
             self.fetch_into_mirror(rebuild=True)
         checkpoint("before-checkout")
         self.on_progress({"phase": "checking out"})
-        try:
-            self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
-                                  self.log, self.lfs_config, cone=self.cone)
-        except CheckoutCacheError as exc:
-            if exc.code == "DISK_FULL" or self.backend.objects_readable(self.paths.mirror, self.sha, self.cone):
-                raise  # the tree itself cannot be checked out: no rebuild would help
-            # The mirror opened but the commit's objects cannot be read (a truncated
-            # pack, a lost object): rebuild it once, restoring what other checkouts borrow.
-            self.log(f"the mirror is corrupt ({exc.detail}); rebuilding it")
-            remove_tree(self.scratch.tree)
-            self.fetch_into_mirror(rebuild=True)
-            self.backend.checkout(self.scratch.tree, self.paths.mirror_objects, self.sha, self.on_progress,
-                                  self.log, self.lfs_config, cone=self.cone)
-        self.log("checked out")
-        if self.lfs_answer in ("pointers", LFS_OFF) and not self.backend.lfs_in_tree(self.scratch.tree):
-            self.lfs_answer = self.lfs_why = None  # no LFS files: nothing to say
-        checkpoint("after-checkout")
-        lfs = {"lfs": self.lfs_answer, "lfs_why": self.lfs_why} if self.lfs_answer else {}
-        extra = {**lfs, **self.add_submodules()}
-        checkpoint("after-submodules")
+        builder = TreeBuilder(self, run_inline)
+        extra = builder.build()
         with self._finishing:
-            published = publish(self.paths, self.scratch.tree, self.name, {**extra, **self.cone_marker()})
+            published = publish(self.paths, self.scratch.tree, self.name, extra)
             # Our record goes at once: its removal is the event a waiter wakes on
             # (store/watch.py); askers find the marker first from now on.
             records.remove_quietly(self.paths.clone_record(self.name))
@@ -327,73 +310,8 @@ class Worker:
             self.log("published" if published else "another clone published first; discarded ours", always=True)
             self.journal("published" if published else "discarded", seconds=round(time.time() - self.started_at, 3))
             if published:  # after the marker: readers never wait for this walk
-                record_size(self.paths, self.name)
+                record_size(self.paths, self.name, builder.index)
             self.cleanup()
-
-    def cone_marker(self) -> dict:
-        """What the marker records of a sparse checkout: its cone (the answer says it)."""
-        return {"sparse": list(self.cone)} if self.cone else {}
-
-    def add_submodules(self) -> dict:
-        """The commit's submodules, checked out in our scratch tree (clone/submodules.py);
-        what the marker records of them ({} for a commit without submodules)."""
-        urls = self.backend.gitmodules(self.paths.mirror, self.sha)
-        if not urls:
-            return {}  # most commits: clone/submodules.py is not even imported
-        if self.submodules_setting == SUBMODULES_NONE:
-            return {"submodules": "none"}  # only whether the commit has submodules, for the answer
-        from checkoutcache.clone.submodules import submodules_in
-
-        tree_fd = os.open(self.scratch.tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            subs = submodules_in(self.backend, self.scratch.tree, self.paths.mirror, self.sha, self.url,
-                                 cone=self.cone, urls=urls)
-            if not subs:
-                return {}
-            self.on_progress({"phase": "checking out submodules"})
-            borrowed = self.populate_submodules(tree_fd, subs)
-        finally:
-            os.close(tree_fd)
-        marker = {"submodules": "included", "borrows": borrowed}
-        if self.submodule_lfs is not None and self.lfs_answer in (None, "content"):
-            # What the answer says of LFS files covers the submodules' too: pointers anywhere say so.
-            marker["lfs"] = self.submodule_lfs if self.submodule_lfs != "content" else "content"
-        return marker
-
-    def populate_submodules(self, tree_fd: int, subs: list) -> list[list[str]]:
-        from checkoutcache.clone.submodules import Budget, ensure_in_store, making, populate, submodules_in
-
-        root = self.paths.root
-        deadline = time.monotonic() + max(1.0, self.remaining())
-        budget = Budget(self.config.max_submodules, self.config.max_submodule_bytes)
-
-        def ensure(url: str, sha: str, wait: float) -> str:
-            return ensure_in_store(root, self.config, self.scope, url, sha, wait, run_inline,
-                                   super_is_local=self.is_local)
-
-        def checkout(where: str, where_fd: int, key: str, sha: str) -> None:
-            store = RootPaths(root).repo(key)
-            lfs = None
-            if self.backend.lfs_objects(store.mirror, sha):
-                # The submodule's own clone put its LFS objects in its repository's store:
-                # checked out from there with content where we can, else the answer says so.
-                reason = LFS_OFF if self.lfs_setting == LFS_OFF else self.backend.lfs_unsupported()
-                if reason is None:
-                    info = records.read_json(store.repo_json, records.REPO) or {}
-                    lfs = lfs_checkout_config(store.lfs_store, lfs_endpoint(info.get("url", ""),
-                                                                            bool(info.get("is_local"))))
-                    self.submodule_lfs = self.submodule_lfs or "content"
-                else:
-                    self.submodule_lfs = LFS_OFF if reason == LFS_OFF else "pointers"
-            self.backend.checkout(where, store.mirror_objects, sha, lambda _update: None, self.log, lfs,
-                                  keep_fds=(where_fd,))
-
-        def submodules_at(where: str, where_fd: int, key: str, url: str, sha: str):
-            return submodules_in(self.backend, where, RootPaths(root).repo(key).mirror, sha, url, (where_fd,))
-
-        # On the chain of superprojects populating their submodules (a cycle is seen at once).
-        with making(self.paths.key, self.sha):
-            return populate(tree_fd, subs, deadline, 1, budget, ensure, checkout, submodules_at, self.log)
 
     def ensure_mirror(self, keep_fds: tuple[int, ...], rebuild: bool = False) -> bool:
         """Create the mirror if missing (built in our scratch, seeded from bundles when

@@ -72,6 +72,9 @@ LFS_FILTER = {"filter.lfs.process": "git-lfs filter-process", "filter.lfs.requir
 LFS_PROGRAM = "git-lfs"
 # Where the commits a mirror must keep are named: spelled here only.
 KEEP_PREFIX = "refs/keep/"
+# The commits of spares (store/spares.py), kept by gc alone: their history stays in the mirror so a
+# nearby commit needs little fetched, while LFS objects (already in a spare's tree) go by refs/keep/.
+SPARE_PREFIX = "refs/spares/"
 # Fetched when an upstream refuses to hand out a commit by id.
 ALL_BRANCHES_AND_TAGS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 # Where review refs land for as long as it takes to keep the commit they hold.

@@ -96,13 +96,16 @@ def to_trash(paths: RepoPaths, path: str, what: str) -> str | None:
 
 def move_checkout_aside(paths: RepoPaths, name: str, why: str,
                         recheck: Callable[[float], str | None] | None = None,
-                        clone_lock_held: bool = False) -> Moved:
+                        clone_lock_held: bool = False,
+                        into: Callable[[str], str | None] | None = None) -> Moved:
     """Rename checkouts/<name> into trash/ under its marker's exclusive lock.
 
     recheck(last_use) runs under the lock (look, lock, look again) and may
     return a reason to keep the checkout after all. A checkout without a
     marker is moved only by a caller holding the commit's clone lock: anyone
     else might catch a worker between its rename and its marker.
+    into(path): where a marked checkout goes instead of trash/ (gc keeping it as a
+    spare, store/spares.py): one rename, returning the new place or None if it is gone.
     """
     marker = paths.ready_marker(name)
     exclusive = locks.checkout_exclusive(marker)
@@ -121,7 +124,8 @@ def move_checkout_aside(paths: RepoPaths, name: str, why: str,
         reason = recheck(last_use) if recheck is not None else None
         if reason is not None:
             return Moved(kept=reason)
-        slot = to_trash(paths, paths.checkout(name), f"{why}-{name}")
+        slot = into(paths.checkout(name)) if into is not None else \
+            to_trash(paths, paths.checkout(name), f"{why}-{name}")
     return Moved(slot=slot) if slot else Moved(kept=GONE)
 
 

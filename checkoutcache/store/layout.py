@@ -66,6 +66,8 @@ alone (a rollback cannot corrupt what a newer version made).
             │                      Written only under locks/mirror.lock (fetch, refs, repack).
             │                      refs/keep/<sha> exists for every checkout that exists or is
             │                      being made, so maintenance never drops objects one borrows.
+            │                      refs/spares/<sha> (gc's alone) for every spare's commit: its
+            │                      history stays, so a nearby commit needs little fetched.
             │                      refs/bundles/ holds what seeding took in from bundles;
             │                      refs/heads/ and refs/tags/ what `bundle publish` fetched.
             │                      Its config names lfs/ as git-lfs's lfs.storage.
@@ -115,10 +117,28 @@ alone (a rollback cannot corrupt what a newer version made).
             │       │              that the owner lives, whatever namespace asks
             │       ├── owner.json pid, process start time, PID namespace, commit
             │       ├── mirror.git/  a first mirror being made; renamed to mirror.git
+            │       ├── spare/     a spare taken from spares/ (its spare.json; its tree/ goes on to be
+            │       │              tree/ below, updated in place, then published like any tree)
+            │       ├── index      the spare's verified index, kept here while tree/.git is made anew
             │       └── tree/      the checkout being built; published by rename to checkouts/
             │                      Created and reaped only under locks/scratch.lock; reaped only
             │                      when owner.lock is free (and, when the reaper shares the
             │                      owner's PID namespace, <pid> is gone or another process).
+            ├── spares/            recycled trees (clone/tree.py; made by the first gc that keeps one):
+            │   │                  a checkout gc evicted, kept to be
+            │   │                  updated in place into a later commit's checkout instead of deleted.
+            │   │                  Written by gc alone (under gc.lock); never served.
+            │   ├── <name>.<nonce>/  one spare: what was checkouts/<name>, with
+            │   │   ├── spare.json the commit, cone, LFS and submodule settings it was made with, its
+            │   │   │              bytes and its index's identity when it was published (st_ino,
+            │   │   │              st_ctime_ns, st_size of .git/index: a changed index is never trusted)
+            │   │   └── tree/      the tree itself, renamed here from checkouts/<name> under its
+            │   │                  marker's exclusive lock (as an eviction to trash/)
+            │   └── .new-<nonce>/  a spare gc is making (spare.json, then tree/, then renamed to
+            │                      <name>.<nonce>); one left by a killed gc goes to trash/ next run.
+            │                      A worker takes a spare by renaming <name>.<nonce> to spare/ in its
+            │                      own scratch (one rename: two workers never share one); from then
+            │                      on it is that scratch's, reaped with it when its owner dies.
             ├── trash/             checkouts and scratch renamed out of the way, being deleted.
             │                      Anything here may be deleted by anyone at any time.
             ├── state/
@@ -135,7 +155,8 @@ alone (a rollback cannot corrupt what a newer version made).
             │   │                      (a repository's own last use once none is left). Written whole
             │   │                      by the evictor; gc drops a repository unused past a limit.
             │   ├── <name>.size.json   the checkout's size and the last use it was measured at:
-            │   │                      written at publish, measured again by gc only after a use.
+            │   │                      written at publish, measured again by gc only after a use;
+            │   │                      index: the identity of its .git/index at publish (spares/).
             │   ├── mirror-seed.json   how mirror.git began (CHECKOUTCACHE_BUNDLE_URI set): the
             │   │                      bundles taken in and from where, why not more, and the
             │   │                      objects and bytes fetched from upstream since. Written by
@@ -221,6 +242,8 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
     <key>/locks/scratch.lock  exclusive  a worker creating its scratch;       milliseconds
                                          gc reaping dead scratch
     scratch/.clone-*/owner.lock exclusive the scratch's owner                 the owner's life
+    (spares/ takes no lock: gc alone makes spares, under gc.lock; a worker takes one by one
+    rename into its scratch, and a rename that finds it gone tries the next)
     <workspaces>/ws-*/owner.lock exclusive the workspace's owner (or keeper)  the owner's life
                               (try)      a reaper (its uid's next call, gc)   one rename + delete
     <key>/locks/mirror.lock   exclusive  a worker's fetch, keep-ref and LFS   the write (bounded
@@ -259,6 +282,7 @@ CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
 CLONE_LOCK_PREFIX = "clone-"
+SPARE_MAKING_PREFIX = ".new-"
 DROPPED_PREFIX = ".dropped-"
 JOURNAL_SUFFIX = ".journal"
 
@@ -614,6 +638,48 @@ class RepoPaths:
             return None
         digits = name[len(SCRATCH_PREFIX):].split("-", 1)[0]
         return int(digits) if digits.isdigit() else None
+
+    @property
+    def spares_dir(self) -> str:
+        return os.path.join(self.base, "spares")
+
+    def spare_entry(self, entry: str) -> str:
+        return os.path.join(self.base, "spares", entry)
+
+    def spare_slot(self, name: str) -> str:
+        """A fresh name in spares/ for a spare of checkout <name>."""
+        return os.path.join(self.base, "spares", f"{name}.{os.urandom(6).hex()}")
+
+    def spare_in_making(self) -> str:
+        return os.path.join(self.base, "spares", f"{SPARE_MAKING_PREFIX}{os.urandom(6).hex()}")
+
+    @staticmethod
+    def spare_tree(spare: str) -> str:
+        return os.path.join(spare, "tree")
+
+    @staticmethod
+    def spare_record(spare: str) -> str:
+        return os.path.join(spare, "spare.json")
+
+    @staticmethod
+    def scratch_spare(scratch: str) -> str:
+        return os.path.join(scratch, "spare")
+
+    @staticmethod
+    def scratch_index(scratch: str) -> str:
+        return os.path.join(scratch, "index")
+
+    def spare_entries(self) -> list[tuple[str, str]]:
+        """(entry, checkout name) of every finished spare in spares/."""
+        found = []
+        for entry in entries(self.spares_dir):
+            name, dot, nonce = entry.rpartition(".")
+            if dot and CHECKOUT_NAME.fullmatch(name) and re.fullmatch(r"[0-9a-f]{12}", nonce):
+                found.append((entry, name))
+        return found
+
+    def spares_in_making(self) -> list[str]:
+        return [self.spare_entry(e) for e in entries(self.spares_dir) if e.startswith(SPARE_MAKING_PREFIX)]
 
     @property
     def trash_dir(self) -> str:

@@ -151,7 +151,11 @@ CLONE = schema({"started_at": finite, "commit": sha},
 FAILURE = schema({"code": code, "message": text, "next": text, "attempts": count, "failed_at": finite,
                   "retry_at": finite}, {"repo": text, "scope": text})
 DEATHS = schema({"deaths": count, "at": finite}, {"commit": sha})
-SIZE = schema({"bytes": count}, {"use_at_measure": finite})
+SIZE = schema({"bytes": count}, {"use_at_measure": finite, "index": list_of(count)})
+# A spare (spares/<name>.<nonce>/spare.json): what a worker needs to know to update it in place.
+SPARE = schema({"commit": sha, "name": text, "bytes": count, "index": list_of(count), "spared_at": finite},
+               {"lfs": one_of("content", "pointers", "off"), "submodules": one_of("included", "none"),
+                "submodules_setting": one_of("recursive", "none"), "sparse": list_of(text)})
 LAST_USE = schema({"at": finite})
 REPO = schema({"url": text, "scope": text}, {"is_local": one_of(True, False), "layout_version": count,
                                               "created_at": finite, "lfs": one_of("on", "off"),

@@ -8,6 +8,7 @@ whole inventory."""
 from __future__ import annotations
 
 import os
+import stat
 
 from checkoutcache.store import records, tree
 from checkoutcache.store.layout import RepoPaths
@@ -37,15 +38,39 @@ def disk_usage(path: str) -> int:
 
 
 
-def record_size(paths: RepoPaths, name: str) -> int:
-    """Measure a checkout and record its size with the last use it was measured at."""
+def index_identity(git_dir: str) -> list[int] | None:
+    """What identifies a work tree's .git/index as the one git wrote (st_ino, st_ctime_ns,
+    st_size): any later write of it changes its ctime, which no unprivileged process can set
+    back. None when there is no such regular file (.git a symlink, no index)."""
+    try:
+        fd = os.open(git_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.stat("index", dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return [info.st_ino, info.st_ctime_ns, info.st_size]
+
+
+def record_size(paths: RepoPaths, name: str, index: list[int] | None = None) -> int:
+    """Measure a checkout and record its size with the last use it was measured at.
+    index: the identity of its index, given only by the worker that publishes it (a spare
+    is trusted only with that index); a later measure keeps what the record says."""
     try:
         use = tree.lstat(paths.ready_marker(name)).st_mtime
     except OSError:
         use = None
     size = disk_usage(paths.checkout(name))
+    if index is None:
+        index = (records.read_json(paths.size_record(name), records.SIZE) or {}).get("index")
     try:
-        records.write_json(paths.size_record(name), {"bytes": size, "use_at_measure": use})
+        records.write_json(paths.size_record(name), {"bytes": size, "use_at_measure": use,
+                                                     **({"index": index} if index else {})})
     except OSError:
         pass  # a size not recorded is measured again next time
     return size

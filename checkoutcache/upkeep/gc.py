@@ -22,8 +22,16 @@ overlap, the second reports that it skipped):
    sees it): dead ones are reaped where gc may delete them (its own uid's, or
    as root; others are listed for their uid's next call), and the bytes of live
    ones count against max-bytes (their source checkouts stay held meanwhile);
+   Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
+   of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
+   is above 0 and space is not short; spares count against max-bytes and min-free and are
+   the first thing deleted (oldest first) when either is short, when a clone's last
+   attempt failed with DISK_FULL, or when they hold more than half the disk's free space, before
+   any checkout is planned; past max-spares the oldest go; spares a killed gc was making
+   go to trash/;
 4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
-   drop keep-refs of commits with neither a checkout nor a live clone,
+   keep refs/spares/<sha> for the spares' commits (their history stays; LFS objects go by
+   keep-refs alone), drop keep-refs of commits with neither a checkout nor a live clone,
    remove stale git lock files, and repack/prune at most every
    mirror_gc_interval so objects no checkout needs go away (a repack stays due
    when refs were dropped by an earlier run, until it is done); when refs were
@@ -53,7 +61,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -79,6 +87,7 @@ from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, com
 from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
+from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
 from checkoutcache.upkeep.evict import (
@@ -113,11 +122,12 @@ STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
 
 @attrs.frozen
 class Removed:
-    reason: str  # lru, age, dead-scratch, trash, unpublished, damaged
+    reason: str  # lru, age, dead-scratch, trash, unpublished, damaged, spare
     repo: str
     name: str
     bytes: int = 0
     limit: str | None = None
+    spare: bool = False  # an evicted checkout kept as a spare (its bytes are not freed)
 
 
 @attrs.frozen
@@ -152,6 +162,8 @@ class GcReport:
     # from the inventory gc already made, so callers need no second walk.
     checkouts_after: int | None = None
     bytes_after: int | None = None
+    spares_after: int | None = None
+    spare_bytes_after: int | None = None
 
     @property
     def bytes_freed(self) -> int:
@@ -166,7 +178,8 @@ class GcReport:
             "unremovable": self.unremovable, "clock_repaired": self.clock_repaired, "problems": self.problems,
             "workspaces": self.workspaces,
             "disk_before": self.disk_before, "disk_after": self.disk_after,
-            "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after},
+            "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after,
+                             "spares": self.spares_after, "spare_bytes": self.spare_bytes_after},
         }
 
 
@@ -424,13 +437,17 @@ def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcRe
 
 
 def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
-                   report: GcReport) -> tuple[str | None, Removal | None]:
-    """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed)."""
+                   report: GcReport, spare: dict | None = None) -> tuple[str | None, Removal | None]:
+    """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed).
+    spare: its spare.json, to keep its tree as a spare instead (store/spares.py; nothing freed)."""
     def recheck(last_use: float) -> str | None:
         if time.time() - last_use <= grace:
             return USED_MEANWHILE
         return "dry-run" if dry_run else None
 
+    if spare is not None and not dry_run:
+        moved = evict_to_spare(paths, name, spare, recheck)
+        return (None, Removal()) if moved.slot is not None else (moved.kept or GONE, None)
     moved = move_checkout_aside(paths, name, "evicted", recheck)
     if moved.kept == "dry-run":
         return None, None
@@ -440,6 +457,32 @@ def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
     return None, delete(paths, moved.slot, report)
 
 
+def drop_spares(spares: list[tuple[RepoPaths, Spare]], report: GcReport, why: str,
+                enough: Callable[[int], bool]) -> int:
+    """Delete spares, oldest first, until enough(bytes freed so far) or none is left (they go
+    first whenever space is short); what they freed. Removes them from the list."""
+    freed = 0
+    while spares and not enough(freed):
+        paths, spare = spares.pop(0)
+        size = spare.bytes
+        if not report.dry_run:
+            slot = drop_spare(paths, spare)
+            if slot is None:
+                continue  # a worker took it meanwhile
+            size = delete(paths, slot, report).freed or spare.bytes
+        freed += size
+        report.removed.append(Removed("spare", paths.key, spare.name, size, why))
+    return freed
+
+
+def spare_record(info: RepoInfo, name: str, config: Config) -> dict | None:
+    """What an evicted checkout's spare.json would say; None when it is not kept as one."""
+    if config.max_spares <= 0:
+        return None
+    marker = next((c.marker for c in info.checkouts if c.name == name), {})
+    return spare_record_for(info.paths, name, marker, info.meta.get("submodules", "recursive"))
+
+
 def names_of_commit(paths: RepoPaths, sha: str) -> set[str]:
     """The names of every checkout of the commit the store knows of: published, being made,
     or only locked (the whole tree's name always)."""
@@ -447,10 +490,20 @@ def names_of_commit(paths: RepoPaths, sha: str) -> set[str]:
     return {name for name in known if commit_of(name) == sha} | {sha}
 
 
+def sync_spare_refs(paths: RepoPaths, backend, spared: frozenset[str], keep_fds: tuple[int, ...]) -> None:
+    """refs/spares/<sha> for exactly the commits of this repository's spares (under the mirror
+    lock, before keep-refs are dropped: an evicted checkout's history stays without a gap)."""
+    if not getattr(backend, "supports_spares", False):
+        return
+    have = set(backend.spare_refs(paths.mirror))
+    backend.set_spare_refs(paths.mirror, sorted(spared - have), sorted(have - spared), keep_fds)
+
+
 def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float,
-                    borrowed: frozenset[tuple[str, str]] = frozenset()) -> None:
+                    borrowed: frozenset[tuple[str, str]] = frozenset(), spared: frozenset[str] = frozenset()) -> None:
     """borrowed: (key, commit) pairs published checkouts of any repository borrow
-    objects from (submodules): their keep-refs stay whatever this store holds."""
+    objects from (submodules): their keep-refs stay whatever this store holds.
+    spared: the commits of this repository's spares (their history stays: refs/spares/)."""
     backend = pick_backend(config.transport)
     if not backend.is_usable(paths.mirror):
         return
@@ -462,6 +515,8 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
         report.mirrors.append(entry)
         return
     with mirror_lock:
+        if not report.dry_run:
+            sync_spare_refs(paths, backend, spared, (mirror_lock.fileno(),))
         for sha in backend.kept(paths.mirror):
             def unused(sha: str = sha) -> bool:
                 # Every checkout of the commit counts, whole or sparse: one keep-ref serves them all.
@@ -676,6 +731,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 empty_trash(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 tidy(info, report)
+            with going_on(report, info.paths, root_paths):
+                for slot in ([] if dry_run else drop_unfinished(info.paths)):  # a killed gc's
+                    remove_moved(info.paths, slot, report, Removed("spare", info.paths.key, os.path.basename(slot)))
         try:
             pinned_bytes = workspace_upkeep(root_paths, config, report)
         except OSError as exc:  # a workspaces directory this gc may not read: said, never the run's end
@@ -701,13 +759,50 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             for c in info.checkouts:
                 if c.ready and c.last_used is not None and c.last_used > now:
                     repair_future_last_use(info.paths, c.name, now, report)
-        plan = plan_eviction(entries, limits, before, now, pinned_bytes)
+        # Spares go first when space is short: before any checkout, whatever its last use.
+        spares = [(info.paths, spare) for info in repos for spare in list_spares(info.paths)]
+        spares.sort(key=lambda pair: pair[1].spared_at)
+        drop_spares([p for p in spares if not p[1].record], report, "unreadable", lambda _freed: False)
+        spares = [p for p in spares if p[1].record]
+        checkout_bytes = sum(e.size for e in entries)
+        if limits.max_bytes is not None:
+            over = checkout_bytes + pinned_bytes + sum(s.bytes for _, s in spares) - limits.max_bytes
+            drop_spares(spares, report, "max-bytes", lambda freed: freed >= over)
+        disk = before
+        if limits.min_free is not None:
+            low = limits.min_free.bytes_of(before.total)
+            high = low + limits.free_headroom.bytes_of(before.total)
+            if before.free < low:
+                freed_for_disk = drop_spares(spares, report, "min-free", lambda freed: before.free + freed >= high)
+                disk = Disk(total=before.total, free=before.free + freed_for_disk)
+        # A clone that failed for want of space says space is short, min-free set or not.
+        disk_full = any(f.code == "DISK_FULL" for info in repos for f in info.failures.values())
+        if disk_full:
+            drop_spares(spares, report, "disk-full", lambda _freed: False)
+        # Spares never hold more than half of what the disk has free: a spare only saves time,
+        # and its bytes are better free when a fresh tree of its size would not fit beside it.
+        drop_spares(spares, report, "free-space",
+                    lambda _freed: 2 * sum(s.bytes for _, s in spares) <= disk.free)
+        spare_bytes = sum(s.bytes for _, s in spares)
+        if limits.max_bytes is not None:  # the spares left count against it too
+            limits = attrs.evolve(limits, max_bytes=max(0, limits.max_bytes - spare_bytes))
+        plan = plan_eviction(entries, limits, disk, now, pinned_bytes)
+        # Room to keep evicted trees as spares: none while space is short.
+        short = disk_full or any(u.limit in ("max-bytes", "min-free") for u in plan.unmet) or \
+            any(e.limit == "min-free" for e in plan.evict)
+        room = None if limits.max_bytes is None else \
+            limits.max_bytes - pinned_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
+        free_room = disk.free - 2 * spare_bytes
         evicted = set()
         for eviction in plan.evict:
             entry = eviction.entry
+            spare = None
+            if not short and eviction.limit in ("max-checkouts", "max-age") and (room is None or entry.size <= room) \
+                    and 2 * entry.size <= free_room:
+                spare = spare_record(by_key[entry.repo], entry.name, config)
             try:
                 kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.name, limits.grace, dry_run,
-                                                   report)
+                                                   report, spare)
             except OSError as exc:  # one checkout that cannot be moved never stops the others
                 report.unremovable.append({"repo": entry.repo, "path": os.path.relpath(
                     by_key[entry.repo].paths.checkout(entry.name), root_paths.root),
@@ -715,6 +810,12 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 continue
             if kept_why is None:
                 evicted.add((entry.repo, entry.name))
+                if spare is not None and not dry_run:
+                    report.removed.append(Removed(eviction.reason, entry.repo, entry.name, 0, eviction.limit, True))
+                    if room is not None:
+                        room -= entry.size
+                    free_room -= 2 * entry.size
+                    continue
                 freed = entry.size if removal is None else removal.freed
                 report.removed.append(Removed(eviction.reason, entry.repo, entry.name, freed, eviction.limit))
             elif kept_why != GONE:
@@ -730,13 +831,22 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
+        # At most max_spares: the oldest go (spares just made are listed afresh with their real names).
+        spares = sorted(((info.paths, spare) for info in repos for spare in list_spares(info.paths)
+                         if spare.record), key=lambda pair: pair[1].spared_at) if not dry_run else spares
+        excess = len(spares) - config.max_spares
+        if excess > 0:
+            drop_spares(spares, report, "max-spares", lambda _freed: len(spares) <= config.max_spares)
+        report.spares_after = len(spares)
+        report.spare_bytes_after = sum(s.bytes for _, s in spares)
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
         repos = [info for info in repos if info.key not in dropped]
         for info in repos:
             if info.refused:
                 continue
             with going_on(report, info.paths, root_paths):
-                maintain_mirror(info.paths, config, report, now, borrowed)
+                maintain_mirror(info.paths, config, report, now, borrowed,
+                                frozenset(spare.sha for paths, spare in spares if paths.key == info.key))
             with going_on(report, info.paths, root_paths):
                 forget_old_deaths(info.paths, report)
                 forget_finished_commits(info.paths, report)

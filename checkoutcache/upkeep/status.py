@@ -20,6 +20,7 @@ from checkoutcache.store import records, tree
 from checkoutcache.store.inventory import RepoInfo, inventory
 from checkoutcache.store.layout import RootPaths, commit_of
 from checkoutcache.store.ready import lfs_of
+from checkoutcache.store.spares import list_spares
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
 from checkoutcache.upkeep.gc import disk_of
@@ -72,9 +73,23 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     scratch = [{"name": s.name, "pid": s.pid, "commit": s.commit, "owner_alive": s.owner_alive or s.lock_held}
                for s in info.scratch]
     return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": checkouts,
-            "clones": clones, "failures": failures, "scratch": scratch, "stuck_in_trash": stuck_in_trash(info),
+            "clones": clones, "failures": failures, "scratch": scratch, "spares": spare_status(info),
+            "stuck_in_trash": stuck_in_trash(info),
             "lfs": lfs_status(info, config, checkouts), "seed": seed_status(info), "filter": filter_status(info),
             "problems": info.problems}
+
+
+def spare_status(info: RepoInfo) -> list[dict]:
+    """The repository's spares (store/spares.py): evicted trees kept to be updated in place;
+    never served, but their bytes count against max-bytes and min-free."""
+    try:
+        spares = list_spares(info.paths)
+    except OSError:
+        return []
+    return [{"commit": s.sha, "name": s.name, "entry": s.entry, "size": s.bytes,
+             "spared_at": iso(s.spared_at) if s.record else None, **({"sparse": s.record["sparse"]}
+                                                                   if s.record.get("sparse") else {})}
+            for s in spares]
 
 
 def filter_status(info: RepoInfo) -> dict | None:
@@ -114,7 +129,9 @@ def build_status(root_paths: RootPaths, config: Config, repo_key: str | None = N
              if repo_key is None or info.key == repo_key]
     count = sum(1 for r in repos for c in r["checkouts"] if c["ready"])
     size = sum(c["size"] for r in repos for c in r["checkouts"])
-    totals = {"checkouts": count, "bytes": size, "max_checkouts": config.max_checkouts,
+    spares = [s for r in repos for s in r["spares"]]
+    totals = {"checkouts": count, "bytes": size, "spares": len(spares), "spare_bytes": sum(s["size"] for s in spares),
+              "max_spares": config.max_spares, "max_checkouts": config.max_checkouts,
               "max_bytes": config.max_bytes, "grace_seconds": config.grace,
               "min_free": str(config.min_free) if config.min_free else None,
               "free_headroom": str(config.free_headroom), "max_age_seconds": config.max_age,

@@ -1,0 +1,345 @@
+"""Building a commit's tree in the worker's scratch: the checkout, its completeness, its
+submodules, and recycled trees (spares).
+
+The worker (worker.py) owns the process: the clone lock, the mirror, the timeout, the
+kill and the publish. This module owns what lies between "the mirror has the commit"
+and "scratch/tree holds exactly that commit": `TreeBuilder.build()` returns what the
+ready marker will say of the tree, which the worker then publishes.
+
+Two ways to a tree:
+
+- fresh: `git checkout` into an empty scratch/tree (a mirror whose objects cannot be
+  read is rebuilt once and the checkout retried);
+- recycled: a spare (store/spares.py) of the same repository, cone, LFS and submodule
+  settings, the nearest in history, taken by one rename into our scratch and updated
+  in place. Nothing in it is trusted but what we can prove: its .git is deleted and
+  made anew, its index is used only if its identity (inode, ctime, size) is the one
+  recorded when the checkout was published (no process can set a ctime back), every
+  path whose stat differs from that index is written anew, everything untracked,
+  ignored or nested is deleted (`git clean -ffdx`), directory modes are set back,
+  `.git` entries below the top (which git itself never lists) are deleted, and
+  `git status --ignored` must then find nothing. This holds whoever changed the tree
+  (the writer's own uid in the one-writer mode, a peer in the group mode): none of it
+  rests on who may write. Any doubt, and the spare is dropped and the tree is made
+  fresh: a spare only ever saves time.
+
+DESIGN invariant 1 is kept by both ways alike: the tree is built in scratch and
+published by the worker's one rename, marker last. A worker killed anywhere in an
+update leaves the spare in its scratch, reaped with it (invariant 3).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+from typing import Any, Callable
+
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.git.backend import lfs_checkout_config, lfs_endpoint
+from checkoutcache.git.env import git_env
+from checkoutcache.repospec import LFS_OFF, SUBMODULES_NONE
+from checkoutcache.store import records
+from checkoutcache.store import tree as store_tree
+from checkoutcache.store.beneath import Escape, open_dir_beneath
+from checkoutcache.store.checkouts import remove_tree
+from checkoutcache.store.layout import RepoPaths, RootPaths
+from checkoutcache.store.sizes import index_identity
+from checkoutcache.store.spares import Spare, list_spares, take_spare
+from checkoutcache.testhooks import checkpoint
+
+# The spares whose distance in history is measured (one git execution each), newest first.
+NEAREST_OF = 4
+
+
+class SpareUnusable(Exception):
+    """A spare that cannot be proven exact: dropped, and the tree made fresh."""
+
+
+class TreeBuilder:
+    """The tree of one worker's clone. worker: the clone worker (worker.Worker: its paths,
+    commit, cone, backend, LFS settings, log and progress, scratch and clone timeout);
+    run_inline: how a submodule's clone runs inside this worker (worker.run_inline)."""
+
+    def __init__(self, worker: Any, run_inline: Callable[..., None]):
+        self.w = worker
+        self.run_inline = run_inline
+        self.submodule_lfs: str | None = None  # what the submodules' LFS files hold, if they have any
+        self.index: list[int] | None = None  # the published tree's index identity (spares trust it)
+        self.recycled_from: str | None = None  # the spare's checkout name, when one was used
+
+    # ------------------------------------------------------------ the tree
+    def build(self) -> dict:
+        """scratch/tree holding exactly the commit; what its marker says (LFS, submodules, cone)."""
+        w = self.w
+        if not self.recycle():
+            self.checkout_fresh()
+        w.log("checked out" if self.recycled_from is None else f"checked out (updated spare of {self.recycled_from})")
+        if w.lfs_answer in ("pointers", LFS_OFF) and not w.backend.lfs_in_tree(w.scratch.tree):
+            w.lfs_answer = w.lfs_why = None  # no LFS files: nothing to say
+        checkpoint("after-checkout")
+        lfs = {"lfs": w.lfs_answer, "lfs_why": w.lfs_why} if w.lfs_answer else {}
+        extra = {**lfs, **self.add_submodules()}
+        checkpoint("after-submodules")
+        # Last: nothing writes the index after this (submodules have indexes of their own).
+        self.index = index_identity(os.path.join(w.scratch.tree, ".git"))
+        return {**extra, **self.cone_marker()}
+
+    def checkout_fresh(self) -> None:
+        w = self.w
+        try:
+            w.backend.checkout(w.scratch.tree, w.paths.mirror_objects, w.sha, w.on_progress, w.log, w.lfs_config,
+                               cone=w.cone)
+        except CheckoutCacheError as exc:
+            if exc.code == "DISK_FULL" or w.backend.objects_readable(w.paths.mirror, w.sha, w.cone):
+                raise  # the tree itself cannot be checked out: no rebuild would help
+            # The mirror opened but the commit's objects cannot be read (a truncated
+            # pack, a lost object): rebuild it once, restoring what other checkouts borrow.
+            w.log(f"the mirror is corrupt ({exc.detail}); rebuilding it")
+            remove_tree(w.scratch.tree)
+            w.fetch_into_mirror(rebuild=True)
+            w.backend.checkout(w.scratch.tree, w.paths.mirror_objects, w.sha, w.on_progress, w.log, w.lfs_config,
+                               cone=w.cone)
+
+    def cone_marker(self) -> dict:
+        """What the marker records of a sparse checkout: its cone (the answer says it)."""
+        return {"sparse": list(self.w.cone)} if self.w.cone else {}
+
+    # ------------------------------------------------------------ recycled trees
+    def fits(self, spare: Spare) -> bool:
+        """A spare of the same cone, LFS and submodule settings: every file it holds that
+        the commits share is then already what a fresh checkout would write."""
+        w = self.w
+        record = spare.record
+        if not record.get("index") or spare.cone_digest != w.name.partition("-")[2]:
+            return False
+        if tuple(record.get("sparse") or ()) != tuple(w.cone):
+            return False
+        if record.get("submodules_setting", w.submodules_setting) != w.submodules_setting:
+            return False
+        content = w.lfs_config is not None
+        was = record.get("lfs")
+        return was is None or (was == "content") == content
+
+    def nearest_spares(self) -> list[Spare]:
+        w = self.w
+        fitting = [s for s in reversed(list_spares(w.paths)) if self.fits(s)][:NEAREST_OF]
+        if len(fitting) < 2:
+            return fitting
+        distance = {s.entry: w.backend.commit_distance(w.paths.mirror, s.sha, w.sha) for s in fitting}
+        return sorted(fitting, key=lambda s: (distance[s.entry] is None, distance[s.entry] or 0))
+
+    def recycle(self) -> bool:
+        """Update the nearest fitting spare into scratch/tree; False when there is none
+        (or none could be proven exact: then the tree is made fresh)."""
+        w = self.w
+        if not getattr(w.backend, "supports_spares", False) or not os.path.isdir(w.paths.spares_dir):
+            return False
+        for spare in self.nearest_spares():
+            taken = take_spare(w.paths, spare, w.scratch.path)
+            if taken is None:
+                continue  # another worker took it first
+            checkpoint("spare-taken")
+            started = time.monotonic()
+            try:
+                self.update(taken, spare)
+            except (SpareUnusable, CheckoutCacheError, OSError) as exc:
+                if isinstance(exc, CheckoutCacheError) and exc.code == "DISK_FULL":
+                    raise
+                w.log(f"spare of {spare.name} not used: {exc}; checking out afresh")
+                remove_tree(w.scratch.tree)
+                remove_tree(taken)
+                records.remove_quietly(RepoPaths.scratch_index(w.scratch.path))
+                return False
+            remove_tree(taken)
+            self.recycled_from = spare.name
+            w.log(f"updated the spare of {spare.name} in {time.monotonic() - started:.3f}s")
+            return True
+        return False
+
+    def update(self, taken: str, spare: Spare) -> None:
+        w = self.w
+        tree = w.scratch.tree
+        last = [time.monotonic()]
+
+        def step(name: str) -> None:
+            """A kill point of the fault tests, and how long the step before it took (the log)."""
+            now = time.monotonic()
+            w.log(f"spare: {name} ({now - last[0]:.3f}s)")
+            last[0] = now
+            checkpoint(name)
+
+        store_tree.rename(RepoPaths.spare_tree(taken), tree)
+        git_dir = os.path.join(tree, ".git")
+        if index_identity(git_dir) != list(spare.record["index"]):
+            raise SpareUnusable("its index changed since it was published")
+        # The verified index waits in our scratch while the rest of .git (config, hooks,
+        # objects, refs: all a reader could have written) goes.
+        index = RepoPaths.scratch_index(w.scratch.path)
+        store_tree.rename(os.path.join(git_dir, "index"), index)
+        removal = remove_tree(git_dir)
+        if not removal.complete:
+            raise SpareUnusable(f"its .git could not be removed ({removal.unremovable[0].error})")
+        step("spare-old-git-removed")
+        w.on_progress({"phase": "checking out"})
+        w.backend.update_tree(tree, index, w.paths.mirror_objects, spare.sha, w.sha, w.on_progress, w.log,
+                              w.lfs_config, cone=w.cone, step=step,
+                              empty_gitlink=self.empty_directory if spare.record.get("submodules") else None)
+        step("spare-after-checkout")
+        if w.cone:
+            self.remove_outside_cone(tree)
+        self.restore_directories(tree)
+        step("spare-after-directories")
+        problems = w.backend.tree_problems(tree)
+        if problems:
+            raise SpareUnusable(f"not exact after the update: {len(problems)} difference(s), e.g. {problems[0]!r}")
+        step("spare-after-proof")
+
+    def empty_directory(self, rel: bytes) -> None:
+        """Empty a submodule's directory of the spare (populated anew like a fresh tree's), resolved
+        beneath the tree without following a symlink; what is not a directory there is git's
+        to replace."""
+        tree_fd = os.open(self.w.scratch.tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            parent, _, name = rel.rpartition(b"/")
+            try:
+                parent_fd = open_dir_beneath(tree_fd, parent) if parent else os.dup(tree_fd)
+            except (Escape, FileNotFoundError):
+                return  # a leading component is not a directory: stale, written anew by git
+            try:
+                try:
+                    info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return
+                if not stat.S_ISDIR(info.st_mode):
+                    os.unlink(name, dir_fd=parent_fd)
+                else:  # by its path under the root: remove_tree never follows a symlink on the way
+                    removal = remove_tree(os.path.join(self.w.scratch.tree, os.fsdecode(rel)))
+                    if not removal.complete:
+                        raise SpareUnusable(f"a submodule could not be emptied: {rel[:200]!r}")
+                os.mkdir(name, 0o777, dir_fd=parent_fd)
+            finally:
+                os.close(parent_fd)
+        finally:
+            os.close(tree_fd)
+
+    def remove_outside_cone(self, tree: str) -> None:
+        """A sparse checkout holds the cone's directories, their parents, and the files directly
+        in those parents: any other directory goes. git would never look: a sparse index holds
+        one entry for a directory outside the cone, and clean and status take it as tracked."""
+        cone = [tuple(os.fsencode(d).strip(b"/").split(b"/")) for d in self.w.cone]
+        inside = set(cone)
+        parents = {d[:i] for d in cone for i in range(len(d))}
+        tree_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for parent in sorted(parents, key=len):
+                try:
+                    fd = open_dir_beneath(tree_fd, b"/".join(parent)) if parent else os.dup(tree_fd)
+                except (Escape, FileNotFoundError):
+                    continue  # not a directory: git's read-tree made what the cone needs, or will say
+                try:
+                    for entry in os.scandir(fd):
+                        name = os.fsencode(entry.name)
+                        if parent == () and name == b".git":
+                            continue
+                        if entry.is_dir(follow_symlinks=False) and parent + (name,) not in inside | parents:
+                            removal = remove_tree(os.path.join(tree, os.fsdecode(b"/".join(parent + (name,)))))
+                            if not removal.complete:
+                                raise SpareUnusable(f"a directory outside the cone could not be removed: {name!r}")
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(tree_fd)
+
+    def restore_directories(self, tree: str) -> None:
+        """Directory modes as a fresh checkout makes them, and no `.git` below the top: git
+        lists neither (its status skips every entry named .git), so one `find` does."""
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = (0o777 & ~umask) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID else 0)
+        if stat.S_IMODE(os.lstat(tree).st_mode) != mode:
+            os.chmod(tree, mode)
+        found = subprocess.run(
+            ["find", ".", "-mindepth", "1", "(", "-path", "./.git", "-prune", ")", "-o",
+             "(", "-name", ".git", "-printf", "G%P\\0", "-prune", ")", "-o",
+             "(", "-type", "d", "!", "-perm", f"{mode:o}", "-printf", "D%P\\0", ")"],
+            cwd=tree, capture_output=True, env=git_env(), stdin=subprocess.DEVNULL)
+        if found.returncode != 0:
+            raise SpareUnusable(f"find failed: {found.stderr.decode('utf-8', 'replace').strip()[-200:]}")
+        for entry in (e for e in found.stdout.split(b"\0") if e):
+            kind, rel = entry[:1], entry[1:]
+            path = os.path.join(os.fsencode(tree), rel)
+            if kind == b"G":
+                if not remove_tree(os.fsdecode(path)).complete:
+                    raise SpareUnusable(f"a nested .git could not be removed: {rel[:200]!r}")
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+
+    # ------------------------------------------------------------ submodules
+    def add_submodules(self) -> dict:
+        """The commit's submodules, checked out in our scratch tree (clone/submodules.py);
+        what the marker records of them ({} for a commit without submodules)."""
+        w = self.w
+        urls = w.backend.gitmodules(w.paths.mirror, w.sha)
+        if not urls:
+            return {}  # most commits: clone/submodules.py is not even imported
+        if w.submodules_setting == SUBMODULES_NONE:
+            return {"submodules": "none"}  # only whether the commit has submodules, for the answer
+        from checkoutcache.clone.submodules import submodules_in
+
+        tree_fd = os.open(w.scratch.tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            subs = submodules_in(w.backend, w.scratch.tree, w.paths.mirror, w.sha, w.url,
+                                 cone=w.cone, urls=urls)
+            if not subs:
+                return {}
+            w.on_progress({"phase": "checking out submodules"})
+            borrowed = self.populate_submodules(tree_fd, subs)
+        finally:
+            os.close(tree_fd)
+        marker = {"submodules": "included", "borrows": borrowed}
+        if self.submodule_lfs is not None and w.lfs_answer in (None, "content"):
+            # What the answer says of LFS files covers the submodules' too: pointers anywhere say so.
+            marker["lfs"] = self.submodule_lfs if self.submodule_lfs != "content" else "content"
+        return marker
+
+    def populate_submodules(self, tree_fd: int, subs: list) -> list[list[str]]:
+        from checkoutcache.clone.submodules import Budget, ensure_in_store, making, populate, submodules_in
+
+        w = self.w
+        root = w.paths.root
+        deadline = time.monotonic() + max(1.0, w.remaining())
+        budget = Budget(w.config.max_submodules, w.config.max_submodule_bytes)
+
+        def ensure(url: str, sha: str, wait: float) -> str:
+            return ensure_in_store(root, w.config, w.scope, url, sha, wait, self.run_inline,
+                                   super_is_local=w.is_local)
+
+        def checkout(where: str, where_fd: int, key: str, sha: str) -> None:
+            store = RootPaths(root).repo(key)
+            lfs = None
+            if w.backend.lfs_objects(store.mirror, sha):
+                # The submodule's own clone put its LFS objects in its repository's store:
+                # checked out from there with content where we can, else the answer says so.
+                reason = LFS_OFF if w.lfs_setting == LFS_OFF else w.backend.lfs_unsupported()
+                if reason is None:
+                    info = records.read_json(store.repo_json, records.REPO) or {}
+                    lfs = lfs_checkout_config(store.lfs_store, lfs_endpoint(info.get("url", ""),
+                                                                            bool(info.get("is_local"))))
+                    self.submodule_lfs = self.submodule_lfs or "content"
+                else:
+                    self.submodule_lfs = LFS_OFF if reason == LFS_OFF else "pointers"
+            w.backend.checkout(where, store.mirror_objects, sha, lambda _update: None, w.log, lfs,
+                               keep_fds=(where_fd,))
+
+        def submodules_at(where: str, where_fd: int, key: str, url: str, sha: str):
+            return submodules_in(w.backend, where, RootPaths(root).repo(key).mirror, sha, url, (where_fd,))
+
+        # On the chain of superprojects populating their submodules (a cycle is seen at once).
+        with making(w.paths.key, w.sha):
+            return populate(tree_fd, subs, deadline, 1, budget, ensure, checkout, submodules_at, w.log)

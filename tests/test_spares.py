@@ -1,0 +1,368 @@
+"""Recycled trees (clone/tree.py, store/spares.py): an evicted checkout kept as a spare and
+updated in place into a later commit's checkout is exact (DESIGN invariant 1) whatever a
+reader did to it, and a SIGKILL at any step of the update or of gc's sparing leaves a store
+that recovers by itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+
+import pytest
+
+from checkoutcache.store.layout import RepoPaths
+
+from .helpers import (
+    Upstream,
+    assert_checkout_matches,
+    git,
+    make_idle,
+    only_repo,
+    pid_alive,
+    run_cli,
+    wait_ready,
+    wait_until,
+)
+
+
+@pytest.fixture
+def project(tmp_path) -> Upstream:
+    """Two commits A, B: B changes one file, adds one, deletes one; the rest is shared."""
+    repo = Upstream(str(tmp_path / "project"))
+    files = {f"pkg/m{i}/f{j}.txt": f"file {i}/{j}\n" for i in range(6) for j in range(5)}
+    repo.commit({**files, ".gitignore": "*.log\nbuild/\n", "README.md": "# project\n", "old.txt": "old\n",
+                 "bin/run.sh": "#!/bin/sh\necho run\n", "doc/guide.md": "guide\n"},
+                symlinks={"link": "README.md", "dirlink": "pkg"}, executable=("bin/run.sh",), message="A")
+    os.unlink(os.path.join(repo.path, "old.txt"))
+    repo.commit({"pkg/m0/f0.txt": "changed in B\n", "new.txt": "new in B\n"}, message="B")
+    return repo
+
+
+def spare_entries(root: str) -> list[str]:
+    store = only_repo(root)
+    return [entry for entry, _ in store.spare_entries()]
+
+
+def evict_to_spare(root: str, checkout: str) -> str:
+    """gc evicts the checkout (max-checkouts 0) and keeps its tree as a spare; its path."""
+    make_idle(checkout, 3600)
+    code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+    assert code == 0, out
+    assert [r for r in report["removed"] if r["spare"]], report
+    assert not os.path.exists(checkout)
+    (entry,) = spare_entries(root)
+    return RepoPaths.spare_tree(only_repo(root).spare_entry(entry))
+
+
+def assert_recycled(root: str, project: Upstream, sha: str) -> dict:
+    """The next commit is made from the spare (its log says so) and is exact."""
+    answer = wait_ready(root, project.path, sha)
+    assert_checkout_matches(answer["path"], project.path, sha)
+    log = open(only_repo(root).clone_log(sha)).read()
+    assert "updated the spare of" in log, log
+    assert spare_entries(root) == []
+    return answer
+
+
+def test_a_new_commit_is_made_from_a_spare(root, project):
+    a, b = project.shas
+    first = wait_ready(root, project.path, a)["path"]
+    evict_to_spare(root, first)
+    code, status, _ = run_cli("status", root=root)
+    (repo,) = status["repos"]
+    assert [s["commit"] for s in repo["spares"]] == [a]
+    # The spare's commit keeps its history in the mirror (a nearby commit needs little fetched).
+    store = only_repo(root)
+    assert git("for-each-ref", "--format=%(refname)", "refs/spares/", cwd=store.mirror) == f"refs/spares/{a}"
+    answer = assert_recycled(root, project, b)
+    assert answer["path"] != first
+    run_cli("gc", root=root)  # the spare is gone (it became b's checkout): so is its ref
+    assert git("for-each-ref", "--format=%(refname)", "refs/spares/", cwd=store.mirror) == ""
+
+
+def test_max_spares_zero_deletes_evicted_trees(root, project):
+    first = wait_ready(root, project.path, project.shas[0])["path"]
+    make_idle(first, 3600)
+    code, report, _ = run_cli("gc", "--max-checkouts", "0", "--max-spares", "0", root=root)
+    assert code == 0 and report["removed"] and not any(r["spare"] for r in report["removed"])
+    assert spare_entries(root) == []
+
+
+def test_spares_go_first_when_space_is_short(root, project):
+    checkouts = [wait_ready(root, project.path, sha)["path"] for sha in project.shas]
+    for checkout in checkouts:
+        make_idle(checkout, 3600)
+    code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+    assert code == 0 and len(spare_entries(root)) == 2, out
+    code, status, _ = run_cli("status", root=root)
+    assert status["totals"]["spares"] == 2 and status["totals"]["spare_bytes"] > 0
+    # Room for one spare's bytes only: the oldest goes first, and the report says why.
+    allowed = status["totals"]["spare_bytes"] - 1
+    code, report, out = run_cli("gc", "--max-bytes", f"{allowed}B", root=root)
+    assert code == 0, out
+    assert [(r["reason"], r["limit"]) for r in report["removed"]] == [("spare", "max-bytes")], report
+    assert len(spare_entries(root)) == 1
+    # A new checkout that needs the room: the last spare goes before it would be kept.
+    code, report, out = run_cli("gc", "--max-bytes", "1B", root=root)
+    assert code == 0 and spare_entries(root) == [], out
+
+
+def tamper_modified(tree, outside):
+    with open(os.path.join(tree, "pkg/m1/f1.txt"), "w") as handle:
+        handle.write("a reader's edit\n")
+
+
+def tamper_same_size_and_mtime(tree, outside):
+    path = os.path.join(tree, "pkg/m1/f2.txt")
+    before = os.stat(path)
+    with open(path, "r+") as handle:
+        handle.write("F")  # same size: "file 1/2\n" -> "File 1/2\n"
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def tamper_added_ignored_untracked(tree, outside):
+    for rel in ("notes.txt", "pkg/m2/extra.txt", "build/out.o", "debug.log", "newdir/deep/x"):
+        os.makedirs(os.path.dirname(os.path.join(tree, rel)), exist_ok=True)
+        with open(os.path.join(tree, rel), "w") as handle:
+            handle.write("junk\n")
+
+
+def tamper_deleted(tree, outside):
+    os.unlink(os.path.join(tree, "pkg/m2/f3.txt"))
+    shutil.rmtree(os.path.join(tree, "pkg/m3"))  # (a top-level name gone makes it damaged: gc deletes it)
+
+
+def tamper_modes(tree, outside):
+    os.chmod(os.path.join(tree, "pkg/m4/f4.txt"), 0o755)
+    os.chmod(os.path.join(tree, "bin/run.sh"), 0o644)
+    os.chmod(os.path.join(tree, "pkg/m5"), 0o700)
+
+
+def tamper_symlinks_swapped(tree, outside):
+    link = os.path.join(tree, "link")
+    os.unlink(link)
+    with open(link, "w") as handle:
+        handle.write("README.md")  # a file holding the link's own target text
+    readme = os.path.join(tree, "README.md")
+    os.unlink(readme)
+    os.symlink(os.path.join(outside, "victim.txt"), readme)
+
+
+def tamper_directory_swapped_for_symlink(tree, outside):
+    shutil.rmtree(os.path.join(tree, "pkg/m2"))
+    os.symlink(outside, os.path.join(tree, "pkg/m2"))
+
+
+def tamper_nested_git(tree, outside):
+    nested = os.path.join(tree, "pkg/m1/.git")
+    os.makedirs(nested)
+    with open(os.path.join(nested, "config"), "w") as handle:
+        handle.write(f"[core]\n\tfsmonitor = touch {outside}/pwned\n")
+
+
+def tamper_git_dir(tree, outside):
+    with open(os.path.join(tree, ".git/config"), "a") as handle:
+        handle.write(f"[core]\n\tfsmonitor = touch {outside}/pwned\n\ttrustctime = false\n")
+    with open(os.path.join(tree, ".git/info/exclude") if os.path.isdir(os.path.join(tree, ".git/info"))
+              else os.path.join(tree, ".git/exclude-planted"), "w") as handle:
+        handle.write("*.txt\n")
+    hooks = os.path.join(tree, ".git/hooks")
+    os.makedirs(hooks, exist_ok=True)
+    with open(os.path.join(hooks, "post-checkout"), "w") as handle:
+        handle.write(f"#!/bin/sh\ntouch {outside}/pwned\n")
+    os.chmod(os.path.join(hooks, "post-checkout"), 0o755)
+
+
+def tamper_index(tree, outside):
+    # A reader's own `git add` rewrites the index: its stat data would vouch for the edit.
+    with open(os.path.join(tree, "pkg/m0/f1.txt"), "w") as handle:
+        handle.write("staged by a reader\n")
+    git("add", "pkg/m0/f1.txt", cwd=tree)
+
+
+TAMPERING = [tamper_modified, tamper_same_size_and_mtime, tamper_added_ignored_untracked, tamper_deleted,
+             tamper_modes, tamper_symlinks_swapped, tamper_directory_swapped_for_symlink, tamper_nested_git,
+             tamper_git_dir, tamper_index]
+
+
+@pytest.mark.parametrize("tamper", TAMPERING, ids=lambda t: t.__name__[len("tamper_"):])
+def test_a_recycled_tree_is_exact_whatever_a_reader_did(root, project, tamper, tmp_path):
+    a, b = project.shas
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("outside the store\n")
+    checkout = wait_ready(root, project.path, a)["path"]
+    tamper(checkout, str(outside))  # a reader of A, before gc evicts it
+    evict_to_spare(root, checkout)
+    answer = wait_ready(root, project.path, b)
+    assert_checkout_matches(answer["path"], project.path, b)
+    log = open(only_repo(root).clone_log(b)).read()
+    if tamper is tamper_index:
+        assert "its index changed since it was published" in log and "updated the spare" not in log, log
+    else:
+        assert "updated the spare of" in log, log
+    # Directory modes as a fresh checkout has them; nothing outside touched; no nested .git.
+    modes = {stat.S_IMODE(os.lstat(os.path.join(d, "")).st_mode) for d, _, _ in os.walk(answer["path"])
+             if "/.git" not in d + "/"}
+    assert len(modes) == 1, modes
+    assert sorted(os.listdir(outside)) == ["victim.txt"]
+    assert (outside / "victim.txt").read_text() == "outside the store\n"
+    assert git("--no-optional-locks", "status", "--porcelain", "--ignored", "--untracked-files=all",
+               cwd=answer["path"]) == ""
+    assert spare_entries(root) == []
+
+
+SPARE_STEPS = ["spare-taken", "spare-after-git-dir", "spare-after-clean", "spare-after-checkout",
+               "spare-after-proof", "after-rename"]
+
+
+@pytest.mark.parametrize("step", SPARE_STEPS)
+def test_a_worker_killed_at_each_step_of_an_update(root, project, step, kill_log):
+    a, b = project.shas
+    checkout = wait_ready(root, project.path, a)["path"]
+    tamper_modified(checkout, "")
+    evict_to_spare(root, checkout)
+    code, answer, out = run_cli("ensure", project.path, b, root=root, env={"CHECKOUTCACHE_TEST_KILL_AT": step})
+    assert code in (0, 75) and answer["state"] in ("cloning", "ready"), out
+    wait_until(lambda: os.path.exists(kill_log) and open(kill_log).read().endswith("\n"), 60,
+               "the worker to reach the step")  # (the file exists before its line is written)
+    (line,) = open(kill_log).read().splitlines()
+    killed_step, pid = line.split()
+    assert killed_step == step
+    wait_until(lambda: not pid_alive(int(pid)), 10, "the killed worker to be gone")
+    store = only_repo(root)
+    assert spare_entries(root) == [], "the spare was taken into the worker's scratch"
+    if step != "after-rename":
+        assert not os.path.exists(store.ready_marker(b)), "never published"
+    # gc reaps the dead worker's scratch (with the spare in it); the next ask makes B exact.
+    code, report, _ = run_cli("gc", root=root)
+    assert code == 0 and any(r["reason"] == "dead-scratch" for r in report["removed"]), report
+    assert os.listdir(store.scratch_dir) == []
+    answer = wait_ready(root, project.path, b)
+    assert_checkout_matches(answer["path"], project.path, b)
+    assert run_cli("verify", root=root)[0] == 0
+
+
+def test_gc_killed_while_making_a_spare(root, project, kill_log):
+    a, b = project.shas
+    checkout = wait_ready(root, project.path, a)["path"]
+    make_idle(checkout, 3600)
+    code, _, _ = run_cli("gc", "--max-checkouts", "0", root=root,
+                         env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-spare-rename"})
+    assert code == -9 and not os.path.exists(checkout)
+    assert open(kill_log).read().split()[0] == "gc-after-spare-rename"
+    store = only_repo(root)
+    assert spare_entries(root) == [] and len(store.spares_in_making()) == 1, "killed before its last rename"
+    code, report, _ = run_cli("gc", root=root)
+    assert code == 0 and store.spares_in_making() == [] and os.listdir(store.trash_dir) == []
+    answer = wait_ready(root, project.path, b)
+    assert_checkout_matches(answer["path"], project.path, b)
+    assert "updated the spare" not in open(store.clone_log(b)).read()
+
+
+def test_lfs_content_swapped_for_its_pointer_is_written_again(root, tmp_path):
+    """A reader that replaced an LFS file's content with its pointer text (what git's clean
+    filter would call unchanged) and one that edited another: both hold their content again."""
+    from .helpers.lfs import LfsUpstream, pointer
+
+    big, other, newer = b"large content " * 100, b"other content " * 50, b"newer content " * 70
+    up = LfsUpstream(str(tmp_path / "lfs-upstream"))
+    a = up.commit_lfs({"big.bin": big, "other.bin": other}, {"README": "a\n"})
+    b = up.commit_lfs({"big.bin": big, "other.bin": other, "third.bin": newer}, {"README": "b\n"})
+    checkout = wait_ready(root, up.path, a)["path"]
+    assert open(os.path.join(checkout, "big.bin"), "rb").read() == big
+    with open(os.path.join(checkout, "big.bin"), "w") as handle:
+        handle.write(pointer(big))
+    with open(os.path.join(checkout, "other.bin"), "wb") as handle:
+        handle.write(b"edited")
+    evict_to_spare(root, checkout)
+    answer = wait_ready(root, up.path, b)
+    assert answer["lfs"] == "content"
+    assert "updated the spare of" in open(only_repo(root).clone_log(b)).read()
+    for name, data in (("big.bin", big), ("other.bin", other), ("third.bin", newer)):
+        assert open(os.path.join(answer["path"], name), "rb").read() == data, name
+    assert git("--no-optional-locks", "status", "--porcelain", "--ignored", cwd=answer["path"]) == ""
+
+
+def test_a_spare_with_a_tampered_submodule_gets_it_anew(root, daemon):
+    from .test_submodules import served, with_submodule
+
+    sub, sub_url = served(daemon, "sub")
+    sub_sha = sub.commit({"lib.txt": "library v1\n"})
+    top, top_url = served(daemon, "top")
+    top.commit({"README.md": "top\n"})
+    a = with_submodule(top, "vendor/lib", f"../{os.path.basename(sub.path)}", sub_sha)
+    with open(os.path.join(top.path, "README.md"), "w") as handle:
+        handle.write("top, later\n")
+    git("commit", "-q", "-m", "B", "README.md", cwd=top.path)  # (add -A would drop the gitlink)
+    b = git("rev-parse", "HEAD", cwd=top.path)
+    checkout = wait_ready(root, top_url, a, timeout=120)["path"]
+    lib = os.path.join(checkout, "vendor", "lib")
+    with open(os.path.join(lib, "lib.txt"), "w") as handle:
+        handle.write("tampered\n")
+    with open(os.path.join(lib, "planted.txt"), "w") as handle:
+        handle.write("planted\n")
+    keys = os.listdir(os.path.join(root, "repos"))
+    store = next(RepoPaths(os.path.join(root, "repos", k)) for k in keys
+                 if os.path.exists(RepoPaths(os.path.join(root, "repos", k)).checkout(a)))
+    make_idle(checkout, 3600)
+    for key in keys:  # the submodule's own checkout is idle too
+        paths = RepoPaths(os.path.join(root, "repos", key))
+        for name in paths.checkout_names():
+            make_idle(paths.checkout(name), 3600)
+    code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+    assert code == 0 and any(r["spare"] and r["name"] == a for r in report["removed"]), out
+    answer = wait_ready(root, top_url, b, timeout=120)
+    assert answer["submodules"] == "included"
+    assert "updated the spare of" in open(store.clone_log(b)).read()
+    lib = os.path.join(answer["path"], "vendor", "lib")
+    assert sorted(n for n in os.listdir(lib) if n != ".git") == ["lib.txt"]
+    assert open(os.path.join(lib, "lib.txt")).read() == "library v1\n"
+    assert git("rev-parse", "HEAD", cwd=lib) == sub_sha
+    assert git("--no-optional-locks", "status", "--porcelain", "--ignored", cwd=answer["path"]) == ""
+
+
+def test_a_sparse_checkout_is_made_from_a_spare_of_the_same_cone_only(root, project):
+    a, b = project.shas
+    whole = wait_ready(root, project.path, a)["path"]
+    cone = wait_ready(root, project.path, a, extra=("--sparse", "pkg/m1"))["path"]
+    tamper_added_ignored_untracked(cone, "")
+    with open(os.path.join(cone, "pkg", "m3"), "w") as handle:  # a file where the index has a sparse directory
+        handle.write("junk\n")
+    make_idle(whole, 3600)
+    make_idle(cone, 3600)
+    code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+    assert code == 0 and len(spare_entries(root)) == 2, out
+    answer = wait_ready(root, project.path, b, extra=("--sparse", "pkg/m1"))
+    log = open(only_repo(root).clone_log(os.path.basename(answer["path"]))).read()
+    assert f"updated the spare of {os.path.basename(cone)}" in log, log
+    assert sorted(os.listdir(answer["path"])) == sorted([".git", ".gitignore", "README.md", "dirlink", "link",
+                                                         "new.txt", "pkg"])
+    assert sorted(os.listdir(os.path.join(answer["path"], "pkg"))) == ["m1"]
+    assert git("--no-optional-locks", "status", "--porcelain", "--ignored", "--untracked-files=all",
+               cwd=answer["path"]) == ""
+    (left,) = only_repo(root).spare_entries()
+    assert left[1] == a, "the whole tree's spare is kept for a whole checkout"
+    assert_recycled(root, project, b)
+
+
+@pytest.mark.parametrize("sharing", ["writer", "group"])
+def test_a_recycled_tree_is_exact_in_either_sharing_mode(root, project, sharing, monkeypatch, tmp_path):
+    """One writer (nothing group-writable: only the writer's uid could have changed the tree) or
+    trusted peers (group-writable: a peer could have): the proof rests on neither."""
+    monkeypatch.setenv("CHECKOUTCACHE_SHARING", sharing)
+    a, b = project.shas
+    checkout = wait_ready(root, project.path, a)["path"]
+    for tamper in (tamper_modified, tamper_modes, tamper_added_ignored_untracked, tamper_nested_git,
+                   tamper_symlinks_swapped):
+        tamper(checkout, str(tmp_path))
+    evict_to_spare(root, checkout)
+    answer = assert_recycled(root, project, b)
+    fresh = wait_ready(root, project.path, a)["path"]  # made fresh: no spare is left
+    modes = {stat.S_IMODE(os.lstat(d).st_mode) for top in (answer["path"], fresh)
+             for d, _, _ in os.walk(top) if "/.git" not in d + "/"}
+    assert len(modes) == 1, f"a recycled tree's directories have a fresh one's mode: {modes}"
+    group_writable = bool(modes.pop() & 0o020)
+    assert group_writable == (sharing == "group")
