@@ -78,8 +78,13 @@ def workspaces_dir(cache: Cache) -> WorkspacePaths:
 
 def workspaces_dir_of(root: str, config) -> WorkspacePaths:
     configured = config.workspaces
-    base = configured if configured else default_workspaces(root, root_writable(root))
-    return WorkspacePaths(os.path.realpath(os.path.expanduser(base)))
+    base = os.path.abspath(os.path.expanduser(configured if configured else default_workspaces(root, root_writable(root))))
+    if base == root or base.startswith(root.rstrip("/") + "/"):
+        # Under the root (the default <root>/workspaces): a store directory, reached beneath the
+        # root like every other (store/tree.py). realpath would follow a peer's symlink there and
+        # gc would reap `.trash-*` and lockless `ws-*` wherever it pointed.
+        return WorkspacePaths(base)
+    return WorkspacePaths(os.path.realpath(base))  # the user's own directory, outside every store
 
 
 class Workspace:
