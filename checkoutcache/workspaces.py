@@ -40,6 +40,7 @@ checkout exists), and gc counts the workspace's bytes against max-bytes.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -205,7 +206,17 @@ def make_own(tree: str, final_tree: str, with_submodules: bool) -> None:
     for git_dir in git_dirs:
         if not os.path.isdir(git_dir) or os.path.islink(git_dir):
             continue
-        with open(os.path.join(git_dir, "config"), "a") as handle:
+        # O_NOFOLLOW: in the trusted-peers mode a peer may have swapped the checkout's config for a
+        # symlink (the copy keeps it): appending by name would write a file of the caller's elsewhere.
+        try:
+            fd = os.open(os.path.join(git_dir, "config"), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            rel = os.path.relpath(os.path.join(git_dir, "config"), tree)
+            raise CheckoutCacheError("WORKSPACE_FAILED", detail=f"{rel} of the checkout is a symlink (somebody changed "
+                                     f"the published checkout: `checkoutcache evict REPO COMMIT` drops it)") from None
+        with open(fd, "a") as handle:
             handle.write("[core]\n" + "".join(f"\t{k.split('.', 1)[1]} = {v}\n"
                                                for k, v in WORKSPACE_GIT_CONFIG.items()))
             # git-lfs's clean filter stores what a review adds here, never in the store's lfs/.

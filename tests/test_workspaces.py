@@ -329,3 +329,26 @@ def test_a_killed_exec_writable_leaves_the_workspace_to_its_command_then_gc_reap
     code, report, _ = run_cli("gc", root=root)
     assert [r["reason"] for r in report["removed"]] == ["dead-workspace"], report
     assert not os.path.exists(path) and workspaces_of(root) == []
+
+
+def test_a_peers_symlinked_git_config_in_a_checkout_is_never_written_through(root, upstream, tmp_path):
+    """Regression (issue 26 adversarial review): in the trusted-peers mode a peer may write a
+    published checkout; it swapped the checkout's .git/config for a symlink to a file of
+    another user's, and that user's `exec --writable` appended the workspace's settings to it
+    (the copy keeps the symlink; make_own opened it by name, following it)."""
+    shared = {"CHECKOUTCACHE_SHARING": "group"}
+    sha = upstream.shas[-1]
+    checkout = wait_ready(root, upstream.path, sha, env=shared)["path"]
+    victim = tmp_path / "victims.gitconfig"
+    victim.write_text("[user]\n\tname = victim\n")
+    config = os.path.join(checkout, ".git", "config")
+    victim_copy = open(config).read()
+    os.unlink(config)
+    os.symlink(str(victim), config)
+    ran = tmp_path / "ran"
+    code, _, err = run_cli("exec", "--writable", upstream.path, sha, "--", "touch", str(ran), root=root,
+                           env=shared)
+    assert victim.read_text() == "[user]\n\tname = victim\n", "written through the peer's symlink"
+    assert code == 125 and "WORKSPACE_FAILED" in err, err
+    assert not ran.exists() and [n for n in workspaces_of(root) if not n.startswith(".")] == []
+    assert victim_copy  # (the checkout had a config of its own before the swap)
