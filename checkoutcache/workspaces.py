@@ -347,7 +347,8 @@ def remove_kept(paths: WorkspacePaths, given: str) -> dict:
         if not record.get("keeper") or not same_pid_namespace(record.get("pidns")) \
                 or not is_alive(keeper, record.get("start_time")) or facts.uid != os.geteuid():
             raise CheckoutCacheError("WORKSPACE_OWNED", pid=keeper)
-        os.kill(keeper, signal.SIGTERM)
+        if not _signal_holder(keeper, paths.owner_lock(where), signal.SIGTERM):
+            raise CheckoutCacheError("WORKSPACE_OWNED", pid=keeper)
         deadline = time.monotonic() + REMOVE_WAIT
         while os.path.lexists(where) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -357,6 +358,33 @@ def remove_kept(paths: WorkspacePaths, given: str) -> dict:
     if left and any(n.name == facts.name for n in left):
         raise CheckoutCacheError("WORKSPACE_OWNED", pid=facts.record.get("pid"))
     return {"removed": facts.name, "by": "reaper", "done": not os.path.lexists(where)}
+
+
+def _signal_holder(pid: int, lock_path: str, signum: int) -> bool:
+    """Signal pid only if it holds the workspace's owner.lock open (the keeper does, from
+    before the workspace was published); owner.json alone is no proof: in the trusted-peers
+    mode a peer may rewrite it to name any process. Through a pidfd, so the pid checked is
+    the pid signalled. False when pid is not the holder (nothing is sent)."""
+    try:
+        lock = os.lstat(lock_path)
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        fd_dir = f"/proc/{pid}/fd"
+        for name in os.listdir(fd_dir):
+            try:
+                held = os.stat(os.path.join(fd_dir, name))
+            except OSError:
+                continue
+            if (held.st_dev, held.st_ino) == (lock.st_dev, lock.st_ino):
+                signal.pidfd_send_signal(pidfd, signum)
+                return True
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
 
 
 def list_workspaces(paths: WorkspacePaths) -> list[dict]:
