@@ -91,7 +91,7 @@ def test_removal_never_starts_from_realpath(root, upstream, tmp_path):
         tree.listdir(paths.trash_dir)
 
 
-@pytest.mark.parametrize("store_dir", ["trash", "logs", "state", "locks", "scratch", "checkouts", "."])
+@pytest.mark.parametrize("store_dir", ["trash", "logs", "state", "locks", "scratch", "checkouts", ".", "spares", "lfs", "mirror.git/refs"])
 def test_no_store_directory_is_followed_by_ensure_or_gc(root, upstream, tmp_path, store_dir):
     """Each directory of a repository's store (and repos/<key> itself) swapped for a
     symlink to a directory outside the root: `ensure` of a new commit is refused
@@ -110,6 +110,7 @@ def test_no_store_directory_is_followed_by_ensure_or_gc(root, upstream, tmp_path
     outside = os.path.join(str(tmp_path), "outside")
     os.makedirs(outside)
     target = paths.base if store_dir == "." else os.path.join(paths.base, store_dir)
+    os.makedirs(target, exist_ok=True)  # (spares/ and lfs/ are made when first needed)
     swap_for_symlink(target, outside)
     before = store_snapshot(outside)
     shown = f"repos/{key}" + ("" if store_dir == "." else f"/{store_dir}")
