@@ -51,7 +51,7 @@ def lfs_status(info: RepoInfo, config: Config, checkouts: list[dict]) -> dict:
 def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
     if info.refused:  # a symlink where a store directory should be: nothing is read through it
         return {"key": info.key, "repo": info.url, "scope": info.scope, "checkouts": [], "clones": [], "failures": [],
-                "scratch": [], "stuck_in_trash": [], "lfs": None, "seed": None, "filter": None,
+                "scratch": [], "spares": [], "stuck_in_trash": [], "lfs": None, "seed": None, "filter": None,
                 "refused": info.refused, "problems": info.problems}
     checkouts = []
     for c in info.checkouts:
