@@ -722,6 +722,60 @@ def test_a_bundle_lacking_its_history_leaves_nothing_in_the_mirror(tmp_path, ser
     git("fsck", "--connectivity-only", "--no-dangling", cwd=only_repo(node).mirror)
 
 
+@pytest.mark.parametrize("hostile", [".git", ".GIT", "git~1", ".git\u200c", ".gitmodules-link"])
+def test_a_bundle_carrying_a_tree_git_refuses_leaves_nothing_in_the_mirror(tmp_path, served_upstream, hostile):
+    """Regression (issue 27 review): git before 2.46 checks no object a fetch from a bundle
+    brings, whatever fetch.fsckObjects says: a bundle store's tree with a `.git` entry (or its
+    case, NTFS and HFS spellings, or a symlinked .gitmodules) landed in the mirror unchecked."""
+    repo, url = served_upstream
+    head = repo.shas[-1]
+    evil = tmp_path / "evil"
+    git("init", "-q", "--bare", str(evil), cwd=str(tmp_path))
+    blob = subprocess.run(["git", "-C", str(evil), "hash-object", "-w", "--stdin"], input=b"x\n",
+                          capture_output=True, check=True).stdout.decode().strip()
+    entry = f"120000 blob {blob}\t.gitmodules" if hostile == ".gitmodules-link" else f"100644 blob {blob}\t{hostile}"
+    tree = subprocess.run(["git", "-C", str(evil), "mktree"], input=(entry + "\n").encode(), capture_output=True,
+                          check=True).stdout.decode().strip()
+    commit = git("commit-tree", "-m", "hostile", tree, cwd=str(evil)).strip()
+    git("update-ref", "refs/heads/main", commit, cwd=str(evil))
+    git("bundle", "create", "-q", str(tmp_path / "evil.bundle"), "refs/heads/main", cwd=str(evil))
+    store = write_store(tmp_path / "store", url, {"100-abcdef12.bundle": (tmp_path / "evil.bundle").read_bytes()})
+    node = str(tmp_path / "node")
+    answer = wait_ready(node, url, head, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    record = seed_record(node)
+    assert not record["seeded"] and record["reason"] == "bundle-unusable", record
+    assert git("log", "--format=%H", cwd=answer["path"]).split() == list(reversed(repo.shas))
+    mirror = only_repo(node).mirror
+    present = subprocess.run(["git", "-C", mirror, "cat-file", "-e", tree], capture_output=True)
+    assert present.returncode != 0, "the hostile tree reached the mirror"
+    assert "refs/bundles/" not in git("for-each-ref", cwd=mirror)
+    git("fsck", "--strict", "--no-dangling", cwd=mirror)
+
+
+def test_a_bundle_with_a_quirk_git_clone_takes_is_still_taken_in(tmp_path, served_upstream):
+    """The check of a bundle's packs keeps our fsck choices: a tree mode written 040000
+    (pallets/flask has them) is taken in, as git's clone takes it."""
+    repo, url = served_upstream
+    quirky = tmp_path / "quirky"
+    git("init", "-q", "--bare", str(quirky), cwd=str(tmp_path))
+
+    def write(kind: str, data: bytes) -> str:
+        return subprocess.run(["git", "-C", str(quirky), "hash-object", "-t", kind, "-w", "--literally", "--stdin"],
+                              input=data, capture_output=True, check=True).stdout.decode().strip()
+
+    blob = write("blob", b"x\n")
+    sub = write("tree", b"100644 f\0" + bytes.fromhex(blob))
+    tree = write("tree", b"040000 sub\0" + bytes.fromhex(sub))
+    commit = git("commit-tree", "-m", "old converter", tree, cwd=str(quirky)).strip()
+    git("update-ref", "refs/heads/main", commit, cwd=str(quirky))
+    git("bundle", "create", "-q", str(tmp_path / "quirky.bundle"), "refs/heads/main", cwd=str(quirky))
+    store = write_store(tmp_path / "store", url, {"100-abcdef12.bundle": (tmp_path / "quirky.bundle").read_bytes()})
+    node = str(tmp_path / "node")
+    wait_ready(node, url, repo.shas[-1], env={"CHECKOUTCACHE_BUNDLE_URI": store})
+    assert seed_record(node)["seeded"], seed_record(node)
+    git("cat-file", "-e", tree, cwd=only_repo(node).mirror)
+
+
 @pytest.mark.parametrize("transport", ["cli", "pygit2"])
 @pytest.mark.slow
 def test_a_commit_a_bundle_planted_without_its_history_is_fetched_from_upstream(tmp_path, served_upstream,

@@ -59,6 +59,12 @@ def build(repo: str, quirk: str) -> str:
         "gitmodulesUrl": [entry(b"100644", b".gitmodules", literal(
             repo, "blob", b'[submodule "x"]\n\tpath = x\n\turl = -uupload-pack=touch /tmp/cc-pwned\n')),
             entry(b"100644", b"README", readme)],
+        # The same .gitmodules with an executable mode: git reads it all the same.
+        "gitmodulesUrl-exec": [entry(b"100755", b".gitmodules", literal(
+            repo, "blob", b'[submodule "x"]\n\tpath = x\n\turl = -uupload-pack=touch /tmp/cc-pwned\n')),
+            entry(b"100644", b"README", readme)],
+        "hasDotgit-case": [entry(b"40000", b".GIT", sub), entry(b"100644", b"README", readme)],
+        "hasDotgit-hfs": [entry(b"40000", ".git\u200c".encode(), sub), entry(b"100644", b"README", readme)],
         "gitmodulesPath": [entry(b"100644", b".gitmodules", literal(
             repo, "blob", b'[submodule "x"]\n\tpath = -x\n\turl = https://example.invalid/x\n')),
             entry(b"100644", b"README", readme)],
@@ -97,7 +103,8 @@ HARMLESS = ["zeroPaddedFilemode", "badFilemode", "badTimezone", "badDate", "badD
 # (emptyName and nullSha1 are kept as errors too, but no git server can send them: its
 # pack-objects fails on such a tree.)
 HOSTILE = ["hasDotgit", "hasDotgit-ntfs", "hasDotdot", "hasDot", "fullPathname", "duplicateEntries",
-           "treeNotSorted", "gitmodulesSymlink", "gitmodulesUrl", "gitmodulesPath", "gitmodulesName"]
+           "treeNotSorted", "gitmodulesSymlink", "gitmodulesUrl", "gitmodulesPath", "gitmodulesName",
+           "gitmodulesUrl-exec", "hasDotgit-case", "hasDotgit-hfs"]
 
 
 def served_quirk(daemon, quirk: str) -> tuple[str, str]:

@@ -19,7 +19,8 @@ from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, BUNDLE_REFS, git_failure
 from checkoutcache.git.cli import die_with_parent, last_meaningful_line, partial_filter_of
-from checkoutcache.git.env import git_env
+from checkoutcache.git import quarantine
+from checkoutcache.git.env import FSCK_VAR, git_env
 from checkoutcache.git.view import private_view
 
 PUBLISHED_REFS = ("refs/heads/", "refs/tags/")
@@ -119,6 +120,7 @@ def take_in_bundle(mirror: str, path: str, namespace: str, keep_fds: tuple[int, 
     pack a failed take-in added is removed again."""
     packs = os.path.join(mirror, "objects", "pack")
     before = set(os.listdir(packs)) if os.path.isdir(packs) else set()
+    fetched = False
     try:
         # --atomic: every ref or none (a failed one would leave the others pointing into
         # the pack removed below). A namespace per bundle: a branch `foo` in one bundle
@@ -129,13 +131,50 @@ def take_in_bundle(mirror: str, path: str, namespace: str, keep_fds: tuple[int, 
                         env=git_env(takes_objects=True))
         if done.returncode != 0:
             raise BundleError(last_meaningful_line(done.stderr))
+        fetched = True
+        check_bundle_packs(mirror, sorted(set(os.listdir(packs)) - before), keep_fds)
     except BaseException:
+        if fetched:  # refused after the fetch wrote its refs: they would name removed objects
+            _drop_refs(mirror, f"{BUNDLE_REFS}{namespace}/")
         for name in set(os.listdir(packs)) - before if os.path.isdir(packs) else ():
             try:
                 os.unlink(os.path.join(packs, name))
             except OSError:
                 pass
         raise
+
+
+def check_bundle_packs(mirror: str, names: list[str], keep_fds: tuple[int, ...] = ()) -> None:
+    """git's fsck, with our choices (env.py FSCK_CHOICES), of the packs a bundle's take-in
+    stored. git before 2.46 checks nothing a fetch from a bundle brings, whatever
+    fetch.fsckObjects says: a tree with `.git` (any spelling) or a symlinked .gitmodules
+    landed in the mirror unchecked. The packs are shown alone in a quarantine
+    (git/quarantine.py), marked promisor there so that what they refer to and lack (the
+    history the mirror holds, or a blob a partial mirror never fetched) is no error of
+    theirs: the fetch's own connectivity check judged that. CHECKOUTCACHE_FSCK=off skips
+    it, as it skips git's."""
+    packs = [name for name in names if name.endswith(".pack")]
+    if os.environ.get(FSCK_VAR, "on") == "off" or not packs:
+        return
+    pack_dir = os.path.join(os.path.abspath(mirror), "objects", "pack")
+    with quarantine.incoming_objects(mirror) as incoming:
+        for name in packs:
+            stem = name[:-len(".pack")]
+            for suffix in (".pack", ".idx"):
+                os.symlink(os.path.join(pack_dir, stem + suffix), os.path.join(incoming, "pack", stem + suffix))
+            open(os.path.join(incoming, "pack", stem + ".promisor"), "w").close()
+        try:
+            quarantine.check(mirror, incoming, partial_filter_of(mirror) or "blob:none", keep_fds)
+        except CheckoutCacheError as exc:
+            raise BundleError(f"git fsck refused the bundle: {exc.detail or exc.message}"[:300]) \
+                from None
+
+
+def _drop_refs(mirror: str, prefix: str) -> None:
+    listed = _git(["-C", mirror, "for-each-ref", "--format=%(refname)", prefix])
+    refs = listed.stdout.split() if listed.returncode == 0 else []
+    if refs:
+        _git(["-C", mirror, "update-ref", "--stdin"], stdin="".join(f"delete {ref}\n" for ref in refs))
 
 
 def drop_unreachable(mirror: str, keep_fds: tuple[int, ...], timeout: float) -> None:

@@ -138,7 +138,7 @@ def gitmodules_refused(mirror: str, sha: str, filter: str, git: str = "git") -> 
                             env=git_env(), cwd="/")
     entry = listed.stdout.split(b"\0")[0] if listed.returncode == 0 else b""
     meta, _, _name = entry.partition(b"\t")
-    if not meta.startswith(b"100644 blob "):
+    if not meta.startswith((b"100644 blob ", b"100755 blob ")):  # git reads an executable one the same
         return None  # none, or a symlink: the tree's own check refused that at the fetch
     blob = meta.split()[2].decode()
     data = subprocess.run([git, "-C", mirror, "cat-file", "blob", blob], capture_output=True, env=git_env(),

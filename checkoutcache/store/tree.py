@@ -114,6 +114,10 @@ def parent_of(path: str, create: bool = False) -> Iterator[tuple[int, str]]:
     fd = open_dir(directory, create=create)
     try:
         yield fd, name
+    except OSError as exc:
+        if exc.filename == name:  # an *at call names the entry alone: reports need its whole path
+            exc.filename = path
+        raise
     finally:
         os.close(fd)
 
@@ -185,7 +189,11 @@ def mkdir(path: str) -> None:
 def rename(src: str, dst: str) -> None:
     """os.replace of two store entries, each resolved beneath its root."""
     with parent_of(src) as (src_fd, src_name), parent_of(dst) as (dst_fd, dst_name):
-        os.replace(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        try:
+            os.replace(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        except OSError as exc:  # both names whole (a report says which entry would not move)
+            exc.filename, exc.filename2 = src, dst
+            raise
 
 
 def unlink(path: str, missing_ok: bool = True) -> None:
