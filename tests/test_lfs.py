@@ -372,3 +372,21 @@ def test_an_lfs_body_longer_than_its_pointer_says_is_cut_and_leaves_nothing(root
         os.path.basename(young)], report["mirrors"]
     # Each body was cut near its declared size: the server could not send it all.
     assert lfs_server.lfs_sent and all(sent < OVERSIZE for sent in lfs_server.lfs_sent), lfs_server.lfs_sent
+
+
+def test_a_pointer_declaring_a_size_past_any_file_limit_fails_cleanly(root, lfs_upstream):
+    """Regression (issue 27 review): a pointer saying `size 9223372036854775807` (git-lfs reads
+    it: an int64) made a file size limit of 2**63, which setrlimit cannot take: git-lfs never
+    started and the clone failed CLONE_FAILED "SubprocessError: Exception occurred in preexec_fn"."""
+    from checkoutcache.git.backend import LfsPointer, lfs_fetch_batches
+
+    huge = (1 << 63) - 1
+    assert all(limit < 1 << 63 for limit, _batch in lfs_fetch_batches([LfsPointer(b"a.bin", "0" * 64, huge)]))
+    data = b"small" * 100
+    lfs_upstream.put_object(data)
+    lie = f"version https://git-lfs.github.com/spec/v1\noid sha256:{lfs_oid(data)}\nsize {huge}\n"
+    sha = lfs_upstream.commit({".gitattributes": "*.bin filter=lfs diff=lfs merge=lfs -text\n", "a.bin": lie})
+    code, answer, out = run_cli("ensure", lfs_upstream.path, sha, "--wait", "60", root=root)
+    assert code == 1 and answer["error"] == "LFS_FAILED", (answer, out)
+    store = only_store(root)
+    assert store.checkout_names() == [] and store.lfs_object_oids() == []

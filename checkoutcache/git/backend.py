@@ -138,14 +138,18 @@ def lfs_pointer_text(pointer: LfsPointer) -> bytes:
 # power of two at or above its largest object (and at least this much: small objects share
 # one batch). A body longer than its pointer says is cut there: under twice its size.
 LFS_BATCH_FLOOR = 1 << 20
+# The most a file size limit may be (setrlimit takes a signed 64-bit value): a pointer may
+# declare up to 19 digits (git-lfs reads an int64), and 2**62 bytes is past any disk anyway.
+LFS_LIMIT_MAX = 1 << 62
 
 
 def lfs_fetch_batches(pointers: list[LfsPointer]) -> list[tuple[int, list[LfsPointer]]]:
     """(file size limit, pointers) of each git-lfs run, smallest first: every object's
-    limit is at least its size and less than twice max(its size, LFS_BATCH_FLOOR)."""
+    limit is at least its size and less than twice max(its size, LFS_BATCH_FLOOR), but never
+    above LFS_LIMIT_MAX (setrlimit's range)."""
     batches: dict[int, list[LfsPointer]] = {}
     for pointer in pointers:
-        limit = 1 << (max(pointer.size, LFS_BATCH_FLOOR) - 1).bit_length()
+        limit = min(1 << (max(pointer.size, LFS_BATCH_FLOOR) - 1).bit_length(), LFS_LIMIT_MAX)
         batches.setdefault(limit, []).append(pointer)
     return sorted(batches.items())
 
