@@ -40,6 +40,7 @@ checkout exists), and gc counts the workspace's bytes against max-bytes.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -78,8 +79,13 @@ def workspaces_dir(cache: Cache) -> WorkspacePaths:
 
 def workspaces_dir_of(root: str, config) -> WorkspacePaths:
     configured = config.workspaces
-    base = configured if configured else default_workspaces(root, root_writable(root))
-    return WorkspacePaths(os.path.realpath(os.path.expanduser(base)))
+    base = os.path.abspath(os.path.expanduser(configured if configured else default_workspaces(root, root_writable(root))))
+    if base == root or base.startswith(root.rstrip("/") + "/"):
+        # Under the root (the default <root>/workspaces): a store directory, reached beneath the
+        # root like every other (store/tree.py). realpath would follow a peer's symlink there and
+        # gc would reap `.trash-*` and lockless `ws-*` wherever it pointed.
+        return WorkspacePaths(base)
+    return WorkspacePaths(os.path.realpath(base))  # the user's own directory, outside every store
 
 
 class Workspace:
@@ -200,7 +206,17 @@ def make_own(tree: str, final_tree: str, with_submodules: bool) -> None:
     for git_dir in git_dirs:
         if not os.path.isdir(git_dir) or os.path.islink(git_dir):
             continue
-        with open(os.path.join(git_dir, "config"), "a") as handle:
+        # O_NOFOLLOW: in the trusted-peers mode a peer may have swapped the checkout's config for a
+        # symlink (the copy keeps it): appending by name would write a file of the caller's elsewhere.
+        try:
+            fd = os.open(os.path.join(git_dir, "config"), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            rel = os.path.relpath(os.path.join(git_dir, "config"), tree)
+            raise CheckoutCacheError("WORKSPACE_FAILED", detail=f"{rel} of the checkout is a symlink (somebody changed "
+                                     f"the published checkout: `checkoutcache evict REPO COMMIT` drops it)") from None
+        with open(fd, "a") as handle:
             handle.write("[core]\n" + "".join(f"\t{k.split('.', 1)[1]} = {v}\n"
                                                for k, v in WORKSPACE_GIT_CONFIG.items()))
             # git-lfs's clean filter stores what a review adds here, never in the store's lfs/.
@@ -331,7 +347,8 @@ def remove_kept(paths: WorkspacePaths, given: str) -> dict:
         if not record.get("keeper") or not same_pid_namespace(record.get("pidns")) \
                 or not is_alive(keeper, record.get("start_time")) or facts.uid != os.geteuid():
             raise CheckoutCacheError("WORKSPACE_OWNED", pid=keeper)
-        os.kill(keeper, signal.SIGTERM)
+        if not _signal_holder(keeper, paths.owner_lock(where), signal.SIGTERM):
+            raise CheckoutCacheError("WORKSPACE_OWNED", pid=keeper)
         deadline = time.monotonic() + REMOVE_WAIT
         while os.path.lexists(where) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -341,6 +358,33 @@ def remove_kept(paths: WorkspacePaths, given: str) -> dict:
     if left and any(n.name == facts.name for n in left):
         raise CheckoutCacheError("WORKSPACE_OWNED", pid=facts.record.get("pid"))
     return {"removed": facts.name, "by": "reaper", "done": not os.path.lexists(where)}
+
+
+def _signal_holder(pid: int, lock_path: str, signum: int) -> bool:
+    """Signal pid only if it holds the workspace's owner.lock open (the keeper does, from
+    before the workspace was published); owner.json alone is no proof: in the trusted-peers
+    mode a peer may rewrite it to name any process. Through a pidfd, so the pid checked is
+    the pid signalled. False when pid is not the holder (nothing is sent)."""
+    try:
+        lock = os.lstat(lock_path)
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        fd_dir = f"/proc/{pid}/fd"
+        for name in os.listdir(fd_dir):
+            try:
+                held = os.stat(os.path.join(fd_dir, name))
+            except OSError:
+                continue
+            if (held.st_dev, held.st_ino) == (lock.st_dev, lock.st_ino):
+                signal.pidfd_send_signal(pidfd, signum)
+                return True
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
 
 
 def list_workspaces(paths: WorkspacePaths) -> list[dict]:

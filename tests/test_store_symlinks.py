@@ -91,7 +91,7 @@ def test_removal_never_starts_from_realpath(root, upstream, tmp_path):
         tree.listdir(paths.trash_dir)
 
 
-@pytest.mark.parametrize("store_dir", ["trash", "logs", "state", "locks", "scratch", "checkouts", "."])
+@pytest.mark.parametrize("store_dir", ["trash", "logs", "state", "locks", "scratch", "checkouts", ".", "spares", "lfs", "mirror.git/refs"])
 def test_no_store_directory_is_followed_by_ensure_or_gc(root, upstream, tmp_path, store_dir):
     """Each directory of a repository's store (and repos/<key> itself) swapped for a
     symlink to a directory outside the root: `ensure` of a new commit is refused
@@ -110,6 +110,7 @@ def test_no_store_directory_is_followed_by_ensure_or_gc(root, upstream, tmp_path
     outside = os.path.join(str(tmp_path), "outside")
     os.makedirs(outside)
     target = paths.base if store_dir == "." else os.path.join(paths.base, store_dir)
+    os.makedirs(target, exist_ok=True)  # (spares/ and lfs/ are made when first needed)
     swap_for_symlink(target, outside)
     before = store_snapshot(outside)
     shown = f"repos/{key}" + ("" if store_dir == "." else f"/{store_dir}")
@@ -281,4 +282,27 @@ def test_a_ready_answer_never_goes_through_a_symlink(root, upstream, tmp_path, s
     assert code != 0 and answer["error"] == "ROOT_UNUSABLE" and "symlink" in answer["message"], out
     answer = Cache(root).ensure(upstream.path, sha)
     assert answer.state != "ready" and answer.error == "ROOT_UNUSABLE", answer
+    assert store_snapshot(outside) == before
+
+
+def test_gc_reaps_no_workspaces_through_a_symlinked_workspaces_directory(root, upstream, tmp_path):
+    """Regression (issue 26 adversarial review): the workspaces directory under the root was
+    taken through realpath, so a peer's symlink `<root>/workspaces -> elsewhere` made gc
+    delete every `.trash-*` and every lockless `ws-*` it found there."""
+    wait_ready(root, upstream.path, upstream.shas[0], env=SHARED)
+    outside = os.path.join(str(tmp_path), "outside")
+    for rel in (".trash-1-aaaaaaaaaaaa/kept", "ws-1-bbbbbbbbbbbb/tree"):
+        os.makedirs(os.path.join(outside, rel))
+        with open(os.path.join(outside, rel, "precious.txt"), "w") as handle:
+            handle.write("must stay\n")
+    link = os.path.join(root, "workspaces")
+    shutil.rmtree(link, ignore_errors=True)
+    os.symlink(outside, link)
+    before = store_snapshot(outside)
+    code, report, out = run_cli("gc", root=root, env=SHARED)
+    assert code == 0, out
+    assert store_snapshot(outside) == before, "gc deleted through the symlinked workspaces directory"
+    assert problem_paths(report).get(link) == "ELOOP", report["problems"]
+    code, _, out = run_cli("status", root=root, env=SHARED)
+    assert code == 0, out
     assert store_snapshot(outside) == before

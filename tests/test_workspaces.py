@@ -5,6 +5,7 @@ and the HTTP API's client, against real repositories and real processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -329,3 +330,58 @@ def test_a_killed_exec_writable_leaves_the_workspace_to_its_command_then_gc_reap
     code, report, _ = run_cli("gc", root=root)
     assert [r["reason"] for r in report["removed"]] == ["dead-workspace"], report
     assert not os.path.exists(path) and workspaces_of(root) == []
+
+
+def test_a_peers_symlinked_git_config_in_a_checkout_is_never_written_through(root, upstream, tmp_path):
+    """Regression (issue 26 adversarial review): in the trusted-peers mode a peer may write a
+    published checkout; it swapped the checkout's .git/config for a symlink to a file of
+    another user's, and that user's `exec --writable` appended the workspace's settings to it
+    (the copy keeps the symlink; make_own opened it by name, following it)."""
+    shared = {"CHECKOUTCACHE_SHARING": "group"}
+    sha = upstream.shas[-1]
+    checkout = wait_ready(root, upstream.path, sha, env=shared)["path"]
+    victim = tmp_path / "victims.gitconfig"
+    victim.write_text("[user]\n\tname = victim\n")
+    config = os.path.join(checkout, ".git", "config")
+    victim_copy = open(config).read()
+    os.unlink(config)
+    os.symlink(str(victim), config)
+    ran = tmp_path / "ran"
+    code, _, err = run_cli("exec", "--writable", upstream.path, sha, "--", "touch", str(ran), root=root,
+                           env=shared)
+    assert victim.read_text() == "[user]\n\tname = victim\n", "written through the peer's symlink"
+    assert code == 125 and "WORKSPACE_FAILED" in err, err
+    assert not ran.exists() and [n for n in workspaces_of(root) if not n.startswith(".")] == []
+    assert victim_copy  # (the checkout had a config of its own before the swap)
+
+
+def test_workspace_remove_signals_only_the_keeper_that_holds_the_workspace(root, upstream):
+    """Regression (issue 26 adversarial review): `workspace remove` sent SIGTERM to whatever pid
+    owner.json named once that pid's start time matched. In the trusted-peers mode the record
+    is a group-writable file in a group-writable directory: a peer rewrote it to name a process
+    of the remover's uid (root's, if root removes), and that process was killed."""
+    shared = {"CHECKOUTCACHE_SHARING": "group"}
+    sha = upstream.shas[0]
+    owner, bystander = start_owner(), start_owner()
+    try:
+        code, made, err = run_cli("workspace", "create", "--owner-pid", str(owner.pid), upstream.path, sha,
+                                  root=root, env=shared)
+        assert code == 0, err
+        record_path = os.path.join(made["path"], "..", "owner.json")
+        assert os.stat(record_path).st_mode & 0o020, "the record is the group's to write in this mode"
+        with open(record_path) as handle:
+            record = json.load(handle)
+        from checkoutcache.store.liveness import process_start_time
+        record.update(pid=bystander.pid, start_time=process_start_time(bystander.pid), keeper=True)
+        with open(record_path, "w") as handle:
+            json.dump(record, handle)
+        code, answer, err = run_cli("workspace", "remove", made["path"], root=root, env=shared)
+        assert bystander.poll() is None, "a process that is not the keeper was signalled"
+        assert code != 0 and answer["error"] == "WORKSPACE_OWNED", (answer, err)
+        assert os.path.isdir(made["path"]) and pid_alive(made["keeper"])
+    finally:
+        owner.kill()
+        bystander.kill()
+        owner.wait(10)
+        bystander.wait(10)
+    wait_until(lambda: not os.path.exists(made["path"]), 30, "the keeper to remove the workspace")

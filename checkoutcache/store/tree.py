@@ -218,9 +218,11 @@ def fd_name(fd: int) -> bytes:
 
 
 # What a repository's store holds that is a directory: gc lists, writes or deletes in each
-# (mirror.git: stale git lock files; lfs/objects: unused LFS objects).
+# (mirror.git: stale git lock files; lfs/objects: unused LFS objects; spares: evicted trees
+# gc keeps and a worker takes). mirror.git/refs: git writes there by name (a fetch's refs, gc's
+# keep-refs), so one swapped for a symlink would be written through.
 STORE_DIRS = ("checkouts", "scratch", "trash", "state", "logs", "locks", "mirror.git", "mirror.git/objects",
-              "lfs", "lfs/objects", "lfs/incomplete")
+              "mirror.git/refs", "lfs", "lfs/objects", "lfs/incomplete", "spares")
 
 
 def refusal(repo_base: str) -> NotBeneath | None:

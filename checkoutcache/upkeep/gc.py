@@ -675,6 +675,22 @@ def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport) ->
     return seen["bytes"]
 
 
+def spares_of(info, report: GcReport | None) -> list:
+    """A repository's spares; none for a refused store, and a spares/ that is a symlink is a
+    problem of that repository (listed in report, once, never followed), never the run's end."""
+    if info.refused:
+        return []
+    try:
+        return list_spares(info.paths)
+    except OSError as exc:
+        if report is None:
+            return []
+        report.problems.append({"path": os.path.relpath(info.paths.spares_dir, info.paths.root),
+                                "error": errno.errorcode.get(exc.errno or 0, "OSError"),
+                                "why": f"spares/ cannot be listed ({exc.strerror or exc}): its spares are left alone"})
+        return []
+
+
 def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
     """The repository stores this version may change: one a newer version wrote (its layout
     version above ours) is not even measured (its size records stay as they are), and said:
@@ -760,7 +776,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 if c.ready and c.last_used is not None and c.last_used > now:
                     repair_future_last_use(info.paths, c.name, now, report)
         # Spares go first when space is short: before any checkout, whatever its last use.
-        spares = [(info.paths, spare) for info in repos if not info.refused for spare in list_spares(info.paths)]
+        spares = [(info.paths, spare) for info in repos for spare in spares_of(info, report)]
         spares.sort(key=lambda pair: pair[1].spared_at)
         drop_spares([p for p in spares if not p[1].record], report, "unreadable", lambda _freed: False)
         spares = [p for p in spares if p[1].record]
@@ -832,8 +848,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
         # At most max_spares: the oldest go (spares just made are listed afresh with their real names).
-        spares = sorted(((info.paths, spare) for info in repos if not info.refused
-                         for spare in list_spares(info.paths) if spare.record), key=lambda pair: pair[1].spared_at) if not dry_run else spares
+        spares = sorted(((info.paths, spare) for info in repos for spare in spares_of(info, None)
+                         if spare.record), key=lambda pair: pair[1].spared_at) if not dry_run else spares
         excess = len(spares) - config.max_spares
         if excess > 0:
             drop_spares(spares, report, "max-spares", lambda _freed: len(spares) <= config.max_spares)
