@@ -61,7 +61,7 @@ def ready_answer(argv: list[str]) -> int | None:
     def through_writer() -> None:
         from checkoutcache.handoff import record_use
 
-        why = record_use(root_paths.root, paths.checkout(name), repo, commit, scope, sparse)
+        why = record_use(root_paths.root, paths.checkout(name), spec.url, commit, scope, sparse)
         if why:
             unrecorded.append(why)
 
