@@ -41,7 +41,7 @@ import os
 import stat
 from collections.abc import Iterator
 
-from checkoutcache.store.layout import NotBeneath, open_step, open_store_dir, root_of
+from checkoutcache.store.layout import NotBeneath, entries, open_step, open_store_dir, root_of
 from checkoutcache.store.modes import make_dir, open_created
 
 __all__ = ["NotBeneath"]  # raised here too; layout.py owns it (its listings raise it)
@@ -132,17 +132,9 @@ def open_file(path: str, flags: int, create: bool = False) -> int:
         return os.open(name, flags, dir_fd=fd)
 
 
-def listdir(path: str) -> list[str]:
-    """The sorted names in a store directory; none if it does not exist. NotBeneath
-    when it is a symlink: nothing is ever listed through one."""
-    try:
-        fd = open_dir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    try:
-        return sorted(os.listdir(fd))
-    finally:
-        os.close(fd)
+# The sorted names in a store directory (none if it does not exist); NotBeneath when it is a
+# symlink: nothing is ever listed through one. One home: layout.entries.
+listdir = entries
 
 
 def lstat(path: str) -> os.stat_result:
