@@ -17,8 +17,10 @@ from checkoutcache.store.layout import RepoPaths
 def disk_usage(path: str) -> int:
     """Bytes a directory tree occupies on disk, never following a symlink out."""
     total = 0
-    if os.path.islink(path):
-        return 0  # a symlink where a checkout should be: its target is not ours to measure
+    if os.path.islink(path) and not path.startswith("/proc/self/fd/"):
+        # A symlink where a checkout should be: its target is not ours to measure. (A
+        # descriptor's own path, as a submodule's directory is named, is a link by nature.)
+        return 0
     stack = [path]
     while stack:
         current = stack.pop()
