@@ -27,16 +27,6 @@ from .helpers.gate import GatedProxy
 from .helpers.store import only_repo
 
 
-def journal_events(running: Serve) -> list[dict]:
-    found = []
-    for line in running.log().splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            pass
-    return found
-
-
 def test_a_new_commit_is_handed_to_the_serve_of_the_root(root, tmp_path, served_upstream):
     repo, url = served_upstream
     os.makedirs(root, exist_ok=True)
@@ -50,9 +40,9 @@ def test_a_new_commit_is_handed_to_the_serve_of_the_root(root, tmp_path, served_
         assert_checkout_matches(answer["path"], repo.path, repo.shas[1])
         # serve answered it on its socket, and its own worker made the clone (its log is written in batches).
         wait_until(lambda: any(e.get("endpoint") == "/v1/ensure" and e.get("listener") == "unix"
-                               and e.get("status") == 200 for e in journal_events(running)), 10, "serve's answer")
+                               and e.get("status") == 200 for e in running.json_lines()), 10, "serve's answer")
         wait_until(lambda: any(e.get("event") == "clone_published" and e.get("commit") == repo.shas[1]
-                               for e in journal_events(running)), 10, "serve's clone")
+                               for e in running.json_lines()), 10, "serve's clone")
     finally:
         running.stop()
 
@@ -68,9 +58,9 @@ def test_a_serve_that_refuses_leaves_the_cli_to_do_it(root, tmp_path, served_ups
         assert code == 0 and answer["state"] == "ready", out
         assert_checkout_matches(answer["path"], repo.path, repo.shas[0])
         wait_until(lambda: any(e.get("endpoint") == "/v1/ensure" and e.get("status") == 403
-                               for e in journal_events(running)), 10, "serve's refusal")
+                               for e in running.json_lines()), 10, "serve's refusal")
         # The CLI's own worker cloned it: serve heard of no clone (its workers report to it).
-        assert not any(e.get("event") == "clone_started" for e in journal_events(running))
+        assert not any(e.get("event") == "clone_started" for e in running.json_lines())
     finally:
         running.stop()
 
@@ -206,7 +196,7 @@ def test_serves_cap_on_waiting_does_not_cut_the_clis_wait_short(root, tmp_path, 
             "ensure", url, new, "--wait", "120", root=root, env={"CHECKOUTCACHE_API_TOKEN": TOKEN})))
         asking.start()
         # serve answered (cloning, at its cap) while the clone is held at the gate; then it goes on.
-        wait_until(lambda: any(e.get("endpoint") == "/v1/ensure" for e in journal_events(running)), 30,
+        wait_until(lambda: any(e.get("endpoint") == "/v1/ensure" for e in running.json_lines()), 30,
                    "serve's capped answer")
         time.sleep(1)  # had the CLI taken that answer, it would have printed it by now
         assert asking.is_alive(), result

@@ -23,16 +23,6 @@ NEW_TOKEN = "tok-" + "n" * 28
 OLD_TOKEN = "tok-" + "o" * 28
 
 
-def lines_of(running: Serve) -> list[dict]:
-    found = []
-    for line in running.log().splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            pass
-    return found
-
-
 def sample(metrics: str, series: str) -> float | None:
     """The value of one exposed series (its name with labels as exposed), None when absent."""
     for line in metrics.splitlines():
@@ -118,7 +108,7 @@ def test_unmet_limits_and_clones_failed_by_code_are_metrics(root, tmp_path, upst
         status, report = running.request("POST", "/v1/gc", {})
         assert [u["limit"] for u in report["unmet"]] == ["max-checkouts"]  # the grace window keeps it
         # An unmet limit is a WARNING line (it was INFO: nothing an operator would see).
-        (gc_line,) = wait_until(lambda: [line for line in lines_of(running) if line.get("event") == "gc"], 10,
+        (gc_line,) = wait_until(lambda: [line for line in running.json_lines() if line.get("event") == "gc"], 10,
                                 "gc's log line")
         assert gc_line["level"] == "WARNING" and gc_line["unmet"] == ["max-checkouts"], gc_line
         metrics = scrape(running)
@@ -154,7 +144,7 @@ def test_access_lines_say_what_a_request_was_about(root, tmp_path, upstream):
         assert status == 400
 
         def ensure_lines() -> list[dict] | None:
-            found = [l for l in lines_of(running) if l.get("endpoint") == "/v1/ensure"]
+            found = [l for l in running.json_lines() if l.get("endpoint") == "/v1/ensure"]
             return found if len(found) == 3 else None
 
         ready, failed, refused = wait_until(ensure_lines, 10, "three access lines")
@@ -179,8 +169,8 @@ def test_probes_and_scrapes_are_debug_lines_and_the_start_says_version_and_limit
     try:
         for path in ("/healthz", "/readyz", "/metrics", "/v1/status"):
             assert at_info.request("GET", path)[0] == 200
-        wait_until(lambda: any(l.get("endpoint") == "/v1/status" for l in lines_of(at_info)), 10, "the status line")
-        lines = lines_of(at_info)
+        wait_until(lambda: any(l.get("endpoint") == "/v1/status" for l in at_info.json_lines()), 10, "the status line")
+        lines = at_info.json_lines()
         assert not [l for l in lines if l.get("endpoint") in ("/healthz", "/readyz", "/metrics")]
         (start,) = [l for l in lines if l.get("event") == "serving"]
         import checkoutcache.serve.server as server
@@ -193,7 +183,7 @@ def test_probes_and_scrapes_are_debug_lines_and_the_start_says_version_and_limit
     at_debug = Serve(root, tmp_path, "--gc-interval", "0", "--log-format", "json", "--log-level", "debug")
     try:
         assert at_debug.request("GET", "/healthz")[0] == 200
-        probe = wait_until(lambda: [l for l in lines_of(at_debug) if l.get("endpoint") == "/healthz"], 10,
+        probe = wait_until(lambda: [l for l in at_debug.json_lines() if l.get("endpoint") == "/healthz"], 10,
                            "the probe's debug line")
         assert probe[0]["level"] == "DEBUG"
     finally:
@@ -253,13 +243,13 @@ def test_a_token_rotated_in_a_mounted_secret_takes_effect_without_a_restart(root
         wait_until(lambda: not authorized(running, OLD_TOKEN), 30, "the old token to retire")
         assert time.monotonic() - swapped > 1.5  # it lasted (most of) the overlap, not until the next look
         assert authorized(running, NEW_TOKEN)
-        (reloaded,) = wait_until(lambda: [l for l in lines_of(running) if l.get("event") == "tokens_reloaded"], 10,
+        (reloaded,) = wait_until(lambda: [l for l in running.json_lines() if l.get("event") == "tokens_reloaded"], 10,
                                  "the reload's log line")
         assert reloaded["trigger"] == "change" and len(reloaded["retiring"]) == 1
         assert OLD_TOKEN not in running.log() and NEW_TOKEN not in running.log()
         # A file that holds no token changes nothing: the tokens in force stay.
         secret.update("# being rewritten\n")
-        wait_until(lambda: any(l.get("event") == "tokens_reload_failed" for l in lines_of(running)), 20,
+        wait_until(lambda: any(l.get("event") == "tokens_reload_failed" for l in running.json_lines()), 20,
                    "the empty file to be refused")
         assert authorized(running, NEW_TOKEN)
         assert sample(scrape_with(running, NEW_TOKEN), 'checkoutcache_token_reloads_total{result="failed"}') == 1
@@ -315,7 +305,7 @@ def test_sighup_reloads_the_tokens_and_no_longer_kills_serve(root, tmp_path):
         running.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: authorized(running, NEW_TOKEN), 20, "SIGHUP to reload the tokens")
         assert running.proc.poll() is None
-        (reloaded,) = wait_until(lambda: [l for l in lines_of(running) if l.get("event") == "tokens_reloaded"], 10,
+        (reloaded,) = wait_until(lambda: [l for l in running.json_lines() if l.get("event") == "tokens_reloaded"], 10,
                                  "the reload's log line")
         assert reloaded["trigger"] == "sighup"
         assert authorized(running, OLD_TOKEN)  # within the default overlap (10m)

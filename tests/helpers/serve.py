@@ -103,6 +103,16 @@ class Serve:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def json_lines(self) -> list[dict]:
+        """The log's JSON lines (--log-format json), in order; other lines are skipped."""
+        found = []
+        for line in self.log().splitlines():
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                pass
+        return found
+
     def vm_hwm_kib(self) -> int:
         for line in open(f"/proc/{self.proc.pid}/status"):
             if line.startswith("VmHWM:"):
