@@ -22,8 +22,8 @@ import ctypes
 import errno
 import os
 import platform
-import stat
 
+from checkoutcache.store.layout import names_a_symlink
 from checkoutcache.store.modes import make_dir
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -109,12 +109,7 @@ def _open_component(dir_fd: int, part: bytes, rel: bytes) -> int:
     except OSError as exc:
         if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
             raise
-        # O_NOFOLLOW | O_DIRECTORY says ENOTDIR for a symlink too: tell which it is.
-        try:
-            is_link = stat.S_ISLNK(os.stat(part, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-        except OSError:
-            is_link = False
-        if is_link:
+        if names_a_symlink(dir_fd, part):
             raise Escape(f"{shown(rel)} passes through a symlink ({shown(part)})") from None
         raise Escape(f"{shown(rel)} passes through {shown(part)}, which is not a directory") from None
 

@@ -353,12 +353,17 @@ def open_step(dir_fd: int, part: str, root: str, done: str) -> int:
     except OSError as exc:
         if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
             raise
-    # O_NOFOLLOW | O_DIRECTORY says ENOTDIR for a symlink too: tell which it is.
+    kind = "a symlink" if names_a_symlink(dir_fd, part) else "not a directory"
+    raise NotBeneath(done, f"{_shown(root, done)} is {kind}")
+
+
+def names_a_symlink(dir_fd: int, part: str | bytes) -> bool:
+    """Whether a directory entry is a symlink: O_NOFOLLOW | O_DIRECTORY answers ENOTDIR for a
+    symlink and for a file alike, and an error should say which it was."""
     try:
-        is_link = stat.S_ISLNK(os.stat(part, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        return stat.S_ISLNK(os.stat(part, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
-        is_link = False
-    raise NotBeneath(done, f"{_shown(root, done)} is {'a symlink' if is_link else 'not a directory'}")
+        return False
 
 
 def _shown(root: str, path: str) -> str:
