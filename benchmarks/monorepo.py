@@ -130,6 +130,9 @@ def clean_env(extra: dict | None = None) -> dict:
     """Our environment without any git configuration of the caller's (no ~/.gitconfig, no system
     config, no GIT_* variables), so the measurements do not depend on who runs them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    # An installed package has its bytecode compiled (pip does it): a caller's
+    # PYTHONDONTWRITEBYTECODE would make each run compile every module it changed anew.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update({"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C",
                 "GIT_TERMINAL_PROMPT": "0"})
     env.update(extra or {})

@@ -127,6 +127,9 @@ def tamper_added_ignored_untracked(tree, outside):
         os.makedirs(os.path.dirname(os.path.join(tree, rel)), exist_ok=True)
         with open(os.path.join(tree, rel), "w") as handle:
             handle.write("junk\n")
+    # Empty directories: git's status never shows one, a fresh checkout never has one.
+    os.makedirs(os.path.join(tree, "emptydir", "inner"))
+    os.mkdir(os.path.join(tree, "pkg", "m2", "empty"))
 
 
 def tamper_deleted(tree, outside):
@@ -182,9 +185,21 @@ def tamper_index(tree, outside):
     git("add", "pkg/m0/f1.txt", cwd=tree)
 
 
+def tamper_symlink_where_the_next_commit_adds_a_file(tree, outside):
+    # B adds new.txt: git must replace the link, never write through it (nothing deletes it first).
+    os.symlink(os.path.join(outside, "victim.txt"), os.path.join(tree, "new.txt"))
+
+
+def tamper_directory_where_the_next_commit_adds_a_file(tree, outside):
+    os.makedirs(os.path.join(tree, "new.txt", "deep"))
+    with open(os.path.join(tree, "new.txt", "deep", "x.log"), "w") as handle:
+        handle.write("ignored, in the way\n")
+
+
 TAMPERING = [tamper_modified, tamper_same_size_and_mtime, tamper_added_ignored_untracked, tamper_deleted,
              tamper_modes, tamper_symlinks_swapped, tamper_directory_swapped_for_symlink, tamper_nested_git,
-             tamper_git_dir, tamper_index]
+             tamper_git_dir, tamper_index, tamper_symlink_where_the_next_commit_adds_a_file,
+             tamper_directory_where_the_next_commit_adds_a_file]
 
 
 @pytest.mark.parametrize("tamper", TAMPERING, ids=lambda t: t.__name__[len("tamper_"):])
@@ -211,10 +226,14 @@ def test_a_recycled_tree_is_exact_whatever_a_reader_did(root, project, tamper, t
     assert (outside / "victim.txt").read_text() == "outside the store\n"
     assert git("--no-optional-locks", "status", "--porcelain", "--ignored", "--untracked-files=all",
                cwd=answer["path"]) == ""
+    # What status never shows: an empty directory (a fresh checkout has none).
+    empty = [d for d, dirs, files in os.walk(answer["path"])
+             if not dirs and not files and "/.git/" not in d + "/"]
+    assert empty == [], empty
     assert spare_entries(root) == []
 
 
-SPARE_STEPS = ["spare-taken", "spare-after-git-dir", "spare-after-clean", "spare-after-checkout",
+SPARE_STEPS = ["spare-taken", "spare-after-git-dir", "spare-after-checkout", "spare-after-directories",
                "spare-after-proof", "after-rename"]
 
 

@@ -15,10 +15,13 @@ Two ways to a tree:
   in place. Nothing in it is trusted but what we can prove: its .git is deleted and
   made anew, its index is used only if its identity (inode, ctime, size) is the one
   recorded when the checkout was published (no process can set a ctime back), every
-  path whose stat differs from that index is written anew, everything untracked,
-  ignored or nested is deleted (`git clean -ffdx`), directory modes are set back,
-  `.git` entries below the top (which git itself never lists) are deleted, and
-  `git status --ignored` must then find nothing. This holds whoever changed the tree
+  path whose stat differs from that index (a racily clean one's content compared), or
+  that is in the way of one, is written anew (`git read-tree --reset -u`: its check of
+  every entry is the proof of the tracked files, the same one `git status` makes), then
+  one walk of git's lists everything it does not track (untracked, ignored, empty or
+  nested directories), deleted beneath the tree; beside that walk, one `find` sets
+  directory modes back and deletes `.git` entries below the
+  top (which git itself never lists). This holds whoever changed the tree
   (the writer's own uid in the one-writer mode, a peer in the group mode): none of it
   rests on who may write. Any doubt, and the spare is dropped and the tree is made
   fresh: a spare only ever saves time.
@@ -189,11 +192,22 @@ class TreeBuilder:
         step("spare-after-checkout")
         if w.cone:
             self.remove_outside_cone(tree)
-        self.restore_directories(tree)
+        # The two walks for what git's read-tree does not look at run side by side (git's
+        # listing of what it does not track, and find for what git lists nowhere): both only
+        # read, and what they found is changed after both.
+        directories = self.find_directories(tree)
+        try:
+            untracked = w.backend.untracked(tree)
+        finally:
+            self.restore_directories(tree, directories)
         step("spare-after-directories")
-        problems = w.backend.tree_problems(tree)
-        if problems:
-            raise SpareUnusable(f"not exact after the update: {len(problems)} difference(s), e.g. {problems[0]!r}")
+        # Whatever a reader left that git does not track (untracked, ignored, an empty
+        # directory, a nested repository): deleted beneath the tree, each removal complete,
+        # or the spare is not used.
+        for rel in untracked:
+            removal = remove_tree(os.path.join(tree, os.fsdecode(rel)))
+            if not removal.complete:
+                raise SpareUnusable(f"an untracked entry could not be removed: {rel[:200]!r}")
         step("spare-after-proof")
 
     def empty_directory(self, rel: bytes) -> None:
@@ -252,29 +266,42 @@ class TreeBuilder:
         finally:
             os.close(tree_fd)
 
-    def restore_directories(self, tree: str) -> None:
-        """Directory modes as a fresh checkout makes them, and no `.git` below the top: git
-        lists neither (its status skips every entry named .git), so one `find` does."""
+    def directory_mode(self, tree: str) -> int:
+        """A directory's mode as a fresh checkout in our scratch makes it."""
         umask = os.umask(0)
         os.umask(umask)
-        mode = (0o777 & ~umask) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID else 0)
-        if stat.S_IMODE(os.lstat(tree).st_mode) != mode:
-            os.chmod(tree, mode)
-        found = subprocess.run(
+        return (0o777 & ~umask) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID else 0)
+
+    def find_directories(self, tree: str) -> subprocess.Popen:
+        """Start the walk for what git lists nowhere: directories of another mode, and `.git`
+        entries below the top (git's status skips every entry named .git)."""
+        mode = self.directory_mode(tree)
+        return subprocess.Popen(
             ["find", ".", "-mindepth", "1", "(", "-path", "./.git", "-prune", ")", "-o",
              "(", "-name", ".git", "-printf", "G%P\\0", "-prune", ")", "-o",
              "(", "-type", "d", "!", "-perm", f"{mode:o}", "-printf", "D%P\\0", ")"],
-            cwd=tree, capture_output=True, env=git_env(), stdin=subprocess.DEVNULL)
+            cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL)
+
+    def restore_directories(self, tree: str, found: subprocess.Popen) -> None:
+        """Directory modes as a fresh checkout makes them, and no `.git` below the top, from
+        what find_directories found."""
+        mode = self.directory_mode(tree)
+        if stat.S_IMODE(os.lstat(tree).st_mode) != mode:
+            os.chmod(tree, mode)
+        out, err = found.communicate()
         if found.returncode != 0:
-            raise SpareUnusable(f"find failed: {found.stderr.decode('utf-8', 'replace').strip()[-200:]}")
-        for entry in (e for e in found.stdout.split(b"\0") if e):
+            raise SpareUnusable(f"find failed: {err.decode('utf-8', 'replace').strip()[-200:]}")
+        for entry in (e for e in out.split(b"\0") if e):
             kind, rel = entry[:1], entry[1:]
             path = os.path.join(os.fsencode(tree), rel)
             if kind == b"G":
                 if not remove_tree(os.fsdecode(path)).complete:
                     raise SpareUnusable(f"a nested .git could not be removed: {rel[:200]!r}")
                 continue
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # inside a nested .git removed above
             try:
                 os.fchmod(fd, mode)
             finally:

@@ -762,11 +762,14 @@ class GitCliBackend:
         index (modified, chmod'ed, replaced, a symlink swapped in, a leading directory turned
         into a symlink) and every entry sha changes is written anew by `git read-tree --reset
         -u` (reset: a stat that differs is a file to write, content equal or not, so a file a
-        reader swapped for its LFS pointer is written too; -u writes through git's own checks,
-        which never follow a symlink in a leading component); before it, `git clean -ffdx`
-        deletes every untracked and ignored file and nested repository, and
-        empty_gitlink(path) empties each submodule's directory (the caller populates them
-        anew). The caller proves the result (tree_problems) before publishing it."""
+        reader swapped for its LFS pointer is written too; an untracked file, directory or
+        symlink in the way of a path sha adds is replaced, never written through; -u writes
+        through git's own checks, which never follow a symlink in a leading component);
+        before it, empty_gitlink(path) empties each submodule's directory (the caller
+        populates them anew). read-tree's stat check of every entry against that index (a
+        racily clean one's content compared, as `git status` would) is the proof of the
+        tracked files; what is untracked or ignored is the caller's to list (untracked) and
+        delete: one walk of the tree after git's own, not three."""
         self._new_git_dir(tree_dir, mirror_objects, lfs, keep_fds, cone)
         os.replace(index, os.path.join(tree_dir, ".git", "index"))
         with open(os.path.join(tree_dir, ".git", "HEAD"), "w") as handle:
@@ -786,8 +789,6 @@ class GitCliBackend:
             for entry in run("ls-files", "--stage", "-z").split(b"\0"):
                 if entry.startswith(b"160000 ") and b"\t" in entry:
                     empty_gitlink(entry.split(b"\t", 1)[1])
-        run("clean", "-ffdxq")
-        step("spare-after-clean")
         # One tree, reset: an entry whose id is the same and whose file's stat is the index's
         # stays as it is, any other is written, and what sha lacks is deleted. It never reads old_sha's
         # objects, so gc need not keep them for a spare.
@@ -798,17 +799,18 @@ class GitCliBackend:
                 raise lfs_failure(output, last_meaningful_line(output), [])
             raise git_failure(output, last_meaningful_line(output), [])
 
-    def tree_problems(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> list[str]:
-        """What makes a work tree differ from its HEAD, in one git call: a tracked file
-        changed or missing, anything untracked or ignored. [] is an exact tree (nested
-        `.git` entries git never lists are the caller's to look for)."""
-        done = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "status", "--porcelain=v1", "-z",
-                               "--ignored=matching", "--untracked-files=all", "--no-renames"],
-                              capture_output=True, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
-                              pass_fds=keep_fds)
-        if done.returncode != 0:
-            return ["git status fails: " + last_meaningful_line(done.stderr.decode("utf-8", "replace"))]
-        return [entry.decode("utf-8", "backslashreplace") for entry in done.stdout.split(b"\0") if entry]
+    def untracked(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> list[bytes]:
+        """Every entry of a work tree its index does not track, in one walk: untracked and
+        ignored files alike (no exclude rule is read, so no .gitignore hides one), a
+        directory holding nothing tracked (empty, or a nested repository) named once.
+        Entries named .git are never listed (git skips them everywhere): the caller's."""
+        listed = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--others",
+                                 "--directory", "-z"], capture_output=True, env=git_env(),
+                                stdin=subprocess.DEVNULL, cwd="/", pass_fds=keep_fds)
+        if listed.returncode != 0:
+            stderr = listed.stderr.decode("utf-8", "replace")
+            raise git_failure(stderr, last_meaningful_line(stderr), [])
+        return [entry.rstrip(b"/") for entry in listed.stdout.split(b"\0") if entry.rstrip(b"/")]
 
     def _check_written(self, tree_dir: str, keep_fds: tuple[int, ...], output: str) -> None:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
