@@ -11,12 +11,16 @@ mirror; a partial mirror with a sparse cone), a cold root:
      commits is timed after it; monorepo.py measures first clones);
   2. ensure OLD: a new commit with no spare (today's path);
   3. gc --max-checkouts 0 (NEW and OLD idle): both trees kept as spares;
-  4. ensure MID: a new commit made from the nearest spare, timed.
+  4. --mono-rounds rounds: ensure MID (even rounds) or NEW (odd), each from the spare of the
+     other, five commits apart either way, asked three ways in turn (WAYS: the CLI with no
+     serve to hand it to, the CLI handing it to the serve on the root's socket, and that
+     serve's HTTP API, Client.ensure); after each, gc makes the round's tree the next round's
+     spare.
 The anchor: plain git with one work tree of the same kind (a clone checked out at NEW; the
-partial one `--filter=blob:none` with the same sparse cone), timed `git checkout --detach MID`
-(in a partial clone it fetches the blobs it lacks lazily, as the product's partial mirror
-fetches them). Each ratio is the product's step over the anchor's, both measured in this
-run. MID is --back commits before the tip (the issue's "five behind the tip"), OLD 2x that.
+partial one `--filter=blob:none` with the same sparse cone), timed `git checkout --detach` to
+the round's commit in the same round (in a partial clone it fetches the blobs it lacks
+lazily, as the product's partial mirror fetches them). Ratios are medians over medians,
+all measured in this run. MID is --back commits before the tip, OLD 2x that.
 
 Small repository (make_repo.py, 250 files): the CLI's new commit with a spare and without
 one, against `git worktree add --detach` plus `python3 -c pass` (the CLI's bar), rounds
@@ -81,7 +85,20 @@ def timed(cmd: list[str], cwd: str = "/") -> float:
     return time.monotonic() - started
 
 
-def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: list[str], partial: bool) -> dict:
+# How a new commit is asked for, two rounds each in turn (one MID, one NEW).
+WAYS = ("cli_alone", "cli", "serve")
+
+
+def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: list[str], partial: bool,
+                     rounds: int) -> dict:
+    """One variant (a full mirror, or partial + sparse), a cold root. Round r asks for MID when r
+    is even and NEW when odd, each time from the spare of the other (five commits apart both
+    ways), two rounds per way of WAYS in turn; the anchor, one plain-git work tree, is checked
+    out to the same commit in the same round. Medians per way, so one slow round (a page cache
+    turned cold) does not decide."""
+    import run
+    from checkoutcache.client import Client
+
     label = "partial + sparse" if partial else "full mirror"
     root = os.path.join(work, "root-" + ("sparse" if partial else "full"))
     extra = {"CHECKOUTCACHE_FILTER": "blob:none"} if partial else {}
@@ -93,11 +110,7 @@ def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: li
     report = idle_and_spare(root, [first["path"], second["path"]], extra)
     gc_s = time.monotonic() - started
     spares = sum(1 for r in report["removed"] if r.get("spare"))
-    new_s, third = cli(root, "ensure", url, mid, "--wait", "1800", *cone, extra=extra)
-    log_dir = os.path.join(os.path.dirname(os.path.dirname(third["path"])), "logs")
-    log = open(os.path.join(log_dir, os.path.basename(third["path"]) + ".log")).read()
-    recycled = "updated the spare of" in log
-    # The anchor: one work tree of the same kind, checked out at MID, updated in place to NEW.
+    # The anchor: one work tree of the same kind, checked out at NEW, then moved in place.
     anchor = os.path.join(work, "anchor-" + ("sparse" if partial else "full"))
     if partial:
         subprocess.run(["git", "clone", "-q", "--filter=blob:none", "--no-checkout", url, anchor], check=True,
@@ -107,15 +120,58 @@ def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: li
     else:
         subprocess.run(["git", "clone", "-q", "--no-checkout", url, anchor], check=True, env=monorepo.clean_env())
     subprocess.run(["git", "-C", anchor, "checkout", "-q", "--detach", new], check=True, env=monorepo.clean_env())
-    anchor_s = timed(["git", "-C", anchor, "checkout", "-q", "--detach", mid])
+    # What today's path (no spare) is measured against: git writing the same whole tree, OLD.
+    scratch_tree = os.path.join(work, "worktree-old")
+    worktree_old_s = timed(["git", "-C", anchor, "worktree", "add", "-q", "--detach", scratch_tree, old])
+    shutil.rmtree(scratch_tree)
+    subprocess.run(["git", "-C", anchor, "worktree", "prune"], check=True, env=monorepo.clean_env())
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)  # serve reads the filter from its environment, as a deployment sets it
+    serve, port = run.start_serve(work, root, "serve-" + ("sparse" if partial else "full"), socket_too=True)
+    client = Client(f"http://127.0.0.1:{port}", token=run.TOKEN, timeout=1800)
+    samples: dict[str, list[float]] = {way: [] for way in (*WAYS, "git")}
+    recycled, logs = 0, []
+    try:
+        for index in range(rounds):
+            target = mid if index % 2 == 0 else new
+            way = WAYS[index // 2 % len(WAYS)]
+            if way in ("cli_alone", "cli"):
+                # cli_alone: no serve on the root's socket, the CLI clones itself (forks its worker);
+                # cli: as a review container runs it, handing the commit to serve (the pod's token).
+                hand = {"CHECKOUTCACHE_UNIX_SOCKET": "/nonexistent/checkoutcache.sock"} if way == "cli_alone" \
+                    else {"CHECKOUTCACHE_API_TOKEN": run.TOKEN}
+                seconds, answer = cli(root, "ensure", url, target, "--wait", "1800", *cone, extra={**extra, **hand})
+                path = answer["path"]
+            else:
+                started = time.monotonic()
+                got = client.ensure(url, target, wait=1800, sparse=dirs if partial else None)
+                seconds = time.monotonic() - started
+                assert got.state == "ready", got
+                path = got.path
+            samples[way].append(seconds)
+            samples["git"].append(timed(["git", "-C", anchor, "checkout", "-q", "--detach", target]))
+            log_dir = os.path.join(os.path.dirname(os.path.dirname(path)), "logs")
+            log = open(os.path.join(log_dir, os.path.basename(path) + ".log")).read()
+            attempt = log[log.rindex(" clone of "):] if " clone of " in log else log
+            recycled += "updated the spare of" in attempt
+            logs.append(attempt.strip().splitlines()[-10:])
+            idle_and_spare(root, [path], extra)  # this round's tree is the next round's spare
+    finally:
+        client.close()
+        run.stop_serve(serve)
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     shutil.rmtree(anchor, ignore_errors=True)
-    return {"variant": label, "first_ready_s": round(first_s, 3), "new_commit_no_spare_s": round(old_s, 3),
-            "gc_keeping_spares_s": round(gc_s, 3), "spares_kept": spares,
-            "new_commit_with_spare_s": round(new_s, 3), "recycled": recycled,
-            "git_in_place_checkout_s": round(anchor_s, 3),
-            "ratio_spare_to_git_in_place": round(new_s / anchor_s, 2),
-            "ratio_no_spare_to_git_in_place": round(old_s / anchor_s, 2),
-            "worker_log": log.strip().splitlines()[-24:]}
+    med = {way: round(statistics.median(values), 3) for way, values in samples.items() if values}
+    return {"variant": label, "rounds": rounds, "recycled_rounds": recycled, "first_ready_s": round(first_s, 3),
+            "new_commit_no_spare_s": round(old_s, 3), "gc_keeping_spares_s": round(gc_s, 3), "spares_kept": spares,
+            "samples_s": {way: [round(v, 3) for v in values] for way, values in samples.items()},
+            "median_s": med,
+            **{f"ratio_{way}_with_spare_to_git_in_place": round(med[way] / med["git"], 2) for way in WAYS if way in med},
+            "ratio_no_spare_to_git_in_place": round(old_s / med["git"], 2),
+            "git_worktree_add_old_s": round(worktree_old_s, 3),
+            "ratio_no_spare_to_worktree_add": round(old_s / worktree_old_s, 2),
+            "worker_log_last_round": logs[-1] if logs else []}
 
 
 def small_repo(work: str, rounds: int) -> dict:
@@ -209,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mono", help="reuse (or make here) the generated monorepo")
     parser.add_argument("--back", type=int, default=5, help="MID is this many commits before the tip")
     parser.add_argument("--rounds", type=int, default=5, help="small-repository rounds")
+    parser.add_argument("--mono-rounds", type=int, default=12, help="monorepo rounds per variant (WAYS in turn)")
     parser.add_argument("--skip-small", action="store_true")
     parser.add_argument("--skip-mono", action="store_true")
     parser.add_argument("--reviews", type=float, default=0, help="also the review scenario, this many seconds each")
@@ -232,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 report["monorepo"] = {"files": repo.files, "changes_per_commit": repo.shape.changes,
                                       "back": args.back, "variants": [
-                                          monorepo_variant(work, url, old, mid, new, dirs, partial)
+                                          monorepo_variant(work, url, old, mid, new, dirs, partial, args.mono_rounds)
                                           for partial in (False, True)]}
             finally:
                 daemon.stop()

@@ -1,11 +1,11 @@
 import sys
 
-from checkoutcache.cli.fast import ready_answer
+from checkoutcache.cli.fast import exit_after_answer, ready_answer
 
 # The ready answer first, before click and attrs are imported (cli/fast.py).
 code = ready_answer(sys.argv[1:])
 if code is not None:
-    sys.exit(code)
+    exit_after_answer(code)
 
 from checkoutcache.cli.commands import main  # noqa: E402
 

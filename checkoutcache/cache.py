@@ -77,6 +77,10 @@ class Hold:
         self.release()
 
 
+# How long the CLI's wait for a clone polls before it watches (store/watch.py).
+POLL_FIRST = 1.0
+
+
 class Cache:
     """fork_workers: start clone workers by forking this process (the CLI does:
     cheaper by the cost of starting Python). Leave it off in a host process you
@@ -136,8 +140,12 @@ class Cache:
             config = self.config  # a malformed setting is the caller's input: answered, nothing written
         except CheckoutCacheError as exc:
             return Answer.from_error(exc)
+        # The CLI (it forks its workers) waits once and exits: it polls its first second rather
+        # than pay a watch's close at the end of every answer (store/watch.py). A host
+        # process's waiters (serve's many) watch from the start.
         return Coordinator(self.paths, config, want.spec, want.sha, worker_starter(self.fork_workers),
-                           cone=want.cone).run(float(wait), on_progress)
+                           cone=want.cone, poll_first=POLL_FIRST if self.fork_workers else 0.0
+                           ).run(float(wait), on_progress)
 
     def request(self, repo: str, commit: str, scope: str = DEFAULT_SCOPE,
                 sparse: Sequence[str] | None = None) -> Want:

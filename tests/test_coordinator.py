@@ -143,6 +143,73 @@ def test_a_waiter_wakes_on_the_state_directory_not_by_polling(tmp_path):
         assert time.monotonic() - started < 10, "woken by the rename, not by the timeout"
 
 
+def test_a_waiter_that_polls_first_sees_a_change_at_once_then_watches(tmp_path):
+    """The CLI's wait polls its first second (a watch's close costs a kernel grace period at
+    the end of every answer), then watches: a change is seen within a poll either way."""
+    import threading
+    import time
+
+    from checkoutcache.store.watch import POLL, StateWatch
+
+    state = tmp_path / "state"
+    state.mkdir()
+    with StateWatch(str(state), poll_first=0.5) as watch:
+        assert watch.fd < 0, "no watch while polling"
+        started = time.monotonic()
+        watch.wait(30)
+        assert time.monotonic() - started < 1, "a poll is short, whatever the timeout"
+        looks = 1
+        while time.monotonic() - started < 0.5:
+            watch.wait(30)
+            looks += 1
+        assert looks >= 0.4 / (POLL * 4), looks  # it polled, often, for its first half second
+        watch.wait(30)  # the first wait past the polling makes the watch, and returns for a look
+        assert watch.fd >= 0, "watching after poll_first"
+        threading.Timer(0.1, lambda: (state / "abc.failed.json").write_text("{}")).start()
+        woke = time.monotonic()
+        watch.wait(30)
+        assert time.monotonic() - woke < 10, "woken by the change, not by the timeout"
+    assert watch.fd < 0
+
+
+def test_a_host_process_closes_its_watches_aside(tmp_path):
+    """serve's waiters answer before their watch is closed (its close waits for a kernel grace
+    period): a thread of the process closes it; a child forked from that process, which has
+    no such thread, closes its own at once."""
+    import time
+
+    from checkoutcache.store.watch import StateWatch
+
+    def is_open(fd: int) -> bool:
+        try:
+            os.fstat(fd)
+            return True
+        except OSError:
+            return False
+
+    watch = StateWatch(str(tmp_path), close_aside=True)
+    fd = watch.fd
+    assert fd >= 0 and is_open(fd)
+    watch.close()
+    assert watch.fd == -1
+    deadline = time.monotonic() + 10
+    while is_open(fd) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not is_open(fd), "closed by the closing thread"
+    child = os.fork()
+    if child == 0:  # a forked child: the closing thread did not come along
+        code = 1
+        try:
+            inherited = StateWatch(str(tmp_path), close_aside=True)
+            its_fd = inherited.fd
+            inherited.close()
+            code = 0 if its_fd >= 0 and not is_open(its_fd) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child closed its own watch at once"
+
+
 def test_a_clone_lock_held_without_a_live_owner_never_answers_cloning_without_one(root, upstream):
     """gc holds a commit's clone lock for a moment with no clone record (or a dead
     owner's): an asker waits for the lock instead of answering `cloning` with no owner."""

@@ -13,11 +13,13 @@ import sys
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: the ready answer without click when it can (fast.py)."""
-    from checkoutcache.cli.fast import ready_answer
+    from checkoutcache.cli.fast import exit_after_answer, ready_answer
 
     code = ready_answer(sys.argv[1:] if argv is None else argv)
     if code is not None:
-        sys.exit(code)
+        if argv is not None:
+            sys.exit(code)  # called in a process of the caller's (a test): its teardown is its own
+        exit_after_answer(code)
     from checkoutcache.cli.commands import main as full_cli
 
     full_cli(argv)

@@ -19,6 +19,19 @@ import os
 import sys
 
 
+def exit_after_answer(code: int) -> None:
+    """End the process once its answer is written: flushed, then os._exit. Nothing is left
+    to run (a worker it started is detached in a session of its own, every record is
+    written and closed), and the interpreter's teardown of the modules a new commit
+    imported cost the caller 25-30 ms (benchmarks/RESULTS.md)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        os._exit(code or 1)  # the answer could not be delivered (a closed pipe): say so
+    os._exit(code)
+
+
 def hide_userinfo_in_argv(argv: list[str]) -> None:
     """A token in a URL of our argv shows in /proc/<pid>/cmdline, and in every child's
     between its fork and its exec (a git probe): retitle ourselves first thing."""

@@ -55,7 +55,9 @@ Start = Callable[[RepoPaths, str, int, Config, Credential | None, int, Cone], in
 
 class Coordinator:
     def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, start: Start,
-                 cone: Cone = ()):
+                 cone: Cone = (), poll_first: float = 0.0):
+        """poll_first: how long a wait polls before it watches state/ (store/watch.py)."""
+        self.poll_first = poll_first
         self.root_paths = root_paths
         self.start = start
         self.config = config
@@ -251,7 +253,8 @@ class Coordinator:
             return unreachable
         deadline = time.monotonic() + wait
         # Watch before the first look: an event between our look and our wait is never missed.
-        with StateWatch(self.paths.state_dir) as watch:
+        # A host process (no polling: serve's many waiters) answers before its watch is closed.
+        with StateWatch(self.paths.state_dir, self.poll_first, close_aside=not self.poll_first) as watch:
             while True:
                 try:
                     # gc or `evict` may drop a whole idle repository between our first look and

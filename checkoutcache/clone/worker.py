@@ -420,7 +420,9 @@ class Worker:
         """A partial mirror gets the blobs this checkout needs (its cone's, or the whole tree's)
         in one request, under the mirror lock, with the clone's credentials; they stay for
         later checkouts. A server that leaves any out fails the clone (never a half tree)."""
-        filter = self.backend.partial_filter(self.paths.mirror) if self.backend.supports_partial else None
+        if not self.backend.supports_partial or not mirror.has_promisor_packs(self.paths.mirror_objects):
+            return  # no object is promised: none can be missing (and no git is started to ask)
+        filter = self.backend.partial_filter(self.paths.mirror)
         if filter is None:
             return
         missing = self.backend.missing_blobs(self.paths.mirror, self.sha, self.cone)
