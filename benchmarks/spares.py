@@ -105,6 +105,7 @@ def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: li
     cone = [a for d in dirs for a in ("--sparse", d)] if partial else []
     # The tip first: the mirror then holds every commit measured after it (no fetch is timed).
     first_s, first = cli(root, "ensure", url, new, "--wait", "1800", *cone, extra=extra)
+    os.sync()
     old_s, second = cli(root, "ensure", url, old, "--wait", "1800", *cone, extra=extra)
     started = time.monotonic()
     report = idle_and_spare(root, [first["path"], second["path"]], extra)
@@ -122,6 +123,7 @@ def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: li
     subprocess.run(["git", "-C", anchor, "checkout", "-q", "--detach", new], check=True, env=monorepo.clean_env())
     # What today's path (no spare) is measured against: git writing the same whole tree, OLD.
     scratch_tree = os.path.join(work, "worktree-old")
+    os.sync()
     worktree_old_s = timed(["git", "-C", anchor, "worktree", "add", "-q", "--detach", scratch_tree, old])
     shutil.rmtree(scratch_tree)
     subprocess.run(["git", "-C", anchor, "worktree", "prune"], check=True, env=monorepo.clean_env())
@@ -135,6 +137,7 @@ def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: li
         for index in range(rounds):
             target = mid if index % 2 == 0 else new
             way = WAYS[index // 2 % len(WAYS)]
+            os.sync()  # gc's renames and the last round's writes are on disk before either is timed
             if way in ("cli_alone", "cli"):
                 # cli_alone: no serve on the root's socket, the CLI clones itself (forks its worker);
                 # cli: as a review container runs it, handing the commit to serve (the pod's token).
@@ -149,6 +152,7 @@ def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: li
                 assert got.state == "ready", got
                 path = got.path
             samples[way].append(seconds)
+            os.sync()
             samples["git"].append(timed(["git", "-C", anchor, "checkout", "-q", "--detach", target]))
             log_dir = os.path.join(os.path.dirname(os.path.dirname(path)), "logs")
             log = open(os.path.join(log_dir, os.path.basename(path) + ".log")).read()
@@ -174,10 +178,15 @@ def monorepo_variant(work: str, url: str, old: str, mid: str, new: str, dirs: li
             "worker_log_last_round": logs[-1] if logs else []}
 
 
+def worker_log(path: str) -> str:
+    """The clone log of the checkout at path (every attempt's lines)."""
+    return open(os.path.join(os.path.dirname(os.path.dirname(path)), "logs", os.path.basename(path) + ".log")).read()
+
+
 def small_repo(work: str, rounds: int) -> dict:
     up = os.path.join(work, "small", "small")
     os.makedirs(os.path.dirname(up))
-    shas = make_repo.generate(up, commits=2 * rounds + 2, files=250, file_size=4096, depth=2, changes=8, seed=1)
+    shas = make_repo.generate(up, commits=2 * rounds + 3, files=250, file_size=4096, depth=2, changes=8, seed=1)
     daemon = GitDaemon(os.path.dirname(up))
     url = daemon.url(os.path.basename(up))
     mirror = os.path.join(work, "small-mirror.git")
@@ -187,27 +196,32 @@ def small_repo(work: str, rounds: int) -> dict:
     samples: dict[str, list[float]] = {"cli_with_spare": [], "cli_no_spare": [], "git_worktree_add": [],
                                        "python_c_pass": []}
     recycled = 0
+    last_logs: dict[str, str] = {}
     try:
-        cli(spare_root, "ensure", url, shas[0], "--wait", "600")
-        cli(plain_root, "ensure", url, shas[0], "--wait", "600", extra=no_spares)
+        # The tip first: both mirrors then hold every commit measured (warm, as the baseline's
+        # mirror clone is: a new commit's cost, not a fetch's). Its checkout stays (in use, within
+        # the grace window), so its keep-ref keeps that history through every gc below.
+        tips = {cli(spare_root, "ensure", url, shas[-1], "--wait", "600")[1]["path"],
+                cli(plain_root, "ensure", url, shas[-1], "--wait", "600", extra=no_spares)[1]["path"]}
         for index in range(rounds):
-            a, b = shas[1 + 2 * index], shas[2 + 2 * index]
+            a, b = shas[2 * index], shas[1 + 2 * index]
             # Each round: the previous checkout becomes a spare, the next commit is made from it.
             for root, extra in ((spare_root, None), (plain_root, no_spares)):
                 paths = [os.path.join(root, "repos", key, "checkouts", name)
                          for key in os.listdir(os.path.join(root, "repos"))
                          for name in os.listdir(os.path.join(root, "repos", key, "checkouts"))]
-                idle_and_spare(root, paths, extra)
+                idle_and_spare(root, [p for p in paths if p not in tips], extra)
             order = ["cli_with_spare", "cli_no_spare", "git_worktree_add", "python_c_pass"]
             turn = index % len(order)
             for method in order[turn:] + order[:turn]:
+                os.sync()  # what the last step wrote is on disk: no one pays for another's writeback
                 if method == "cli_with_spare":
                     seconds, answer = cli(spare_root, "ensure", url, a, "--wait", "600")
-                    log = open(os.path.join(os.path.dirname(os.path.dirname(answer["path"])), "logs",
-                                            os.path.basename(answer["path"]) + ".log")).read()
+                    log = last_logs["with_spare"] = worker_log(answer["path"])
                     recycled += "updated the spare of" in log
                 elif method == "cli_no_spare":
-                    seconds, _ = cli(plain_root, "ensure", url, b, "--wait", "600", extra=no_spares)
+                    seconds, answer = cli(plain_root, "ensure", url, b, "--wait", "600", extra=no_spares)
+                    last_logs["no_spare"] = worker_log(answer["path"])
                 elif method == "git_worktree_add":
                     seconds = timed(["git", "-C", mirror, "worktree", "add", "-q", "--detach",
                                      os.path.join(work, "wt", str(index)), b])
@@ -219,6 +233,7 @@ def small_repo(work: str, rounds: int) -> dict:
     med = {k: round(statistics.median(v), 4) for k, v in samples.items()}
     base = med["git_worktree_add"] + med["python_c_pass"]
     return {"files": 250, "rounds": rounds, "median_s": med, "recycled_rounds": recycled,
+            "worker_logs_last_round": {k: v.strip().splitlines()[-8:] for k, v in last_logs.items()},
             "ratio_cli_with_spare_to_worktree_plus_python": round(med["cli_with_spare"] / base, 2),
             "ratio_cli_no_spare_to_worktree_plus_python": round(med["cli_no_spare"] / base, 2)}
 
@@ -232,8 +247,11 @@ def reviews_at_a_limit(work: str, seconds: float) -> dict:
     up = os.path.join(work, "reviews", "large")
     os.makedirs(os.path.dirname(up))
     shas = make_repo.generate(up, commits=40, files=3000, file_size=8192, depth=4, changes=12, seed=1)
-    paths = subprocess.run(["git", "-C", up, "ls-tree", "-r", "--name-only", shas[-1]], capture_output=True,
-                           text=True, check=True).stdout.split("\n")
+    # The files a tool call reads: files in every commit a review may ask for (a path that is a
+    # directory in one of them would read as a lost checkout).
+    trees = [set(subprocess.run(["git", "-C", up, "ls-tree", "-r", "--name-only", sha], capture_output=True,
+                                text=True, check=True).stdout.split("\n")) - {""} for sha in shas[-25:]]
+    paths = sorted(set.intersection(*trees))
     daemon = GitDaemon(os.path.dirname(up))
     url = daemon.url("large")
     cfg = dict(reviewers=16, commits=24, review_seconds=seconds, tool_calls=5, think=(0.4, 1.2), gc_every=2.0,

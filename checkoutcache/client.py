@@ -272,14 +272,24 @@ class Client:
         a workspaces.Workspace owned by this process; HoldFailed when it could not be made."""
         from checkoutcache.cache import Hold
         from checkoutcache.config import Config
+        from checkoutcache.cones import cone_digest, parse_cone
         from checkoutcache.errors import CheckoutCacheError
-        from checkoutcache.store.layout import RepoPaths
+        from checkoutcache.repospec import parse_commit
+        from checkoutcache.store.layout import RepoPaths, checkout_name, root_of_checkout
         from checkoutcache.store.ready import open_marker_shared
         from checkoutcache.workspaces import Workspace, copy_checkout, reap_own, workspaces_dir_of
 
         with self.hold(repo, commit, wait=wait, scope=scope, sparse=sparse) as held:
             answer = held.answer
             try:
+                # Only a path shaped as this very commit's checkout is copied (and only beside its
+                # root is a workspace made): never whatever a server, ours or not, names.
+                cone = parse_cone(sparse)
+                sha = parse_commit(commit)
+                if answer.commit != sha or root_of_checkout(answer.path or "", checkout_name(
+                        sha, cone_digest(cone) if cone else None)) is None:
+                    raise CheckoutCacheError("WORKSPACE_FAILED", detail=f"the sidecar answered {answer.path!r} for "
+                                             f"commit {answer.commit}: not the store's checkout of {sha}")
                 # The same path: the review mounts the root where the sidecar does (deploy/).
                 fd = open_marker_shared(RepoPaths.ready_marker_in(answer.path or ""))
                 if fd is None:

@@ -385,3 +385,59 @@ def test_workspace_remove_signals_only_the_keeper_that_holds_the_workspace(root,
         owner.wait(10)
         bystander.wait(10)
     wait_until(lambda: not os.path.exists(made["path"]), 30, "the keeper to remove the workspace")
+
+
+def test_the_client_copies_only_the_stores_checkout_of_the_commit_a_server_answers(root, upstream, tmp_path):
+    """A sidecar (or whatever listens at the client's URL) answers a path: the client copies it
+    into a workspace only when it is shaped as the store's checkout of the very commit asked
+    for. A directory elsewhere, even one with a ready marker, is refused and nothing is written."""
+    import http.server
+    import threading
+
+    from checkoutcache.client import Client, HoldFailed
+
+    sha = upstream.shas[-1]
+    secret = tmp_path / "home" / "secrets"
+    (secret / ".git").mkdir(parents=True)
+    (secret / "id_rsa").write_text("not for a workspace\n")
+    real = wait_ready(root, upstream.path, sha)["path"]
+    shutil.copy(os.path.join(real, ".git", "checkoutcache-ready"), secret / ".git" / "checkoutcache-ready")
+    lying = [str(secret), real.replace(sha, upstream.shas[0]), real + "/../" + os.path.basename(real)]
+    answers = iter(lying)
+    released = []
+
+    class Lying(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            if self.path == "/v1/release":
+                released.append(1)
+                body = {}
+            else:
+                body = {"state": "ready", "path": next(answers), "commit": sha, "repo": upstream.path,
+                        "hold": "h-1", "expires_in": 60}
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Lying)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    before = sorted(walk(str(tmp_path / "home")))
+    try:
+        client = Client(f"http://127.0.0.1:{server.server_address[1]}", token="t" * 32)
+        for path in lying:
+            with pytest.raises(HoldFailed) as refused:
+                client.workspace(upstream.path, sha, wait=5)
+            assert refused.value.answer.error == "WORKSPACE_FAILED", refused.value.answer
+            assert "not the store's checkout" in refused.value.answer.message, refused.value.answer
+        client.close()
+    finally:
+        server.shutdown()
+    assert len(released) == len(lying), "each hold was given back"
+    assert sorted(walk(str(tmp_path / "home"))) == before, "nothing written beside the path it was given"
+    assert not os.path.exists(os.path.join(root, "workspaces")) or os.listdir(os.path.join(root, "workspaces")) == []

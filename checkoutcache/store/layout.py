@@ -400,6 +400,21 @@ def checkout_name(sha: str, cone_digest: str | None = None) -> str:
     return f"{sha}-{cone_digest}" if cone_digest else sha
 
 
+def root_of_checkout(path: str, name: str) -> str | None:
+    """The root of a path shaped as checkout NAME's (<root>/repos/<key>/checkouts/<name>, absolute,
+    normalized), else None: what a process that did not compute the path itself (a client given
+    one by a server) checks before it works there."""
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        return None
+    checkouts, base = os.path.split(path)
+    repo, checkouts_name = os.path.split(checkouts)
+    repos, key = os.path.split(repo)
+    root, repos_name = os.path.split(repos)
+    if (base, checkouts_name, repos_name) != (name, "checkouts", "repos") or not key or key.startswith("."):
+        return None
+    return root
+
+
 def commit_of(name: str) -> str:
     """The commit of a checkout name."""
     return name.partition("-")[0]
