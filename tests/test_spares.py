@@ -25,6 +25,7 @@ from .helpers import (
     wait_ready,
     wait_until,
 )
+from .helpers.store import checkout_tree
 
 
 @pytest.fixture
@@ -196,10 +197,35 @@ def tamper_directory_where_the_next_commit_adds_a_file(tree, outside):
         handle.write("ignored, in the way\n")
 
 
+def tamper_tracked_directory_moved_and_symlinked(tree, outside):
+    # Its files keep their inode and ctime through the rename: read-tree's lstat through the
+    # link finds every stat as indexed, so only deleting the (untracked) link first saves it.
+    os.rename(os.path.join(tree, "pkg/m1"), os.path.join(tree, ".hidden"))
+    os.symlink("../.hidden", os.path.join(tree, "pkg/m1"))
+    elsewhere = os.path.join(os.path.dirname(outside), "elsewhere")
+    os.rename(os.path.join(tree, "pkg/m2"), elsewhere)  # out of the tree, on the same file system
+    os.symlink(elsewhere, os.path.join(tree, "pkg/m2"))
+
+
+def tamper_gitattributes_planted(tree, outside):
+    # git reads a .gitattributes its index lacks from the work tree: every file the update
+    # writes would get CRLF line ends, and the planted files then deleted.
+    for where in ("", "pkg/m2", "pkg/m0"):
+        with open(os.path.join(tree, where, ".gitattributes"), "w") as handle:
+            handle.write("* text eol=crlf\n")
+    os.utime(os.path.join(tree, "pkg/m2/f1.txt"))  # a stat that differs: written again
+
+
+def tamper_fifo_and_socket(tree, outside):
+    os.mkfifo(os.path.join(tree, "pkg/m0/fifo"))  # a later reader's open would block on it
+    os.mknod(os.path.join(tree, "pkg/m0/sock"), stat.S_IFSOCK | 0o644)
+
+
 TAMPERING = [tamper_modified, tamper_same_size_and_mtime, tamper_added_ignored_untracked, tamper_deleted,
              tamper_modes, tamper_symlinks_swapped, tamper_directory_swapped_for_symlink, tamper_nested_git,
              tamper_git_dir, tamper_index, tamper_symlink_where_the_next_commit_adds_a_file,
-             tamper_directory_where_the_next_commit_adds_a_file]
+             tamper_directory_where_the_next_commit_adds_a_file, tamper_tracked_directory_moved_and_symlinked,
+             tamper_gitattributes_planted, tamper_fifo_and_socket]
 
 
 @pytest.mark.parametrize("tamper", TAMPERING, ids=lambda t: t.__name__[len("tamper_"):])
@@ -226,15 +252,20 @@ def test_a_recycled_tree_is_exact_whatever_a_reader_did(root, project, tamper, t
     assert (outside / "victim.txt").read_text() == "outside the store\n"
     assert git("--no-optional-locks", "status", "--porcelain", "--ignored", "--untracked-files=all",
                cwd=answer["path"]) == ""
-    # What status never shows: an empty directory (a fresh checkout has none).
+    # What status never shows: an empty directory (a fresh checkout has none), a fifo, a socket.
     empty = [d for d, dirs, files in os.walk(answer["path"])
              if not dirs and not files and "/.git/" not in d + "/"]
     assert empty == [], empty
+    odd = [os.path.join(d, n) for d, dirs, files in os.walk(answer["path"]) for n in files
+           if not (stat.S_ISREG(os.lstat(os.path.join(d, n)).st_mode) or os.path.islink(os.path.join(d, n)))]
+    assert odd == [], odd
+    with open(os.path.join(answer["path"], "new.txt"), "rb") as handle:
+        assert b"\r" not in handle.read(), "written as the commit holds it"
     assert spare_entries(root) == []
 
 
-SPARE_STEPS = ["spare-taken", "spare-after-git-dir", "spare-after-checkout", "spare-after-directories",
-               "spare-after-proof", "after-rename"]
+SPARE_STEPS = ["spare-taken", "spare-old-git-removed", "spare-after-git-dir", "spare-after-leftovers",
+               "spare-after-checkout", "after-rename"]
 
 
 @pytest.mark.parametrize("step", SPARE_STEPS)
@@ -385,3 +416,48 @@ def test_a_recycled_tree_is_exact_in_either_sharing_mode(root, project, sharing,
     assert len(modes) == 1, f"a recycled tree's directories have a fresh one's mode: {modes}"
     group_writable = bool(modes.pop() & 0o020)
     assert group_writable == (sharing == "group")
+
+
+def test_gitlinks_of_either_commit_hold_nothing_a_reader_planted(root, tmp_path):
+    """Gitlinks without a .gitmodules (git lists nothing inside one as untracked): a file planted
+    in the spare's gitlink directory, and a directory planted where the next commit adds a
+    gitlink, are gone; each gitlink is an empty directory, as a fresh checkout makes it."""
+    repo = Upstream(str(tmp_path / "project"))
+    base = repo.commit({f"src/f{i}.txt": f"file {i}\n" for i in range(20)}, message="files")
+    git("update-index", "--add", "--cacheinfo", f"160000,{base},sub", cwd=repo.path)
+    git("commit", "-qm", "A: a gitlink, no .gitmodules", cwd=repo.path)
+    a = git("rev-parse", "HEAD", cwd=repo.path)
+    with open(os.path.join(repo.path, "src/f0.txt"), "w") as handle:
+        handle.write("changed in B\n")
+    git("add", "src/f0.txt", cwd=repo.path)
+    git("update-index", "--add", "--cacheinfo", f"160000,{base},vendor/lib", cwd=repo.path)
+    git("commit", "-qm", "B: another gitlink", cwd=repo.path)
+    b = git("rev-parse", "HEAD", cwd=repo.path)
+    checkout = wait_ready(root, repo.path, a)["path"]
+    os.makedirs(os.path.join(checkout, "sub", "deep"))
+    with open(os.path.join(checkout, "sub", "deep", "planted.txt"), "w") as handle:
+        handle.write("in the spare's gitlink\n")
+    os.makedirs(os.path.join(checkout, "vendor", "lib", "deep"))
+    with open(os.path.join(checkout, "vendor", "lib", "deep", "planted.txt"), "w") as handle:
+        handle.write("where B adds a gitlink\n")
+    evict_to_spare(root, checkout)
+    answer = wait_ready(root, repo.path, b)
+    log = open(only_repo(root).clone_log(b)).read()
+    assert "updated the spare of" in log, log
+    listing = git("ls-tree", "-r", "-z", b, cwd=repo.path)
+    expected = {}
+    gitlinks = []
+    for item in filter(None, listing.split("\0")):
+        meta, path = item.split("\t", 1)
+        mode, _kind, oid = meta.split()
+        if mode == "160000":
+            gitlinks.append(path)
+        else:
+            expected[path] = (mode, oid)
+    assert sorted(gitlinks) == ["sub", "vendor/lib"] and len(expected) == 20
+    assert checkout_tree(answer["path"]) == expected
+    for path in gitlinks:
+        assert os.listdir(os.path.join(answer["path"], path)) == [], path
+    assert git("--no-optional-locks", "status", "--porcelain", "--ignored", "--untracked-files=all",
+               cwd=answer["path"]) == ""
+

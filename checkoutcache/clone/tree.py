@@ -14,14 +14,17 @@ Two ways to a tree:
   settings, the nearest in history, taken by one rename into our scratch and updated
   in place. Nothing in it is trusted but what we can prove: its .git is deleted and
   made anew, its index is used only if its identity (inode, ctime, size) is the one
-  recorded when the checkout was published (no process can set a ctime back), every
-  path whose stat differs from that index (a racily clean one's content compared), or
-  that is in the way of one, is written anew (`git read-tree --reset -u`: its check of
-  every entry is the proof of the tracked files, the same one `git status` makes), then
-  one walk of git's lists everything it does not track (untracked, ignored, empty or
-  nested directories), deleted beneath the tree; beside that walk, one `find` sets
-  directory modes back and deletes `.git` entries below the
-  top (which git itself never lists). This holds whoever changed the tree
+  recorded when the checkout was published (no process can set a ctime back). With
+  that index, first everything it does not track goes, beneath the tree: what git lists
+  as untracked (ignored too, empty directories, nested repositories), every gitlink's
+  contents, and what git lists nowhere (`find`: `.git` entries below the top, fifos,
+  sockets; directory modes set back). Only then `git read-tree --reset -u` writes anew
+  every path whose stat differs from the index (a racily clean one's content compared)
+  and every path the commit changes: its check of every entry is the proof of the
+  tracked files, the one `git status` makes, and it holds because nothing untracked is
+  left (read-tree's lstat follows a symlink a reader put in place of a tracked
+  directory, and it reads a .gitattributes the index lacks from the work tree: both
+  are untracked, so both are gone). This holds whoever changed the tree
   (the writer's own uid in the one-writer mode, a peer in the group mode): none of it
   rests on who may write. Any doubt, and the spare is dropped and the tree is made
   fresh: a spare only ever saves time.
@@ -36,6 +39,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import threading
 import time
 from typing import Any, Callable
 
@@ -186,29 +190,50 @@ class TreeBuilder:
             raise SpareUnusable(f"its .git could not be removed ({removal.unremovable[0].error})")
         step("spare-old-git-removed")
         w.on_progress({"phase": "checking out"})
-        w.backend.update_tree(tree, index, w.paths.mirror_objects, spare.sha, w.sha, w.on_progress, w.log,
-                              w.lfs_config, cone=w.cone, step=step,
-                              empty_gitlink=self.empty_directory if spare.record.get("submodules") else None)
-        step("spare-after-checkout")
+        w.backend.prepare_update(tree, index, w.paths.mirror_objects, w.sha, w.lfs_config, cone=w.cone)
+        step("spare-after-git-dir")
+        # Before git's update, as `git clean` would, but with what clean never sees: read-tree's
+        # check of the tracked files holds only with nothing untracked left (a symlink standing
+        # in for a tracked directory, a .gitattributes the index lacks).
+        self.clear_leftovers(tree)
         if w.cone:
             self.remove_outside_cone(tree)
-        # The two walks for what git's read-tree does not look at run side by side (git's
-        # listing of what it does not track, and find for what git lists nowhere): both only
-        # read, and what they found is changed after both.
+        step("spare-after-leftovers")
+        w.backend.update_tree(tree, w.sha, w.on_progress, w.log, w.lfs_config)
+        step("spare-after-checkout")
+
+    def clear_leftovers(self, tree: str) -> None:
+        """Everything of the tree its (verified) index does not track, gone: what git lists as
+        untracked (ignored too, empty and nested-repository directories), the contents of every
+        gitlink's directory (populated anew later, as in a fresh tree), and what git lists
+        nowhere (find: `.git` entries below the top, fifos and sockets; directory modes set
+        back). The three listings run side by side (they only read); the changes come after."""
+        w = self.w
         directories = self.find_directories(tree)
+        found: dict[str, list[bytes]] = {}
+        failed: list[BaseException] = []
+
+        def list_gitlinks() -> None:
+            try:
+                found["gitlinks"] = w.backend.gitlinks(tree)
+            except BaseException as exc:  # raised below, in the worker's own thread
+                failed.append(exc)
+
+        beside = threading.Thread(target=list_gitlinks, name="cc-gitlinks", daemon=True)
+        beside.start()
         try:
             untracked = w.backend.untracked(tree)
         finally:
+            beside.join()
             self.restore_directories(tree, directories)
-        step("spare-after-directories")
-        # Whatever a reader left that git does not track (untracked, ignored, an empty
-        # directory, a nested repository): deleted beneath the tree, each removal complete,
-        # or the spare is not used.
+        if failed:
+            raise failed[0]
+        for rel in found["gitlinks"]:
+            self.empty_directory(rel)
         for rel in untracked:
             removal = remove_tree(os.path.join(tree, os.fsdecode(rel)))
             if not removal.complete:
                 raise SpareUnusable(f"an untracked entry could not be removed: {rel[:200]!r}")
-        step("spare-after-proof")
 
     def empty_directory(self, rel: bytes) -> None:
         """Empty a submodule's directory of the spare (populated anew like a fresh tree's), resolved
@@ -273,39 +298,44 @@ class TreeBuilder:
         return (0o777 & ~umask) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID else 0)
 
     def find_directories(self, tree: str) -> subprocess.Popen:
-        """Start the walk for what git lists nowhere: directories of another mode, and `.git`
-        entries below the top (git's status skips every entry named .git)."""
+        """Start the walk for what git lists nowhere: directories of another mode, `.git`
+        entries below the top (git skips every entry named .git), and what is neither a file,
+        a directory nor a symlink (a fifo a later reader would block on, a socket)."""
         mode = self.directory_mode(tree)
         return subprocess.Popen(
             ["find", ".", "-mindepth", "1", "(", "-path", "./.git", "-prune", ")", "-o",
              "(", "-name", ".git", "-printf", "G%P\\0", "-prune", ")", "-o",
-             "(", "-type", "d", "!", "-perm", f"{mode:o}", "-printf", "D%P\\0", ")"],
+             "(", "-type", "d", "!", "-perm", f"{mode:o}", "-printf", "D%P\\0", ")", "-o",
+             "(", "!", "-type", "d", "!", "-type", "f", "!", "-type", "l", "-printf", "O%P\\0", ")"],
             cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL)
 
     def restore_directories(self, tree: str, found: subprocess.Popen) -> None:
-        """Directory modes as a fresh checkout makes them, and no `.git` below the top, from
-        what find_directories found."""
+        """Directory modes as a fresh checkout makes them, and no `.git` below the top, no fifo
+        or socket, from what find_directories found."""
         mode = self.directory_mode(tree)
         if stat.S_IMODE(os.lstat(tree).st_mode) != mode:
             os.chmod(tree, mode)
         out, err = found.communicate()
         if found.returncode != 0:
             raise SpareUnusable(f"find failed: {err.decode('utf-8', 'replace').strip()[-200:]}")
-        for entry in (e for e in out.split(b"\0") if e):
-            kind, rel = entry[:1], entry[1:]
-            path = os.path.join(os.fsencode(tree), rel)
-            if kind == b"G":
-                if not remove_tree(os.fsdecode(path)).complete:
-                    raise SpareUnusable(f"a nested .git could not be removed: {rel[:200]!r}")
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue  # inside a nested .git removed above
-            try:
-                os.fchmod(fd, mode)
-            finally:
-                os.close(fd)
+        tree_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for entry in (e for e in out.split(b"\0") if e):
+                kind, rel = entry[:1], entry[1:]
+                if kind in (b"G", b"O"):
+                    if not remove_tree(os.fsdecode(os.path.join(os.fsencode(tree), rel))).complete:
+                        raise SpareUnusable(f"a nested .git, fifo or socket could not be removed: {rel[:200]!r}")
+                    continue
+                try:  # opened beneath the tree: a leading component that is no directory is never followed
+                    fd = open_dir_beneath(tree_fd, rel)
+                except (Escape, FileNotFoundError, NotADirectoryError):
+                    continue  # gone with a nested .git removed above, or not ours to change
+                try:
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(tree_fd)
 
     # ------------------------------------------------------------ submodules
     def add_submodules(self) -> dict:

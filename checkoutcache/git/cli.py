@@ -750,48 +750,33 @@ class GitCliBackend:
         done = self._run(["--git-dir", mirror, "rev-list", "--count", f"{a}...{b}", "--"])
         return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else None
 
-    def update_tree(self, tree_dir: str, index: str, mirror_objects: str, old_sha: str, sha: str,
-                    on_progress: Progress, log: Log, lfs: dict[str, str] | None = None,
-                    keep_fds: tuple[int, ...] = (), cone: Cone = (),
-                    empty_gitlink: Callable[[bytes], None] | None = None,
-                    step: Callable[[str], None] = lambda _name: None) -> None:
-        """Turn a spare's tree of old_sha into sha's, in place. The tree's own .git is gone
-        (the caller removed it: nothing in it is trusted); a new one is made as for a fresh
-        checkout and given `index`, the one git wrote when old_sha was checked out there (the
-        caller proved it unchanged since). Then: every path whose stat differs from that
-        index (modified, chmod'ed, replaced, a symlink swapped in, a leading directory turned
-        into a symlink) and every entry sha changes is written anew by `git read-tree --reset
-        -u` (reset: a stat that differs is a file to write, content equal or not, so a file a
-        reader swapped for its LFS pointer is written too; an untracked file, directory or
-        symlink in the way of a path sha adds is replaced, never written through; -u writes
-        through git's own checks, which never follow a symlink in a leading component);
-        before it, empty_gitlink(path) empties each submodule's directory (the caller
-        populates them anew). read-tree's stat check of every entry against that index (a
-        racily clean one's content compared, as `git status` would) is the proof of the
-        tracked files; what is untracked or ignored is the caller's to list (untracked) and
-        delete: one walk of the tree after git's own, not three."""
+    def prepare_update(self, tree_dir: str, index: str, mirror_objects: str, sha: str,
+                       lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = (), cone: Cone = ()) -> None:
+        """The first half of turning a spare's tree into sha's, in place: the tree's own .git is
+        gone (the caller removed it: nothing in it is trusted); a new one is made as for a fresh
+        checkout and given `index`, the one git wrote when the spare's commit was checked out
+        there (the caller proved it unchanged since), HEAD detached at sha. What the index
+        does not track is then the caller's to delete (untracked, gitlinks), before update_tree."""
         self._new_git_dir(tree_dir, mirror_objects, lfs, keep_fds, cone)
         os.replace(index, os.path.join(tree_dir, ".git", "index"))
         with open(os.path.join(tree_dir, ".git", "HEAD"), "w") as handle:
             handle.write(sha + "\n")  # detached, as a fresh checkout's
-        step("spare-after-git-dir")
+
+    def update_tree(self, tree_dir: str, sha: str, on_progress: Progress, log: Log,
+                    lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = ()) -> None:
+        """The second half: every path whose stat differs from the index (modified, chmod'ed,
+        replaced, missing; a racily clean one by content) and every entry sha changes is
+        written anew by `git read-tree --reset -u` (reset: a stat that differs is a file to
+        write, content equal or not, so a file a reader swapped for its LFS pointer is written
+        too; -u writes through git's own checks, which never follow a symlink in a leading
+        component). Its check of every entry is the proof of the tracked files only because
+        the caller deleted every untracked entry first: read-tree's lstat of a path follows a
+        symlink standing in for a tracked directory (its moved files keep their stat), and
+        it reads a .gitattributes the index lacks from the work tree."""
         never_download = ["-c", f"lfs.url={NO_LFS_ENDPOINT}"] if lfs else []
-
-        def run(*args: str, stdin: bytes | None = None) -> bytes:
-            done = subprocess.run([self.git, "-C", tree_dir, *never_download, *args], input=stdin,
-                                  capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
-            if done.returncode != 0:
-                stderr = done.stderr.decode("utf-8", "replace")
-                raise git_failure(stderr, last_meaningful_line(stderr), [])
-            return done.stdout
-
-        if empty_gitlink is not None:
-            for entry in run("ls-files", "--stage", "-z").split(b"\0"):
-                if entry.startswith(b"160000 ") and b"\t" in entry:
-                    empty_gitlink(entry.split(b"\t", 1)[1])
         # One tree, reset: an entry whose id is the same and whose file's stat is the index's
-        # stays as it is, any other is written, and what sha lacks is deleted. It never reads old_sha's
-        # objects, so gc need not keep them for a spare.
+        # stays as it is, any other is written, and what sha lacks is deleted. It never reads
+        # the spare's commit's objects, so gc need not keep them for a spare.
         cmd = ["-C", tree_dir, "-c", "checkout.workers=0", *never_download, "read-tree", "--reset", "-u", sha]
         code, output = self._stream(cmd, git_env(), on_progress, log, [], keep_fds)
         if code != 0:
@@ -799,11 +784,32 @@ class GitCliBackend:
                 raise lfs_failure(output, last_meaningful_line(output), [])
             raise git_failure(output, last_meaningful_line(output), [])
 
+    def gitlinks(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> list[bytes]:
+        """The paths of the index's gitlinks (submodules, with or without a .gitmodules): git
+        lists nothing inside one as untracked."""
+        listed = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--stage", "-z"],
+                                capture_output=True, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
+                                pass_fds=keep_fds)
+        if listed.returncode != 0:
+            stderr = listed.stderr.decode("utf-8", "replace")
+            raise git_failure(stderr, last_meaningful_line(stderr), [])
+        out, found, at = b"\0" + listed.stdout, [], 0
+        # A search, not a split: 50,000 entries are one bytes scan, a gitlink or two are parsed.
+        while (at := out.find(b"\x00160000 ", at)) >= 0:
+            end = out.find(b"\0", at + 1)
+            entry = out[at + 1:end if end >= 0 else len(out)]
+            if b"\t" in entry:
+                found.append(entry.split(b"\t", 1)[1])
+            at += 1
+        return found
+
     def untracked(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> list[bytes]:
         """Every entry of a work tree its index does not track, in one walk: untracked and
         ignored files alike (no exclude rule is read, so no .gitignore hides one), a
         directory holding nothing tracked (empty, or a nested repository) named once.
-        Entries named .git are never listed (git skips them everywhere): the caller's."""
+        Never listed (the caller's to find): entries named .git (git skips them everywhere),
+        what is inside a gitlink's directory, and what is neither a file, a directory nor a
+        symlink (a fifo, a socket)."""
         listed = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--others",
                                  "--directory", "-z"], capture_output=True, env=git_env(),
                                 stdin=subprocess.DEVNULL, cwd="/", pass_fds=keep_fds)
