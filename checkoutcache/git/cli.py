@@ -786,8 +786,11 @@ class GitCliBackend:
 
     def gitlinks(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> list[bytes]:
         """The paths of the index's gitlinks (submodules, with or without a .gitmodules): git
-        lists nothing inside one as untracked."""
-        listed = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--stage", "-z"],
+        lists nothing inside one as untracked. --sparse: a sparse index is read as it is (a
+        directory outside the cone is one entry, and goes whole), not expanded to every path
+        of the tree (0.13 s against 0.00 s on 50,000 files)."""
+        listed = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--sparse", "--stage",
+                                 "-z"],
                                 capture_output=True, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
                                 pass_fds=keep_fds)
         if listed.returncode != 0:
