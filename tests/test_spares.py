@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 
 import pytest
 
@@ -221,11 +222,45 @@ def tamper_fifo_and_socket(tree, outside):
     os.mknod(os.path.join(tree, "pkg/m0/sock"), stat.S_IFSOCK | 0o644)
 
 
+def tamper_nested_repository_whose_head_is_a_fifo(tree, outside):
+    # git reads a nested repository's HEAD to tell it is one: a fifo there blocked the listing
+    # (and the worker) until the clone timeout.
+    os.makedirs(os.path.join(tree, "junk", ".git"))
+    os.mkfifo(os.path.join(tree, "junk", ".git", "HEAD"))
+    elsewhere = os.path.join(os.path.dirname(outside), "gitdir")
+    os.makedirs(elsewhere)
+    os.mkfifo(os.path.join(elsewhere, "HEAD"))
+    os.makedirs(os.path.join(tree, "junk2"))
+    with open(os.path.join(tree, "junk2", ".git"), "w") as handle:
+        handle.write(f"gitdir: {elsewhere}\n")
+
+
+def tamper_mode_and_hard_link_at_once(tree, outside):
+    # Right after the checkout, within its second: git's stat compares ctime to the second, so
+    # its check alone took both files as unchanged (a world-writable file; one whose inode a
+    # file outside the tree shares).
+    os.chmod(os.path.join(tree, "pkg/m3/f1.txt"), 0o666)
+    os.link(os.path.join(tree, "pkg/m3/f2.txt"), os.path.join(os.path.dirname(outside), "linked"))
+
+
+def tamper_default_acl(tree, outside):
+    # A default ACL granting everyone rwx: every file git then writes there would be 0666,
+    # whatever the umask; the directory's mode bits do not change.
+    import struct
+
+    undefined = 0xFFFFFFFF
+    acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, 7, undefined) for tag in (0x01, 0x04, 0x20))
+    for where in ("pkg/m0", "pkg"):
+        os.setxattr(os.path.join(tree, where), "system.posix_acl_default", acl)
+    os.utime(os.path.join(tree, "pkg/m0/f2.txt"))  # written again by the update, in that directory
+
+
 TAMPERING = [tamper_modified, tamper_same_size_and_mtime, tamper_added_ignored_untracked, tamper_deleted,
              tamper_modes, tamper_symlinks_swapped, tamper_directory_swapped_for_symlink, tamper_nested_git,
              tamper_git_dir, tamper_index, tamper_symlink_where_the_next_commit_adds_a_file,
              tamper_directory_where_the_next_commit_adds_a_file, tamper_tracked_directory_moved_and_symlinked,
-             tamper_gitattributes_planted, tamper_fifo_and_socket]
+             tamper_gitattributes_planted, tamper_fifo_and_socket, tamper_nested_repository_whose_head_is_a_fifo,
+             tamper_mode_and_hard_link_at_once, tamper_default_acl]
 
 
 @pytest.mark.parametrize("tamper", TAMPERING, ids=lambda t: t.__name__[len("tamper_"):])
@@ -261,6 +296,12 @@ def test_a_recycled_tree_is_exact_whatever_a_reader_did(root, project, tamper, t
     assert odd == [], odd
     with open(os.path.join(answer["path"], "new.txt"), "rb") as handle:
         assert b"\r" not in handle.read(), "written as the commit holds it"
+    # Every file as a fresh checkout writes it: its mode under the umask, an inode of its own.
+    files = [os.path.join(d, n) for d, _, names in os.walk(answer["path"]) if "/.git" not in d + "/"
+             for n in names if stat.S_ISREG(os.lstat(os.path.join(d, n)).st_mode)]
+    assert len(files) > 30
+    assert {stat.S_IMODE(os.lstat(f).st_mode) for f in files} <= {0o644, 0o755}, "modes as the umask makes them"
+    assert {os.lstat(f).st_nlink for f in files} == {1}, "no file shares its inode"
     assert spare_entries(root) == []
 
 
@@ -460,4 +501,26 @@ def test_gitlinks_of_either_commit_hold_nothing_a_reader_planted(root, tmp_path)
         assert os.listdir(os.path.join(answer["path"], path)) == [], path
     assert git("--no-optional-locks", "status", "--porcelain", "--ignored", "--untracked-files=all",
                cwd=answer["path"]) == ""
+
+
+def test_a_spare_whose_tree_cannot_be_emptied_never_leaves_it_in_a_fresh_checkout(root, project, tmp_path):
+    """An untracked file no one may delete (immutable; in the group mode a peer's directory): the
+    spare is not used, and what could not be deleted is set aside, never left in the tree the
+    fresh checkout is made into."""
+    a, b = project.shas
+    checkout = wait_ready(root, project.path, a)["path"]
+    stuck = os.path.join(checkout, "pkg", "peerdir", "x")
+    os.makedirs(os.path.dirname(stuck))
+    with open(stuck, "w") as handle:
+        handle.write("cannot be deleted\n")
+    subprocess.run(["chattr", "+i", stuck], check=True)
+    try:
+        evict_to_spare(root, checkout)
+        answer = wait_ready(root, project.path, b)
+        assert_checkout_matches(answer["path"], project.path, b)
+        assert not os.path.exists(os.path.join(answer["path"], "pkg", "peerdir"))
+        log = open(only_repo(root).clone_log(b)).read()
+        assert "not used" in log and "could not be emptied" in log and "updated the spare" not in log, log
+    finally:  # wherever it went (scratch, trash), pytest may delete it again
+        subprocess.run(["chattr", "-R", "-i", root], capture_output=True)
 

@@ -15,16 +15,18 @@ Two ways to a tree:
   in place. Nothing in it is trusted but what we can prove: its .git is deleted and
   made anew, its index is used only if its identity (inode, ctime, size) is the one
   recorded when the checkout was published (no process can set a ctime back). With
-  that index, first everything it does not track goes, beneath the tree: what git lists
-  as untracked (ignored too, empty directories, nested repositories), every gitlink's
-  contents, and what git lists nowhere (`find`: `.git` entries below the top, fifos,
-  sockets; directory modes set back). Only then `git read-tree --reset -u` writes anew
-  every path whose stat differs from the index (a racily clean one's content compared)
+  that index, first everything it does not vouch for goes, beneath the tree: `find`
+  first and alone (what a git listing must not meet): `.git` entries below the top,
+  fifos, sockets, and every file or symlink whose ctime is newer than the index (to the
+  nanosecond: a chmod, a hard link or an edit git's whole-second stat would miss), with
+  directory modes set back and ACLs dropped; then what git lists as untracked (ignored
+  too, empty directories, nested repositories) and every gitlink's contents. Only then
+  `git read-tree --reset -u` writes anew every path whose stat differs from the index
   and every path the commit changes: its check of every entry is the proof of the
-  tracked files, the one `git status` makes, and it holds because nothing untracked is
-  left (read-tree's lstat follows a symlink a reader put in place of a tracked
-  directory, and it reads a .gitattributes the index lacks from the work tree: both
-  are untracked, so both are gone). This holds whoever changed the tree
+  tracked files, and it holds because nothing it could be misled by is left (its lstat
+  follows a symlink a reader put in place of a tracked directory, it reads a
+  .gitattributes the index lacks from the work tree, and it compares ctime by the
+  second: all gone before it runs). This holds whoever changed the tree
   (the writer's own uid in the one-writer mode, a peer in the group mode): none of it
   rests on who may write. Any doubt, and the spare is dropped and the tree is made
   fresh: a spare only ever saves time.
@@ -58,6 +60,20 @@ from checkoutcache.testhooks import checkpoint
 
 # The spares whose distance in history is measured (one git execution each), newest first.
 NEAREST_OF = 4
+
+
+# The ACLs a reader may have set on a directory (setfacl): dropped with the mode set back.
+ACL_ATTRIBUTES = ("system.posix_acl_default", "system.posix_acl_access")
+
+
+def restore_directory(fd: int, mode: int) -> None:
+    """A directory (by descriptor) as a fresh checkout makes it: its mode, no ACL."""
+    os.fchmod(fd, mode)
+    for name in ACL_ATTRIBUTES:
+        try:
+            os.removexattr(fd, name)
+        except OSError:
+            pass  # none there (ENODATA), or a file system without ACLs
 
 
 class SpareUnusable(Exception):
@@ -95,6 +111,9 @@ class TreeBuilder:
 
     def checkout_fresh(self) -> None:
         w = self.w
+        if os.path.isdir(w.scratch.tree) and os.listdir(w.scratch.tree):
+            raise CheckoutCacheError("CLONE_FAILED", detail=f"the scratch tree {w.scratch.tree} is not empty: a "
+                                                            f"checkout is only ever made into an empty one")
         try:
             w.backend.checkout(w.scratch.tree, w.paths.mirror_objects, w.sha, w.on_progress, w.log, w.lfs_config,
                                cone=w.cone)
@@ -155,7 +174,14 @@ class TreeBuilder:
                 if isinstance(exc, CheckoutCacheError) and exc.code == "DISK_FULL":
                     raise
                 w.log(f"spare of {spare.name} not used: {exc}; checking out afresh")
-                remove_tree(w.scratch.tree)
+                removal = remove_tree(w.scratch.tree)
+                if not removal.complete:
+                    # What could not be deleted (an immutable file, a peer's directory) never
+                    # reaches the fresh checkout: the tree goes back into the spare's slot in our
+                    # scratch (a rename works whatever it holds), reaped with the scratch.
+                    w.log(f"the spare's tree could not be emptied ({removal.unremovable[0].path or '.'}: "
+                          f"{removal.unremovable[0].error}); set aside in the scratch")
+                    store_tree.rename(w.scratch.tree, RepoPaths.spare_tree(taken))
                 remove_tree(taken)
                 records.remove_quietly(RepoPaths.scratch_index(w.scratch.path))
                 return False
@@ -203,13 +229,16 @@ class TreeBuilder:
         step("spare-after-checkout")
 
     def clear_leftovers(self, tree: str) -> None:
-        """Everything of the tree its (verified) index does not track, gone: what git lists as
-        untracked (ignored too, empty and nested-repository directories), the contents of every
-        gitlink's directory (populated anew later, as in a fresh tree), and what git lists
-        nowhere (find: `.git` entries below the top, fifos and sockets; directory modes set
-        back). The three listings run side by side (they only read); the changes come after."""
+        """Everything of the tree its (verified) index does not vouch for, gone. First, alone,
+        what no git listing may meet (find): `.git` entries below the top (git reads a nested
+        repository's HEAD: a fifo there would block it), fifos and sockets, and every file or
+        symlink changed since the index was written (its ctime, to the nanosecond, newer than
+        the index's mtime: a chmod, a hard link or an edit git's whole-second stat would miss);
+        directories get their mode back and lose any ACL. Then git's two listings side by
+        side: what it does not track (ignored too, empty and nested-repository directories),
+        deleted; and the contents of every gitlink's directory (populated anew later)."""
         w = self.w
-        directories = self.find_directories(tree)
+        self.apply_found(tree, self.find_leftovers(tree))
         found: dict[str, list[bytes]] = {}
         failed: list[BaseException] = []
 
@@ -225,27 +254,27 @@ class TreeBuilder:
             untracked = w.backend.untracked(tree)
         finally:
             beside.join()
-            self.restore_directories(tree, directories)
         if failed:
             raise failed[0]
-        for rel in found["gitlinks"]:
-            self.empty_directory(rel)
         for rel in untracked:
             removal = remove_tree(os.path.join(tree, os.fsdecode(rel)))
             if not removal.complete:
                 raise SpareUnusable(f"an untracked entry could not be removed: {rel[:200]!r}")
+        for rel in found["gitlinks"]:
+            self.empty_directory(rel)
 
     def empty_directory(self, rel: bytes) -> None:
-        """Empty a submodule's directory of the spare (populated anew like a fresh tree's), resolved
-        beneath the tree without following a symlink; what is not a directory there is git's
-        to replace."""
+        """Empty a gitlink's directory of the spare (a submodule is populated anew, as in a fresh
+        tree), resolved beneath the tree without following a symlink."""
         tree_fd = os.open(self.w.scratch.tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             parent, _, name = rel.rpartition(b"/")
             try:
                 parent_fd = open_dir_beneath(tree_fd, parent) if parent else os.dup(tree_fd)
-            except (Escape, FileNotFoundError):
-                return  # a leading component is not a directory: stale, written anew by git
+            except FileNotFoundError:
+                return  # git makes it
+            except (Escape, NotADirectoryError) as exc:  # every untracked entry is gone already: a doubt
+                raise SpareUnusable(f"a submodule's directory could not be reached: {rel[:200]!r}") from exc
             try:
                 try:
                     info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
@@ -297,41 +326,55 @@ class TreeBuilder:
         os.umask(umask)
         return (0o777 & ~umask) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID else 0)
 
-    def find_directories(self, tree: str) -> subprocess.Popen:
-        """Start the walk for what git lists nowhere: directories of another mode, `.git`
-        entries below the top (git skips every entry named .git), and what is neither a file,
-        a directory nor a symlink (a fifo a later reader would block on, a socket)."""
+    def find_leftovers(self, tree: str) -> bytes:
+        """One walk (find, lstat of every entry, never following a symlink) for what git lists
+        nowhere or would miss; its NUL-separated lines, each a kind letter and a path: G a
+        nested .git, O a fifo or socket, C a file or symlink changed since .git/index was
+        written, D a directory of another mode or changed since (an ACL a reader set on it)."""
+        from checkoutcache.git.cli import RUNNING  # a timeout's kill stops it too
+
         mode = self.directory_mode(tree)
-        return subprocess.Popen(
+        newer = ["-cnewer", ".git/index"]  # ctime against the index's mtime, in nanoseconds
+        proc = subprocess.Popen(
             ["find", ".", "-mindepth", "1", "(", "-path", "./.git", "-prune", ")", "-o",
              "(", "-name", ".git", "-printf", "G%P\\0", "-prune", ")", "-o",
-             "(", "-type", "d", "!", "-perm", f"{mode:o}", "-printf", "D%P\\0", ")", "-o",
-             "(", "!", "-type", "d", "!", "-type", "f", "!", "-type", "l", "-printf", "O%P\\0", ")"],
+             "(", "-type", "d", "(", "!", "-perm", f"{mode:o}", "-o", *newer, ")", "-printf", "D%P\\0", ")", "-o",
+             "(", "!", "-type", "d", "!", "-type", "f", "!", "-type", "l", "-printf", "O%P\\0", ")", "-o",
+             "(", "!", "-type", "d", *newer, "-printf", "C%P\\0", ")"],
             cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL)
-
-    def restore_directories(self, tree: str, found: subprocess.Popen) -> None:
-        """Directory modes as a fresh checkout makes them, and no `.git` below the top, no fifo
-        or socket, from what find_directories found."""
-        mode = self.directory_mode(tree)
-        if stat.S_IMODE(os.lstat(tree).st_mode) != mode:
-            os.chmod(tree, mode)
-        out, err = found.communicate()
-        if found.returncode != 0:
+        RUNNING.add(proc)
+        try:
+            out, err = proc.communicate()
+        finally:
+            RUNNING.discard(proc)
+        if proc.returncode != 0:
             raise SpareUnusable(f"find failed: {err.decode('utf-8', 'replace').strip()[-200:]}")
+        return out
+
+    def apply_found(self, tree: str, found: bytes) -> None:
+        """Delete what find_leftovers found (read-tree writes anew what is tracked of it); set
+        directories' modes back and drop their ACLs (a default ACL would give every file read-tree
+        writes there its mode, whatever the umask)."""
+        mode = self.directory_mode(tree)
         tree_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            for entry in (e for e in out.split(b"\0") if e):
+            restore_directory(tree_fd, mode)
+            directories = []
+            for entry in (e for e in found.split(b"\0") if e):
                 kind, rel = entry[:1], entry[1:]
-                if kind in (b"G", b"O"):
-                    if not remove_tree(os.fsdecode(os.path.join(os.fsencode(tree), rel))).complete:
-                        raise SpareUnusable(f"a nested .git, fifo or socket could not be removed: {rel[:200]!r}")
-                    continue
+                if kind == b"D":
+                    directories.append(rel)
+                elif not remove_tree(os.fsdecode(os.path.join(os.fsencode(tree), rel))).complete:
+                    raise SpareUnusable(f"an entry git cannot vouch for could not be removed: {rel[:200]!r}")
+            for rel in directories:
                 try:  # opened beneath the tree: a leading component that is no directory is never followed
                     fd = open_dir_beneath(tree_fd, rel)
-                except (Escape, FileNotFoundError, NotADirectoryError):
-                    continue  # gone with a nested .git removed above, or not ours to change
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # under a nested .git removed above
+                except Escape as exc:
+                    raise SpareUnusable(f"a directory could not be reached beneath the tree: {rel[:200]!r}") from exc
                 try:
-                    os.fchmod(fd, mode)
+                    restore_directory(fd, mode)
                 finally:
                     os.close(fd)
         finally:

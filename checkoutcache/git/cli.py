@@ -789,14 +789,7 @@ class GitCliBackend:
         lists nothing inside one as untracked. --sparse: a sparse index is read as it is (a
         directory outside the cone is one entry, and goes whole), not expanded to every path
         of the tree (0.13 s against 0.00 s on 50,000 files)."""
-        listed = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--sparse", "--stage",
-                                 "-z"],
-                                capture_output=True, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
-                                pass_fds=keep_fds)
-        if listed.returncode != 0:
-            stderr = listed.stderr.decode("utf-8", "replace")
-            raise git_failure(stderr, last_meaningful_line(stderr), [])
-        out, found, at = b"\0" + listed.stdout, [], 0
+        out, found, at = b"\0" + self._listing(tree_dir, ["ls-files", "--sparse", "--stage", "-z"], keep_fds), [], 0
         # A search, not a split: 50,000 entries are one bytes scan, a gitlink or two are parsed.
         while (at := out.find(b"\x00160000 ", at)) >= 0:
             end = out.find(b"\0", at + 1)
@@ -813,13 +806,23 @@ class GitCliBackend:
         Never listed (the caller's to find): entries named .git (git skips them everywhere),
         what is inside a gitlink's directory, and what is neither a file, a directory nor a
         symlink (a fifo, a socket)."""
-        listed = subprocess.run([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--others",
-                                 "--directory", "-z"], capture_output=True, env=git_env(),
-                                stdin=subprocess.DEVNULL, cwd="/", pass_fds=keep_fds)
-        if listed.returncode != 0:
-            stderr = listed.stderr.decode("utf-8", "replace")
+        listed = self._listing(tree_dir, ["ls-files", "--others", "--directory", "-z"], keep_fds)
+        return [entry.rstrip(b"/") for entry in listed.split(b"\0") if entry.rstrip(b"/")]
+
+    def _listing(self, tree_dir: str, args: list[str], keep_fds: tuple[int, ...]) -> bytes:
+        """What a read-only git command prints about a work tree; a timeout's kill stops it."""
+        proc = subprocess.Popen([self.git, "--no-optional-locks", "-C", tree_dir, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
+                                pass_fds=keep_fds)
+        RUNNING.add(proc)
+        try:
+            out, err = proc.communicate()
+        finally:
+            RUNNING.discard(proc)
+        if proc.returncode != 0:
+            stderr = err.decode("utf-8", "replace")
             raise git_failure(stderr, last_meaningful_line(stderr), [])
-        return [entry.rstrip(b"/") for entry in listed.stdout.split(b"\0") if entry.rstrip(b"/")]
+        return out
 
     def _check_written(self, tree_dir: str, keep_fds: tuple[int, ...], output: str) -> None:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
