@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -524,3 +525,42 @@ def test_a_spare_whose_tree_cannot_be_emptied_never_leaves_it_in_a_fresh_checkou
     finally:  # wherever it went (scratch, trash), pytest may delete it again
         subprocess.run(["chattr", "-R", "-i", root], capture_output=True)
 
+
+
+def test_a_tree_a_process_still_works_in_is_never_made_a_spare(root, project, tmp_path):
+    """A process left in an evicted checkout (its working directory there, a file open): had the
+    tree become a spare, what it wrote later would land in the next commit's published tree.
+    gc deletes such a tree instead; the process's later writes go nowhere."""
+    a, b = project.shas
+    checkout = wait_ready(root, project.path, a)["path"]
+    go = tmp_path / "go"
+    script = ("import os, sys, time\n"
+              "os.chdir(os.path.join(sys.argv[1], 'pkg', 'm1'))\n"
+              "held = open('f1.txt', 'r+')\n"
+              "print('in', flush=True)\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+              "try:\n"
+              "    open('late.log', 'w').write('written after the eviction\\n')\n"
+              "    held.seek(0); held.write('XXXX'); held.flush()\n"
+              "except OSError as exc:\n"
+              "    print('refused', exc.errno, flush=True)\n"
+              "print('done', flush=True)\n")
+    worker = subprocess.Popen([sys.executable, "-c", script, checkout], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "in"
+        make_idle(checkout, 3600)
+        code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+        assert code == 0, out
+        assert [r["spare"] for r in report["removed"] if r["name"] == a] == [False], report
+        assert spare_entries(root) == [] and not os.path.exists(checkout)
+        answer = wait_ready(root, project.path, b)
+        go.write_text("")
+        assert worker.stdout.read().strip().splitlines()[-1] == "done"
+        assert worker.wait(30) == 0
+        log = open(only_repo(root).clone_log(b)).read()
+        assert "updated the spare" not in log, log
+        assert_checkout_matches(answer["path"], project.path, b)  # nothing the process wrote is in it
+        assert not os.path.exists(os.path.join(answer["path"], "pkg", "m1", "late.log"))
+    finally:
+        worker.kill()
+        worker.wait()

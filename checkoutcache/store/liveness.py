@@ -83,3 +83,46 @@ def pid_namespace() -> str | None:
 def same_pid_namespace(recorded: object) -> bool:
     """Whether a recorded namespace is ours: only then do pid and start time say anything."""
     return recorded is not None and recorded == pid_namespace()
+
+
+def paths_in_use(proc: str = "/proc") -> list[str]:
+    """Every path a process of this PID namespace has open, as /proc shows it: working and
+    root directories, descriptors, mapped files. What a caller can see only: another uid's
+    descriptors are hidden unless we are root, and another PID namespace's processes always
+    are (the caller says what that leaves unseen)."""
+    found: list[str] = []
+    try:
+        pids = [name for name in os.listdir(proc) if name.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        base = f"{proc}/{pid}"
+        for link in ("cwd", "root"):
+            try:
+                found.append(os.readlink(f"{base}/{link}"))
+            except OSError:
+                pass
+        try:
+            descriptors = os.listdir(f"{base}/fd")
+        except OSError:
+            descriptors = []
+        for fd in descriptors:
+            try:
+                found.append(os.readlink(f"{base}/fd/{fd}"))
+            except OSError:
+                pass
+        try:
+            with open(f"{base}/maps", "rb") as handle:
+                for line in handle:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].startswith(b"/"):
+                        found.append(os.fsdecode(fields[5].rstrip(b"\n")))
+        except OSError:
+            pass
+    return found
+
+
+def in_use_beneath(path: str, in_use: list[str]) -> bool:
+    """Whether any of the paths in use (paths_in_use) is path or lies beneath it."""
+    prefix = path.rstrip("/") + "/"
+    return any(used == path or used.startswith(prefix) for used in in_use)

@@ -24,7 +24,8 @@ overlap, the second reports that it skipped):
    ones count against max-bytes (their source checkouts stay held meanwhile);
    Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
    of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
-   is above 0 and space is not short; spares count against max-bytes and min-free and are
+   is above 0, space is not short and no process gc can see works in the tree (/proc:
+   a later write of its would land in the next commit's tree); spares count against max-bytes and min-free and are
    the first thing deleted (oldest first) when either is short, when a clone's last
    attempt failed with DISK_FULL, or when they hold more than half the disk's free space, before
    any checkout is planned; past max-spares the oldest go; spares a killed gc was making
@@ -87,6 +88,7 @@ from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, com
 from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
+from checkoutcache.store.liveness import in_use_beneath, paths_in_use
 from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
@@ -810,12 +812,20 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             limits.max_bytes - pinned_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
         free_room = disk.free - 2 * spare_bytes
         evicted = set()
+        in_use: list[str] | None = None  # what processes have open, looked up once, when a tree could be spared
         for eviction in plan.evict:
             entry = eviction.entry
             spare = None
             if not short and eviction.limit in ("max-checkouts", "max-age") and (room is None or entry.size <= room) \
                     and 2 * entry.size <= free_room:
                 spare = spare_record(by_key[entry.repo], entry.name, config)
+            if spare is not None:
+                # A tree a process still works in (its working directory, an open file, a mapped
+                # one) is never made a spare: whatever it writes later would land in the next
+                # commit's published tree. Deleted, its writes go nowhere, as without spares.
+                in_use = paths_in_use() if in_use is None else in_use
+                if in_use_beneath(by_key[entry.repo].paths.checkout(entry.name), in_use):
+                    spare = None
             try:
                 kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.name, limits.grace, dry_run,
                                                    report, spare)
