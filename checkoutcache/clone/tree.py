@@ -15,12 +15,13 @@ Two ways to a tree:
   in place. Nothing in it is trusted but what we can prove: its .git is deleted and
   made anew, its index is used only if its identity (inode, ctime, size) is the one
   recorded when the checkout was published (no process can set a ctime back). With
-  that index, first everything it does not vouch for goes, beneath the tree: `find`
-  first and alone (what a git listing must not meet): `.git` entries below the top,
-  fifos, sockets, and every file or symlink whose ctime is newer than the index (to the
-  nanosecond: a chmod, a hard link or an edit git's whole-second stat would miss), with
-  directory modes set back and ACLs dropped; then what git lists as untracked (ignored
-  too, empty directories, nested repositories) and every gitlink's contents. Only then
+  that index, first everything it does not vouch for goes, beneath the tree: what `find`
+  shows (`.git` entries below the top, fifos, sockets, and every file or symlink whose
+  ctime is newer than the index, to the nanosecond: a chmod, a hard link or an edit
+  git's whole-second stat would miss; directory modes are set back and ACLs dropped),
+  what git lists as untracked (ignored too, empty directories, nested repositories; a
+  listing run beside find is used only if find met no nested `.git`, whose HEAD git
+  opens: a fifo there would block it) and every gitlink's contents. Only then
   `git read-tree --reset -u` writes anew every path whose stat differs from the index
   and every path the commit changes: its check of every entry is the proof of the
   tracked files, and it holds because nothing it could be misled by is left (its lstat
@@ -229,38 +230,40 @@ class TreeBuilder:
         step("spare-after-checkout")
 
     def clear_leftovers(self, tree: str) -> None:
-        """Everything of the tree its (verified) index does not vouch for, gone. First, alone,
-        what no git listing may meet (find): `.git` entries below the top (git reads a nested
-        repository's HEAD: a fifo there would block it), fifos and sockets, and every file or
-        symlink changed since the index was written (its ctime, to the nanosecond, newer than
-        the index's mtime: a chmod, a hard link or an edit git's whole-second stat would miss);
-        directories get their mode back and lose any ACL. Then git's two listings side by
-        side: what it does not track (ignored too, empty and nested-repository directories),
-        deleted; and the contents of every gitlink's directory (populated anew later)."""
+        """Everything of the tree its (verified) index does not vouch for, gone. find: `.git`
+        entries below the top, fifos and sockets, and every file or symlink changed since the
+        index was written (its ctime, to the nanosecond, newer than the index's mtime: a
+        chmod, a hard link or an edit git's whole-second stat would miss); directories get
+        their mode back and lose any ACL. git: what it does not track (ignored too, empty and
+        nested-repository directories) and every gitlink, whose contents go (populated anew
+        later). The three walks run side by side; git's untracked listing is trusted only if
+        find met no `.git` below the top (git opens a nested repository's HEAD: a fifo there
+        blocks it), else it is stopped and run again once those are gone."""
         w = self.w
-        self.apply_found(tree, self.find_leftovers(tree))
-        found: dict[str, list[bytes]] = {}
-        failed: list[BaseException] = []
-
-        def list_gitlinks() -> None:
-            try:
-                found["gitlinks"] = w.backend.gitlinks(tree)
-            except BaseException as exc:  # raised below, in the worker's own thread
-                failed.append(exc)
-
-        beside = threading.Thread(target=list_gitlinks, name="cc-gitlinks", daemon=True)
-        beside.start()
+        finder = self.find_leftovers(tree)
+        untracked = w.backend.untracked(tree)
+        gitlinks = w.backend.gitlinks(tree)
         try:
-            untracked = w.backend.untracked(tree)
+            found = self.found_by(finder)
+            nested = b"\0G" in b"\0" + found
+            if nested:
+                untracked.cancel()
+            self.apply_found(tree, found)
+            if nested:
+                untracked = w.backend.untracked(tree)  # no nested .git left to block it
+            entries, links = untracked.result(), gitlinks.result()
         finally:
-            beside.join()
-        if failed:
-            raise failed[0]
-        for rel in untracked:
+            for listing in (untracked, gitlinks):
+                if listing.proc.poll() is None:
+                    listing.cancel()
+            if finder.poll() is None:
+                finder.kill()
+                finder.wait()
+        for rel in entries:
             removal = remove_tree(os.path.join(tree, os.fsdecode(rel)))
             if not removal.complete:
                 raise SpareUnusable(f"an untracked entry could not be removed: {rel[:200]!r}")
-        for rel in found["gitlinks"]:
+        for rel in links:
             self.empty_directory(rel)
 
     def empty_directory(self, rel: bytes) -> None:
@@ -326,11 +329,12 @@ class TreeBuilder:
         os.umask(umask)
         return (0o777 & ~umask) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID else 0)
 
-    def find_leftovers(self, tree: str) -> bytes:
-        """One walk (find, lstat of every entry, never following a symlink) for what git lists
-        nowhere or would miss; its NUL-separated lines, each a kind letter and a path: G a
-        nested .git, O a fifo or socket, C a file or symlink changed since .git/index was
-        written, D a directory of another mode or changed since (an ACL a reader set on it)."""
+    def find_leftovers(self, tree: str) -> subprocess.Popen:
+        """Start one walk (find, lstat of every entry, never following a symlink) for what git
+        lists nowhere or would miss; found_by() reads its NUL-separated lines, each a kind
+        letter and a path: G a nested .git, O a fifo or socket, C a file or symlink changed
+        since .git/index was written, D a directory of another mode or changed since (an ACL
+        a reader set on it)."""
         from checkoutcache.git.cli import RUNNING  # a timeout's kill stops it too
 
         mode = self.directory_mode(tree)
@@ -343,6 +347,12 @@ class TreeBuilder:
              "(", "!", "-type", "d", *newer, "-printf", "C%P\\0", ")"],
             cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL)
         RUNNING.add(proc)
+        return proc
+
+    @staticmethod
+    def found_by(proc: subprocess.Popen) -> bytes:
+        from checkoutcache.git.cli import RUNNING
+
         try:
             out, err = proc.communicate()
         finally:

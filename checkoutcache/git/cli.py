@@ -235,6 +235,37 @@ class RunningProcesses:
 RUNNING = RunningProcesses()
 
 
+class Listing:
+    """A read-only git command about a work tree, started at once and read later (so several
+    run side by side); a timeout's kill stops it, and so does cancel()."""
+
+    def __init__(self, git: str, tree_dir: str, args: list[str], parse: Callable[[bytes], list[bytes]],
+                 keep_fds: tuple[int, ...] = ()):
+        self.parse = parse
+        self.proc = subprocess.Popen([git, "--no-optional-locks", "-C", tree_dir, *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
+                                     pass_fds=keep_fds)
+        RUNNING.add(self.proc)
+
+    def result(self) -> list[bytes]:
+        try:
+            out, err = self.proc.communicate()
+        finally:
+            RUNNING.discard(self.proc)
+        if self.proc.returncode != 0:
+            stderr = err.decode("utf-8", "replace")
+            raise git_failure(stderr, last_meaningful_line(stderr), [])
+        return self.parse(out)
+
+    def cancel(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.communicate()
+        RUNNING.discard(self.proc)
+
+
 def partial_filter_of(mirror: str, git: str = "git") -> str | None:
     """The filter of a partial mirror (CHECKOUTCACHE_FILTER when it was made), None for a full one."""
     done = subprocess.run([git, "config", "--file", os.path.join(mirror, "config"), "--get",
@@ -784,45 +815,35 @@ class GitCliBackend:
                 raise lfs_failure(output, last_meaningful_line(output), [])
             raise git_failure(output, last_meaningful_line(output), [])
 
-    def gitlinks(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> list[bytes]:
-        """The paths of the index's gitlinks (submodules, with or without a .gitmodules): git
-        lists nothing inside one as untracked. --sparse: a sparse index is read as it is (a
-        directory outside the cone is one entry, and goes whole), not expanded to every path
-        of the tree (0.13 s against 0.00 s on 50,000 files)."""
-        out, found, at = b"\0" + self._listing(tree_dir, ["ls-files", "--sparse", "--stage", "-z"], keep_fds), [], 0
-        # A search, not a split: 50,000 entries are one bytes scan, a gitlink or two are parsed.
-        while (at := out.find(b"\x00160000 ", at)) >= 0:
-            end = out.find(b"\0", at + 1)
-            entry = out[at + 1:end if end >= 0 else len(out)]
-            if b"\t" in entry:
-                found.append(entry.split(b"\t", 1)[1])
-            at += 1
-        return found
+    def gitlinks(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> "Listing":
+        """The paths of the index's gitlinks (submodules, with or without a .gitmodules), git
+        lists nothing inside one as untracked; started now, read with .result(). It reads the
+        index only. --sparse: a sparse index is read as it is (a directory outside the cone
+        is one entry, and goes whole), not expanded to every path of the tree (0.13 s against
+        0.00 s on 50,000 files)."""
+        def parse(out: bytes) -> list[bytes]:
+            out, found, at = b"\0" + out, [], 0
+            # A search, not a split: 50,000 entries are one bytes scan, a gitlink or two are parsed.
+            while (at := out.find(b"\x00160000 ", at)) >= 0:
+                end = out.find(b"\0", at + 1)
+                entry = out[at + 1:end if end >= 0 else len(out)]
+                if b"\t" in entry:
+                    found.append(entry.split(b"\t", 1)[1])
+                at += 1
+            return found
 
-    def untracked(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> list[bytes]:
+        return Listing(self.git, tree_dir, ["ls-files", "--sparse", "--stage", "-z"], parse, keep_fds)
+
+    def untracked(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> "Listing":
         """Every entry of a work tree its index does not track, in one walk: untracked and
         ignored files alike (no exclude rule is read, so no .gitignore hides one), a
-        directory holding nothing tracked (empty, or a nested repository) named once.
-        Never listed (the caller's to find): entries named .git (git skips them everywhere),
-        what is inside a gitlink's directory, and what is neither a file, a directory nor a
-        symlink (a fifo, a socket)."""
-        listed = self._listing(tree_dir, ["ls-files", "--others", "--directory", "-z"], keep_fds)
-        return [entry.rstrip(b"/") for entry in listed.split(b"\0") if entry.rstrip(b"/")]
-
-    def _listing(self, tree_dir: str, args: list[str], keep_fds: tuple[int, ...]) -> bytes:
-        """What a read-only git command prints about a work tree; a timeout's kill stops it."""
-        proc = subprocess.Popen([self.git, "--no-optional-locks", "-C", tree_dir, *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
-                                pass_fds=keep_fds)
-        RUNNING.add(proc)
-        try:
-            out, err = proc.communicate()
-        finally:
-            RUNNING.discard(proc)
-        if proc.returncode != 0:
-            stderr = err.decode("utf-8", "replace")
-            raise git_failure(stderr, last_meaningful_line(stderr), [])
-        return out
+        directory holding nothing tracked (empty, or a nested repository) named once;
+        started now, read with .result(). Never listed (the caller's to find): entries named
+        .git (git skips them everywhere), what is inside a gitlink's directory, and what is
+        neither a file, a directory nor a symlink (a fifo, a socket). It opens the HEAD of
+        every nested repository it meets (a fifo there blocks it: cancel it)."""
+        return Listing(self.git, tree_dir, ["ls-files", "--others", "--directory", "-z"],
+                       lambda out: [e.rstrip(b"/") for e in out.split(b"\0") if e.rstrip(b"/")], keep_fds)
 
     def _check_written(self, tree_dir: str, keep_fds: tuple[int, ...], output: str) -> None:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
