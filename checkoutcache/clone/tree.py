@@ -182,7 +182,11 @@ class TreeBuilder:
                     # scratch (a rename works whatever it holds), reaped with the scratch.
                     w.log(f"the spare's tree could not be emptied ({removal.unremovable[0].path or '.'}: "
                           f"{removal.unremovable[0].error}); set aside in the scratch")
-                    store_tree.rename(w.scratch.tree, RepoPaths.spare_tree(taken))
+                    try:
+                        store_tree.rename(w.scratch.tree, RepoPaths.spare_tree(taken))
+                    except OSError as moved:
+                        raise CheckoutCacheError("CLONE_FAILED", detail=f"a spare's tree that could not be "
+                                                 f"emptied could not be set aside either: {moved}") from None
                 remove_tree(taken)
                 records.remove_quietly(RepoPaths.scratch_index(w.scratch.path))
                 return False
@@ -241,9 +245,12 @@ class TreeBuilder:
         blocks it), else it is stopped and run again once those are gone."""
         w = self.w
         finder = self.find_leftovers(tree)
-        untracked = w.backend.untracked(tree)
-        gitlinks = w.backend.gitlinks(tree)
+        listings = []
         try:
+            untracked = w.backend.untracked(tree)
+            listings.append(untracked)
+            gitlinks = w.backend.gitlinks(tree)
+            listings.append(gitlinks)
             found = self.found_by(finder)
             nested = b"\0G" in b"\0" + found
             if nested:
@@ -251,14 +258,15 @@ class TreeBuilder:
             self.apply_found(tree, found)
             if nested:
                 untracked = w.backend.untracked(tree)  # no nested .git left to block it
+                listings.append(untracked)
             entries, links = untracked.result(), gitlinks.result()
         finally:
-            for listing in (untracked, gitlinks):
-                if listing.proc.poll() is None:
-                    listing.cancel()
+            for listing in listings:
+                listing.cancel()  # a no-op for one read to its end; else its process and pipes go
             if finder.poll() is None:
                 finder.kill()
-                finder.wait()
+            finder.communicate()
+            self.running_done(finder)
         for rel in entries:
             removal = remove_tree(os.path.join(tree, os.fsdecode(rel)))
             if not removal.complete:
@@ -350,13 +358,16 @@ class TreeBuilder:
         return proc
 
     @staticmethod
-    def found_by(proc: subprocess.Popen) -> bytes:
+    def running_done(proc: subprocess.Popen) -> None:
         from checkoutcache.git.cli import RUNNING
 
+        RUNNING.discard(proc)
+
+    def found_by(self, proc: subprocess.Popen) -> bytes:
         try:
             out, err = proc.communicate()
         finally:
-            RUNNING.discard(proc)
+            self.running_done(proc)
         if proc.returncode != 0:
             raise SpareUnusable(f"find failed: {err.decode('utf-8', 'replace').strip()[-200:]}")
         return out
@@ -369,24 +380,23 @@ class TreeBuilder:
         tree_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             restore_directory(tree_fd, mode)
-            directories = []
-            for entry in (e for e in found.split(b"\0") if e):
-                kind, rel = entry[:1], entry[1:]
-                if kind == b"D":
-                    directories.append(rel)
-                elif not remove_tree(os.fsdecode(os.path.join(os.fsencode(tree), rel))).complete:
-                    raise SpareUnusable(f"an entry git cannot vouch for could not be removed: {rel[:200]!r}")
-            for rel in directories:
+            entries = [(e[:1], e[1:]) for e in found.split(b"\0") if e]
+            # Directories first (find prints none below a nested .git): one a reader made
+            # read-only would refuse the deletions in it.
+            for rel in (rel for kind, rel in entries if kind == b"D"):
                 try:  # opened beneath the tree: a leading component that is no directory is never followed
                     fd = open_dir_beneath(tree_fd, rel)
                 except (FileNotFoundError, NotADirectoryError):
-                    continue  # under a nested .git removed above
+                    continue
                 except Escape as exc:
                     raise SpareUnusable(f"a directory could not be reached beneath the tree: {rel[:200]!r}") from exc
                 try:
                     restore_directory(fd, mode)
                 finally:
                     os.close(fd)
+            for rel in (rel for kind, rel in entries if kind != b"D"):
+                if not remove_tree(os.fsdecode(os.path.join(os.fsencode(tree), rel))).complete:
+                    raise SpareUnusable(f"an entry git cannot vouch for could not be removed: {rel[:200]!r}")
         finally:
             os.close(tree_fd)
 

@@ -258,11 +258,13 @@ class Listing:
         return self.parse(out)
 
     def cancel(self) -> None:
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        self.proc.communicate()
+        """Stop it if it runs, and close its pipes; a no-op for one already read."""
+        if self.proc.returncode is None:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+            self.proc.communicate()
         RUNNING.discard(self.proc)
 
 

@@ -124,5 +124,6 @@ def paths_in_use(proc: str = "/proc") -> list[str]:
 
 def in_use_beneath(path: str, in_use: list[str]) -> bool:
     """Whether any of the paths in use (paths_in_use) is path or lies beneath it."""
+    path = path.rstrip("/") or "/"
     prefix = path.rstrip("/") + "/"
     return any(used == path or used.startswith(prefix) for used in in_use)
