@@ -118,7 +118,8 @@ alone (a rollback cannot corrupt what a newer version made).
             │       ├── owner.json pid, process start time, PID namespace, commit
             │       ├── mirror.git/  a first mirror being made; renamed to mirror.git
             │       ├── spare/     a spare taken from spares/ (its spare.json; its tree/ goes on to be
-            │       │              tree/ below, updated in place, then published like any tree)
+            │       │              tree/ below, updated in place, then published like any tree;
+            │       │              a tree that could not be emptied comes back here, never into a checkout)
             │       ├── index      the spare's verified index, kept here while tree/.git is made anew
             │       └── tree/      the checkout being built; published by rename to checkouts/
             │                      Created and reaped only under locks/scratch.lock; reaped only
