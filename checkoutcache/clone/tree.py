@@ -245,14 +245,14 @@ class TreeBuilder:
         blocks it), else it is stopped and run again once those are gone."""
         w = self.w
         finder = self.find_leftovers(tree)
-        listings = []
+        listings = [finder]
         try:
             untracked = w.backend.untracked(tree)
             listings.append(untracked)
             gitlinks = w.backend.gitlinks(tree)
             listings.append(gitlinks)
-            found = self.found_by(finder)
-            nested = b"\0G" in b"\0" + found
+            found = finder.result()
+            nested = any(entry.startswith(b"G") for entry in found)
             if nested:
                 untracked.cancel()
             self.apply_found(tree, found)
@@ -263,10 +263,6 @@ class TreeBuilder:
         finally:
             for listing in listings:
                 listing.cancel()  # a no-op for one read to its end; else its process and pipes go
-            if finder.poll() is None:
-                finder.kill()
-            finder.communicate()
-            self.running_done(finder)
         for rel in entries:
             removal = remove_tree(os.path.join(tree, os.fsdecode(rel)))
             if not removal.complete:
@@ -337,42 +333,25 @@ class TreeBuilder:
         os.umask(umask)
         return (0o777 & ~umask) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID else 0)
 
-    def find_leftovers(self, tree: str) -> subprocess.Popen:
+    def find_leftovers(self, tree: str):
         """Start one walk (find, lstat of every entry, never following a symlink) for what git
-        lists nowhere or would miss; found_by() reads its NUL-separated lines, each a kind
-        letter and a path: G a nested .git, O a fifo or socket, C a file or symlink changed
-        since .git/index was written, D a directory of another mode or changed since (an ACL
-        a reader set on it)."""
-        from checkoutcache.git.cli import RUNNING  # a timeout's kill stops it too
+        lists nowhere or would miss: a Listing whose result() is its entries, each a kind letter
+        and a path: G a nested .git, O a fifo or socket, C a file or symlink changed since
+        .git/index was written, D a directory of another mode or changed since (an ACL a reader
+        set on it)."""
+        from checkoutcache.git.cli import Listing  # spares are the git CLI transport's
 
         mode = self.directory_mode(tree)
         newer = ["-cnewer", ".git/index"]  # ctime against the index's mtime, in nanoseconds
-        proc = subprocess.Popen(
+        return Listing(
             ["find", ".", "-mindepth", "1", "(", "-path", "./.git", "-prune", ")", "-o",
              "(", "-name", ".git", "-printf", "G%P\\0", "-prune", ")", "-o",
              "(", "-type", "d", "(", "!", "-perm", f"{mode:o}", "-o", *newer, ")", "-printf", "D%P\\0", ")", "-o",
              "(", "!", "-type", "d", "!", "-type", "f", "!", "-type", "l", "-printf", "O%P\\0", ")", "-o",
              "(", "!", "-type", "d", *newer, "-printf", "C%P\\0", ")"],
-            cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL)
-        RUNNING.add(proc)
-        return proc
+            lambda out: [entry for entry in out.split(b"\0") if entry], cwd=tree)
 
-    @staticmethod
-    def running_done(proc: subprocess.Popen) -> None:
-        from checkoutcache.git.cli import RUNNING
-
-        RUNNING.discard(proc)
-
-    def found_by(self, proc: subprocess.Popen) -> bytes:
-        try:
-            out, err = proc.communicate()
-        finally:
-            self.running_done(proc)
-        if proc.returncode != 0:
-            raise SpareUnusable(f"find failed: {err.decode('utf-8', 'replace').strip()[-200:]}")
-        return out
-
-    def apply_found(self, tree: str, found: bytes) -> None:
+    def apply_found(self, tree: str, found: list[bytes]) -> None:
         """Delete what find_leftovers found (read-tree writes anew what is tracked of it); set
         directories' modes back and drop their ACLs (a default ACL would give every file read-tree
         writes there its mode, whatever the umask)."""
@@ -380,7 +359,7 @@ class TreeBuilder:
         tree_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             restore_directory(tree_fd, mode)
-            entries = [(e[:1], e[1:]) for e in found.split(b"\0") if e]
+            entries = [(e[:1], e[1:]) for e in found]
             # Directories first (find prints none below a nested .git): one a reader made
             # read-only would refuse the deletions in it.
             for rel in (rel for kind, rel in entries if kind == b"D"):

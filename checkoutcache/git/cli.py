@@ -236,15 +236,14 @@ RUNNING = RunningProcesses()
 
 
 class Listing:
-    """A read-only git command about a work tree, started at once and read later (so several
-    run side by side); a timeout's kill stops it, and so does cancel()."""
+    """A read-only command about a work tree (git's listings, find's walk), started at once and
+    read later (so several run side by side); a timeout's kill stops it, and so does cancel()."""
 
-    def __init__(self, git: str, tree_dir: str, args: list[str], parse: Callable[[bytes], list[bytes]],
+    def __init__(self, argv: list[str], parse: Callable[[bytes], list[bytes]], cwd: str = "/",
                  keep_fds: tuple[int, ...] = ()):
         self.parse = parse
-        self.proc = subprocess.Popen([git, "--no-optional-locks", "-C", tree_dir, *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=git_env(), stdin=subprocess.DEVNULL, cwd="/",
-                                     pass_fds=keep_fds)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=git_env(),
+                                     stdin=subprocess.DEVNULL, cwd=cwd, pass_fds=keep_fds)
         RUNNING.add(self.proc)
 
     def result(self) -> list[bytes]:
@@ -834,7 +833,8 @@ class GitCliBackend:
                 at += 1
             return found
 
-        return Listing(self.git, tree_dir, ["ls-files", "--sparse", "--stage", "-z"], parse, keep_fds)
+        return Listing([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--sparse", "--stage", "-z"],
+                       parse, keep_fds=keep_fds)
 
     def untracked(self, tree_dir: str, keep_fds: tuple[int, ...] = ()) -> "Listing":
         """Every entry of a work tree its index does not track, in one walk: untracked and
@@ -844,8 +844,8 @@ class GitCliBackend:
         .git (git skips them everywhere), what is inside a gitlink's directory, and what is
         neither a file, a directory nor a symlink (a fifo, a socket). It opens the HEAD of
         every nested repository it meets (a fifo there blocks it: cancel it)."""
-        return Listing(self.git, tree_dir, ["ls-files", "--others", "--directory", "-z"],
-                       lambda out: [e.rstrip(b"/") for e in out.split(b"\0") if e.rstrip(b"/")], keep_fds)
+        return Listing([self.git, "--no-optional-locks", "-C", tree_dir, "ls-files", "--others", "--directory", "-z"],
+                       lambda out: [e.rstrip(b"/") for e in out.split(b"\0") if e.rstrip(b"/")], keep_fds=keep_fds)
 
     def _check_written(self, tree_dir: str, keep_fds: tuple[int, ...], output: str) -> None:
         """git checkout exits 0 when it cannot read a blob (it says `error: unable to read
