@@ -24,6 +24,7 @@ from .helpers import (
     only_repo,
     pid_alive,
     run_cli,
+    settled,
     store_snapshot,
     wait_ready,
     wait_until,
@@ -51,6 +52,7 @@ def three_idle_shared(tmp_path_factory):
     root = str(base / "cache")
     for sha in upstream.shas:
         make_idle(wait_ready(root, upstream.path, sha)["path"], 3600)
+    settled(root)  # the store the tests snapshot is the one the clones finished with
     return root
 
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from .helpers import Upstream, run_cli, store_snapshot, wait_ready
+from .helpers import Upstream, run_cli, settled, store_snapshot, wait_ready
 
 pytestmark = pytest.mark.faults
 
@@ -70,6 +70,7 @@ def populated(tmp_path_factory):
     upstream.standard_history(1)
     root = str(base / "cache")
     wait_ready(root, upstream.path, upstream.shas[0])
+    settled(root)  # the store the cases snapshot is the one the clone finished with
     return root, upstream
 
 

@@ -21,8 +21,8 @@ import pytest
 
 from checkoutcache.store.layout import RootPaths
 
-from .helpers import TOKEN, Serve, run_cli, assert_checkout_matches, make_idle, marker, only_repo, store_snapshot, \
-    wait_until, walk
+from .helpers import TOKEN, Serve, run_cli, assert_checkout_matches, make_idle, marker, only_repo, settled, \
+    store_snapshot, wait_until, walk
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="a read-only view of the root needs root (CI runs as root) and unshare")
@@ -42,17 +42,6 @@ def reader(root: str, *args: str, env: dict | None = None, code: str | None = No
     except ValueError:
         answer = None
     return done.returncode, answer, done.stderr + done.stdout
-
-
-def settled(root: str) -> None:
-    """Wait until the writer's clones have finished their own tidying (a worker removes its
-    scratch and record after the marker that let serve answer ready)."""
-    def quiet() -> bool:
-        paths = only_repo(root)
-        return not os.listdir(paths.scratch_dir) and \
-            not [n for n in os.listdir(paths.state_dir) if n.endswith(".clone.json")]
-
-    wait_until(quiet, 60, "the writer's clone to finish tidying")
 
 
 def snapshot_but_markers(root: str) -> dict:

@@ -21,7 +21,7 @@ from checkoutcache.workspaces import make_workspace
 from .helpers.cli import run_cli, wait_ready
 from .helpers.repos import git
 from .helpers.serve import Serve
-from .helpers.store import assert_checkout_matches, make_idle
+from .helpers.store import assert_checkout_matches, make_idle, settled
 from .helpers.tree import walk
 from .helpers.waiting import pid_alive, wait_until
 from .test_read_only_reader import reader, snapshot_but_markers, through, writer  # noqa: F401 (a fixture)
@@ -51,6 +51,7 @@ def workspaces_of(root: str) -> list[str]:
 def test_exec_writable_runs_in_its_own_tree_commits_there_and_removes_it(root, upstream, tmp_path):
     sha = upstream.shas[-1]
     checkout = wait_ready(root, upstream.path, sha)["path"]
+    settled(root)  # the worker's own tidying after its publish is not the command's write
     before = store_state(root)
     script = tmp_path / "review.sh"
     script.write_text(
@@ -291,6 +292,7 @@ def test_exec_writable_through_a_read_only_mount_writes_only_the_readers_own_dir
     sha = upstream.shas[0]
     status, body = writer.request("POST", "/v1/ensure", {"repo": url, "commit": sha, "wait": 60})
     assert status == 200, body
+    settled(writer.root)
     before = snapshot_but_markers(writer.root)
     out = tmp_path / "pwd"
     code, _, err = reader(writer.root, "exec", "--writable", url, sha, "--", "sh", "-c",

@@ -26,6 +26,7 @@ from .store import (
     make_idle,
     marker,
     only_repo,
+    settled,
     store_snapshot,
 )
 from .tree import content_snapshot, files_under, grep_tree, walk
@@ -33,6 +34,6 @@ from .waiting import pid_alive, wait_until
 
 __all__ = [
     "AWS_TEST_SECRET", "MotoS3", "GIT_ENV", "GitDaemon", "SCOPED", "SHORT_BACKOFF", "Serve", "TOKEN", "Upstream", "assert_checkout_matches", "blob_id", "content_snapshot", "files_under",
-    "free_port", "git", "grep_tree", "make_idle", "marker", "only_repo", "pid_alive", "run_cli", "store_snapshot",
+    "free_port", "git", "grep_tree", "make_idle", "marker", "only_repo", "pid_alive", "run_cli", "settled", "store_snapshot",
     "wait_ready", "wait_until", "walk",
 ]

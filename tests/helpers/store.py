@@ -71,5 +71,19 @@ def assert_checkout_matches(checkout: str, upstream_path: str, sha: str) -> None
     assert git("log", "-1", "--format=%H", cwd=checkout) == sha
 
 
+def settled(root: str) -> None:
+    """Wait until the root's clones have finished their own tidying: a worker answers ready at
+    its publish, then records the tree's size and removes its scratch and record (readers
+    never wait for that), so a test that snapshots the store after a ready answer waits."""
+    from .waiting import wait_until
+
+    def quiet() -> bool:
+        paths = only_repo(root)
+        return not os.listdir(paths.scratch_dir) and \
+            not [n for n in os.listdir(paths.state_dir) if n.endswith(".clone.json")]
+
+    wait_until(quiet, 60, "the clones to finish tidying")
+
+
 __all__ = ["READY_MARKER", "assert_checkout_matches", "blob_id", "checkout_tree", "make_idle", "marker",
-           "only_repo", "store_snapshot"]
+           "only_repo", "settled", "store_snapshot"]
