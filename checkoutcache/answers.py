@@ -44,6 +44,14 @@ class Answer:
     submodules: str | None = None
     # A sparse checkout's cone: the directories it holds (cones.py); None: the whole tree.
     sparse: list[str] | None = None
+    # What the checkout's git has of the commit's history: "complete" (`git log` reaches the
+    # root commit), or "shallow" (a cold node's first answer: the history follows in the
+    # background; `history="full"` waits for it). Ready answers, and `cloning` ones that wait for it.
+    history: str | None = None
+    # With a base asked (`--base`): the base, and the merge base of the commit and it (a
+    # review diffs merge_base..commit; the checkout's history reaches it).
+    base: str | None = None
+    merge_base: str | None = None
     pid: int | None = None
     # The owner's PID namespace: its pid names the owner only in that namespace.
     pid_namespace: str | None = None

@@ -14,6 +14,8 @@ import os
 import time
 from typing import Callable, NamedTuple, Sequence
 
+import attrs
+
 from checkoutcache.answers import Answer, State
 from checkoutcache.cones import Cone, cone_digest, parse_cone
 from checkoutcache.errors import CheckoutCacheError
@@ -22,10 +24,33 @@ from checkoutcache.repospec import (DEFAULT_SCOPE, LFS_ON, LFS_SETTING_VAR, SUBM
 from checkoutcache.store.create import store_key
 from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, checkout_name, default_root
 from checkoutcache.handoff import record_use as record_use_by_writer
-from checkoutcache.store.ready import (SHARED_LOCK_WAIT, layout_version_of, lfs_of, open_marker_shared,
-                                      ready_record, record_use, submodules_of)
+from checkoutcache.store.ready import (SHARED_LOCK_WAIT, history_of, layout_version_of, lfs_of,
+                                      open_marker_shared, ready_record, record_use, submodules_of)
 
 MAX_WAIT = 24 * 3600.0
+HISTORY_CHOICES = ("any", "full")
+
+
+def parse_history(value: object) -> str | None:
+    """What a request asks of the checkout's history: None (any: what is there) or "full"."""
+    if value is None or value == "any":
+        return None
+    if value == "full":
+        return "full"
+    raise CheckoutCacheError("BAD_ARGUMENT", what=f"history must be any or full, got {str(value)[:40]!r}")
+
+
+def parse_base(value: object) -> str | None:
+    """A base commit id (40 or 64 hex digits, as the commit), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise CheckoutCacheError("BAD_ARGUMENT", what="base must be a commit id")
+    try:
+        return parse_commit(value)
+    except CheckoutCacheError:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"base must be a full commit id (40 hex digits), got "
+                                                      f"{value[:80]!r}") from None
 
 
 class Want(NamedTuple):
@@ -114,11 +139,17 @@ class Cache:
         return os.environ.get(SUBMODULES_SETTING_VAR) or SUBMODULES_RECURSIVE
 
     def ensure(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
-               on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None) -> Answer:
+               on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None,
+               history: str | None = None, base: str | None = None) -> Answer:
         """The commit's checkout: ready (with its path), cloning, or failed.
 
         wait: seconds to wait for a clone to finish (0: answer at once).
         sparse: directories of a sparse checkout in cone mode (cones.py); none: the whole tree.
+        history: "full" waits (within wait) until the checkout's history is complete (a cold
+        node's first answer has the commit alone: `history` "shallow"), answering cloning with
+        the history's progress meanwhile; "any" (the default) takes what is there.
+        base: a commit id; the ready answer then carries `merge_base`, that of the commit and
+        base (the history is deepened as far as the two need).
         Bad input answers `failed` with an input error code (exit_code 2) and writes nothing.
         """
         try:
@@ -126,13 +157,17 @@ class Cache:
             if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= MAX_WAIT \
                     or math.isnan(wait):
                 raise CheckoutCacheError("BAD_ARGUMENT", what=f"wait must be 0 to {MAX_WAIT:g} seconds")
+            history = parse_history(history)
+            base = parse_base(base)
         except CheckoutCacheError as exc:
             return Answer.from_error(exc)
         ready = self.ready_answer(want)
         if ready is not None:
-            return ready
+            ready = self.as_wanted(want, ready, history, base)
+            if ready is not None:
+                return ready
         if self.is_reader():
-            return self.ensure_through_writer(want, float(wait), on_progress)
+            return self.ensure_through_writer(want, float(wait), on_progress, history, base)
         from checkoutcache.clone.coordinator import Coordinator
         from checkoutcache.clone.spawn import worker_starter
 
@@ -144,8 +179,22 @@ class Cache:
         # than pay a watch's close at the end of every answer (store/watch.py). A host
         # process's waiters (serve's many) watch from the start.
         return Coordinator(self.paths, config, want.spec, want.sha, worker_starter(self.fork_workers),
-                           cone=want.cone, poll_first=POLL_FIRST if self.fork_workers else 0.0
-                           ).run(float(wait), on_progress)
+                           cone=want.cone, poll_first=POLL_FIRST if self.fork_workers else 0.0,
+                           history=history, base=base, fork=self.fork_workers).run(float(wait), on_progress)
+
+    def as_wanted(self, want: Want, ready: Answer, history: str | None, base: str | None) -> Answer | None:
+        """A ready answer as the request wants it, or None when that needs the slow path (the
+        history is shallow and "full" was asked; the merge base is not known yet)."""
+        if history == "full" and ready.history == "shallow":
+            return None
+        if base is None:
+            return ready
+        from checkoutcache.clone.history import merge_base_of  # only with a base: never the plain ready path
+
+        found = merge_base_of(self.paths.repo(want.spec.key), want.name, base)
+        if not found:
+            return None  # not searched yet, or none: the coordinator answers
+        return attrs.evolve(ready, base=base, merge_base=found)
 
     def request(self, repo: str, commit: str, scope: str = DEFAULT_SCOPE,
                 sparse: Sequence[str] | None = None) -> Want:
@@ -182,8 +231,10 @@ class Cache:
             record = None  # a marker we may not open: the coordinator answers what and where
         if record is None:
             return None
-        return Answer(state=State.READY, commit=want.sha, repo=want.spec.url, path=paths.checkout(name),
-                      lfs=lfs_of(record), submodules=submodules_of(record), sparse=list(want.cone) or None)
+        path = paths.checkout(name)
+        return Answer(state=State.READY, commit=want.sha, repo=want.spec.url, path=path,
+                      lfs=lfs_of(record), submodules=submodules_of(record), sparse=list(want.cone) or None,
+                      history=history_of(path))
 
     def newer_layout(self, paths: RepoPaths) -> int | None:
         """The layout version of a repository's store when it is newer than this version's.
@@ -208,8 +259,8 @@ class Cache:
         the writer."""
         return os.path.isdir(self.root) and not os.access(self.root, os.W_OK | os.X_OK)
 
-    def ensure_through_writer(self, want: Want, wait: float,
-                              on_progress: Callable[[Answer], None] | None) -> Answer:
+    def ensure_through_writer(self, want: Want, wait: float, on_progress: Callable[[Answer], None] | None,
+                              history: str | None = None, base: str | None = None) -> Answer:
         """A reader's new commit: the writer clones it (serve's /v1/ensure over the root's
         socket or CHECKOUTCACHE_API_URL), and only a checkout ready on this process's own view
         of the root counts. With on_progress, the writer is asked at most a second at a time
@@ -218,7 +269,8 @@ class Cache:
 
         deadline = time.monotonic() + wait
         request = {"repo": want.spec.url, "commit": want.sha, "scope": want.spec.scope,
-                   **({"sparse": list(want.cone)} if want.cone else {})}
+                   **({"sparse": list(want.cone)} if want.cone else {}),
+                   **({"history": history} if history else {}), **({"base": base} if base else {})}
         while True:
             left = max(0.0, deadline - time.monotonic())
             step = min(left, 1.0) if on_progress is not None else left
@@ -236,7 +288,7 @@ class Cache:
                 # Checked on our own disk: the writer's path is its view of the root.
                 mine = self.ready_answer(want)
                 if mine is not None:
-                    return mine
+                    return attrs.evolve(mine, base=answer.base, merge_base=answer.merge_base) if base else mine
                 if time.monotonic() >= deadline:
                     return Answer.from_error(CheckoutCacheError(
                         "NO_WRITER", root=self.root, why=f"it answered ready at {answer.path}, which is not "

@@ -244,11 +244,17 @@ class Client:
 
     # ------------------------------------------------------------ endpoints
     def ensure(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default",
-               sparse: Sequence[str] | None = None) -> Answer:
-        """sparse: the directories of a sparse checkout (cone mode); none: the whole tree."""
+               sparse: Sequence[str] | None = None, history: str | None = None, base: str | None = None) -> Answer:
+        """sparse: the directories of a sparse checkout (cone mode); none: the whole tree.
+        history "full": ready only once the checkout's history is complete (answer.history);
+        base: a commit id, the answer then carries merge_base (Cache.ensure's)."""
         request: dict[str, Any] = {"repo": repo, "commit": commit, "wait": wait, "scope": scope}
         if sparse:
             request["sparse"] = list(sparse)
+        if history is not None:
+            request["history"] = history
+        if base is not None:
+            request["base"] = base
         _status, body = self._request("POST", "/v1/ensure", request, _seconds(wait))
         return answer_from_json(body)
 

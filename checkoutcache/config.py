@@ -93,6 +93,13 @@ def _one_of(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
+def _niceness(value: Any) -> int:
+    number = _count(value)
+    if number > 19:
+        raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not a niceness of 0 to 19")
+    return number
+
+
 def _patterns(value: Any) -> tuple[str, ...]:
     if isinstance(value, (tuple, list)):
         return tuple(str(v) for v in value if str(v).strip())
@@ -369,14 +376,25 @@ class Config(Settings):
                        "Checkouts made under each setting are kept apart.", parse_lfs)
     bundle_uri: BundleLocation | None = setting(
         None, "CHECKOUTCACHE_BUNDLE_URI",
-        "Seed a new mirror from the bundles at this s3://, https:// or file:// location before fetching "
-        "from upstream (docs/fleets.md); also where `bundle publish` writes.",
+        "Seed a mirror's history from the bundles at this s3://, https:// or file:// location before fetching "
+        "the rest from upstream (docs/fleets.md); also where `bundle publish` writes.",
         parse_bundle_uri, "off")
     filter: str | None = setting(None, "CHECKOUTCACHE_FILTER",
                                  "Make new mirrors partial clones with this filter (blob:none: commits and trees "
                                  "only; a checkout fetches the blobs it needs, once). For monorepos; needs the git "
                                  "CLI transport and a server that allows filters (else a full mirror, status says "
                                  "why).", _filter, "off")
+    first_fetch: str = setting("shallow", "CHECKOUTCACHE_FIRST_FETCH",
+                               "How a repository's first answer on a node is fetched: shallow (the commit alone, "
+                               "at the cost of one tree; its whole history follows in the background, and answers "
+                               "say `history`) or full (the whole history first, as a full mirror). The pygit2 "
+                               "transport always fetches full.", _one_of("shallow", "full"))
+    history_timeout: float = setting(7200.0, "CHECKOUTCACHE_HISTORY_TIMEOUT",
+                                     "The background fetch of a mirror's history running longer is stopped (and "
+                                     "tried again after its back-off).", parse_duration, "2h")
+    history_nice: int = setting(10, "CHECKOUTCACHE_HISTORY_NICE",
+                                "How much lower the background history's CPU priority is (nice, 0 to 19); its IO "
+                                "runs best-effort at the lowest level. Answers always run at yours.", _niceness)
     seed_timeout: float = setting(120.0, "CHECKOUTCACHE_SEED_TIMEOUT",
                                   "The longest a new mirror spends taking in bundles; not counted in the clone "
                                   "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")

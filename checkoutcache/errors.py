@@ -91,6 +91,13 @@ _TABLE = [
               "the bundle store {where} could not be used: {detail}",
               "check the location (--to or CHECKOUTCACHE_BUNDLE_URI), that it is reachable, and its credentials "
               "(the AWS environment for s3://); seeding nodes go on with the bundles listed before"),
+    ErrorCode("HISTORY_FAILED", FAILURE,
+              "the history of the repository could not be fetched: {detail}",
+              "the checkout stays usable with the history it has (`history` in the answer); the history is "
+              "fetched again after the back-off (`checkoutcache status` says why it failed)"),
+    ErrorCode("NO_MERGE_BASE", FAILURE,
+              "commits {commit} and {base} have no common history: no merge base",
+              "compare against the base commit itself, or check that --base names the review's base branch"),
     ErrorCode("WORKER_DIED", FAILURE,
               "the clone worker died {deaths} times in a row without finishing (killed, or out of memory?)",
               "check the machine's memory and the clone log; it is retried after the back-off"),

@@ -137,10 +137,17 @@ def repo_key_in(ctx: Context, repo: str | None, scope: str) -> str | None:
 @click.option("--scope", default="default", metavar="NAME",
               help="Owner scope (tenant, deployment): distinct scopes never share a checkout.")
 @click.option("--sparse", multiple=True, metavar="DIR", help=SPARSE_HELP)
+@click.option("--history", "history", default="any", metavar="any|full",
+              help="full: wait (within --wait) until the checkout's history is complete; a cold node's first "
+                   "answer has the commit alone (history: shallow) and its history follows in the background. "
+                   "Default any: what is there.")
+@click.option("--base", default=None, metavar="COMMIT",
+              help="Also answer merge_base, the merge base of COMMIT and this commit (the review's base), "
+                   "deepening a shallow history only as far as the two need.")
 @settings_options(Config)
 @pass_context
 def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str, sparse: tuple[str, ...],
-           **options) -> int:
+           history: str, base: str | None, **options) -> int:
     """Answer ready (with the path), cloning, or failed for COMMIT of REPO."""
     try:
         load_config(ctx, options)
@@ -149,7 +156,8 @@ def ensure(ctx: Context, repo: str, commit: str, wait: str, scope: str, sparse: 
         return fail(ctx, exc)
     bar = ProgressBar() if seconds > 0 and sys.stderr.isatty() else None  # a person is watching
     try:
-        answer = ctx.cache().ensure(repo, commit, wait=seconds, scope=scope, on_progress=bar, sparse=sparse)
+        answer = ctx.cache().ensure(repo, commit, wait=seconds, scope=scope, on_progress=bar, sparse=sparse,
+                                    history=history, base=base)
     finally:
         if bar is not None:
             bar.close()

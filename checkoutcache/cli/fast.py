@@ -48,13 +48,13 @@ def ready_answer(argv: list[str]) -> int | None:
     request = _ensure_request(argv)
     if request is None:
         return None
-    root, as_json, repo, commit, scope, sparse, wait = request
+    root, as_json, repo, commit, scope, sparse, wait, history, base = request
     from checkoutcache.cones import cone_digest, parse_cone
     from checkoutcache.errors import CheckoutCacheError
     from checkoutcache.repospec import (LFS_ON, LFS_SETTING_VAR, SUBMODULES_RECURSIVE, SUBMODULES_SETTING_VAR,
                                         parse_commit, parse_repo)
     from checkoutcache.store.layout import LAYOUT_VERSION, RootPaths, checkout_name, default_root, existing_key
-    from checkoutcache.store.ready import layout_version_of, lfs_of, ready_record, submodules_of
+    from checkoutcache.store.ready import history_of, layout_version_of, lfs_of, ready_record, submodules_of
 
     try:
         sha = parse_commit(commit)
@@ -82,11 +82,24 @@ def ready_answer(argv: list[str]) -> int | None:
         record = ready_record(paths.ready_marker(name), on_unrecorded=through_writer)
     except OSError:
         return None  # a marker we may not open: the full CLI says what and where
+    path = paths.checkout(name)
+    merge_base = None
+    if record is not None and (history not in ("any", "full") or (history == "full" and
+                                                                   history_of(path) == "shallow")):
+        # The library waits for the history (or says what is wrong with the value).
+        return not_ready(root, as_json, repo, commit, scope, sparse, wait, history, base)
+    if record is not None and base is not None:
+        from checkoutcache.clone.history import merge_base_of  # with --base only
+
+        merge_base = merge_base_of(paths, name, base.lower())
+        if not merge_base:  # not found yet, none, or a malformed base: the library answers
+            return not_ready(root, as_json, repo, commit, scope, sparse, wait, history, base)
     if record is None:
         import time
 
         started = time.monotonic()
-        handed = hand_to_serve(root_paths, paths.checkout(name), spec, repo, commit, scope, sparse, wait)
+        handed = hand_to_serve(root_paths, paths.checkout(name), spec, repo, commit, scope, sparse, wait) \
+            if history == "any" and base is None else REFUSED_AT_ONCE
         if handed == READY:
             try:
                 record = ready_record(paths.ready_marker(name))
@@ -94,12 +107,14 @@ def ready_answer(argv: list[str]) -> int | None:
                 record = None
         if record is None:  # what serve answered is checked on disk; the library answers the rest
             return not_ready(root, as_json, repo, commit, scope, sparse,
-                             rest_of_wait(wait, time.monotonic() - started) if handed != REFUSED_AT_ONCE else wait)
-    path = paths.checkout(name)
+                             rest_of_wait(wait, time.monotonic() - started) if handed != REFUSED_AT_ONCE else wait,
+                             history, base)
     if unrecorded:
         sys.stderr.write(f"checkoutcache: this use of {path} was not recorded: {unrecorded[0]}\n")
     if as_json or not sys.stdout.isatty():
-        answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready"}
+        answer = {"commit": sha, "path": path, "repo": spec.url, "state": "ready", "history": history_of(path)}
+        if merge_base:
+            answer.update(base=base.lower(), merge_base=merge_base)
         if cone:
             answer["sparse"] = list(cone)
         if lfs_of(record) is not None:
@@ -108,7 +123,7 @@ def ready_answer(argv: list[str]) -> int | None:
             answer["submodules"] = submodules_of(record)
         sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
     else:
-        sys.stdout.write(f"ready {path}\n")
+        sys.stdout.write(f"ready {path}\n" + (f"merge base {merge_base} (with {base.lower()})\n" if merge_base else ""))
     sys.stdout.flush()
     return 0
 
@@ -167,7 +182,7 @@ def rest_of_wait(wait: str, spent: float) -> str:
 
 
 def not_ready(root: str | None, as_json: bool, repo: str, commit: str, scope: str, sparse: list[str],
-              wait: str) -> int | None:
+              wait: str, history: str = "any", base: str | None = None) -> int | None:
     """The library's answer for a checkout that is not ready; None to leave it to the full CLI."""
     if wait not in ("0", "") and sys.stderr.isatty():
         return None  # a person watches: the full CLI draws the progress bar
@@ -180,7 +195,7 @@ def not_ready(root: str | None, as_json: bool, repo: str, commit: str, scope: st
         seconds = parse_duration(wait or "0", "--wait")
         cache = Cache(root, fork_workers=True)  # the CLI owns its process: workers fork from it
         cache.config  # a malformed setting is answered here, naming its variable
-        answer = cache.ensure(repo, commit, wait=seconds, scope=scope, sparse=sparse)
+        answer = cache.ensure(repo, commit, wait=seconds, scope=scope, sparse=sparse, history=history, base=base)
     except CheckoutCacheError as exc:
         answer = Answer.from_error(exc)
     except Exception as exc:  # a bug: one answer a program can read, and the trace for a person (as the full CLI)
@@ -198,8 +213,10 @@ def not_ready(root: str | None, as_json: bool, repo: str, commit: str, scope: st
     return answer.exit_code
 
 
-def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, list[str], str] | None:
-    """(root, as_json, repo, commit, scope, sparse directories, wait) of a plain ensure, else None.
+def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, list[str], str, str,
+                                              str | None] | None:
+    """(root, as_json, repo, commit, scope, sparse directories, wait, history, base) of a plain
+    ensure, else None.
     `--json` and `--root DIR` may come before or after `ensure`, as in the full CLI."""
     args = global_options_first(list(argv))
     root, as_json = None, False
@@ -215,10 +232,15 @@ def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, l
     if not args or args[0] != "ensure":
         return None
     scope, positional, sparse, wait, rest = "default", [], [], "0", args[1:]
+    history, base = "any", None
     while rest:
         arg = rest.pop(0)
         if arg == "--scope" and rest:
             scope = rest.pop(0)
+        elif arg == "--history" and rest:
+            history = rest.pop(0)
+        elif arg == "--base" and rest:
+            base = rest.pop(0)
         elif arg == "--sparse" and rest:
             sparse.append(rest.pop(0))
         elif arg == "--wait" and rest:
@@ -229,7 +251,7 @@ def _ensure_request(argv: list[str]) -> tuple[str | None, bool, str, str, str, l
             positional.append(arg)
     if len(positional) != 2:
         return None
-    return root, as_json, positional[0], positional[1], scope, sparse, wait
+    return root, as_json, positional[0], positional[1], scope, sparse, wait, history, base
 
 
 def global_options_first(argv: list[str]) -> list[str]:

@@ -67,9 +67,12 @@ def _counts(progress: dict) -> tuple[int, int, str]:
 
 def answer_text(answer: Answer) -> str:
     if answer.state == State.READY:
+        lines = [f"ready {answer.path}"]
+        if answer.merge_base:
+            lines.append(f"merge base {answer.merge_base} (with {answer.base})")
         if answer.lfs in ("pointers", "off"):
-            return f"ready {answer.path}\n(LFS files are pointer files: lfs={answer.lfs}; see `checkoutcache status`)"
-        return f"ready {answer.path}"
+            lines.append(f"(LFS files are pointer files: lfs={answer.lfs}; see `checkoutcache status`)")
+        return "\n".join(lines)
     if answer.state == State.CLONING:
         return (f"cloning {answer.commit} (pid {answer.pid}, since {answer.started_at}): "
                 f"{describe_progress(answer.progress)}")
@@ -189,6 +192,15 @@ def status_text(status: dict) -> str:
                          f"{format_bytes(upstream.get('bytes', 0))}" + (f"; {seed['why']}" if seed.get("why") else ""))
         elif seed:
             lines.append(f"  mirror not seeded: {seed['why']}")
+        history = repo.get("history")
+        if history and history["state"] == "shallow":
+            doing = (f"being fetched (pid {history.get('pid')}): {describe_progress(history.get('progress'))}"
+                     if history["running"] else "not being fetched (gc starts it)")
+            lines.append(f"  history shallow ({history['boundary_commits']} boundary commit(s)), {doing}")
+            if history.get("failure"):
+                f = history["failure"]
+                lines.append(f"  history failed {f['error']} (attempt {f['attempts']}, retry in {f['retry_after']}s): "
+                             f"{f['message']}")
         for t in repo.get("stuck_in_trash", []):
             lines.append(f"  cannot delete {t['path']!r}: {t['error']} (since {t['since']}; gc retries)")
         if repo.get("refused"):  # a symlink where a store directory should be: gc leaves it alone

@@ -21,6 +21,8 @@ import os
 import time
 from typing import Callable
 
+import attrs
+
 from checkoutcache.answers import Answer, State
 from checkoutcache.clone.decide import Step, next_failure, next_step_for_not_ready
 from checkoutcache.cones import Cone, cone_digest
@@ -32,7 +34,7 @@ from checkoutcache.repospec import RepoSpec
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_repo_store, make_dirs, refuse_newer_layout, root_error, store_exists
 from checkoutcache.store.layout import RepoPaths, RootPaths, checkout_name
-from checkoutcache.store.ready import lfs_of, submodules_of, touch_if_ready
+from checkoutcache.store.ready import history_of, lfs_of, submodules_of, touch_if_ready
 from checkoutcache.store.watch import StateWatch
 from checkoutcache.store.records import Failure, read_failure
 from checkoutcache.units import iso
@@ -55,9 +57,19 @@ Start = Callable[[RepoPaths, str, int, Config, Credential | None, int, Cone], in
 
 class Coordinator:
     def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, start: Start,
-                 cone: Cone = (), poll_first: float = 0.0):
-        """poll_first: how long a wait polls before it watches state/ (store/watch.py)."""
+                 cone: Cone = (), poll_first: float = 0.0, history: str | None = None, base: str | None = None,
+                 fork: bool = False):
+        """poll_first: how long a wait polls before it watches state/ (store/watch.py).
+        history "full": a ready checkout counts once its history is complete (the background
+        history's progress is answered as `cloning` meanwhile). base: the ready answer carries the
+        merge base of the commit and it (clone/history.py). fork: this process may fork the
+        history's process (the CLI)."""
         self.poll_first = poll_first
+        self.history = history
+        self.base = base
+        self.fork = fork
+        self.started_history: dict | None = None  # the history process this coordinator started: pid
+        self.started_search: dict | None = None  # the merge-base search it started: pid
         self.root_paths = root_paths
         self.start = start
         self.config = config
@@ -72,8 +84,72 @@ class Coordinator:
     # ------------------------------------------------------------ answers
     def ready(self) -> Answer:
         record = records.read_json(self.paths.ready_marker(self.name), records.MARKER) or {}
-        return Answer(state=State.READY, commit=self.sha, repo=self.spec.url, path=self.paths.checkout(self.name),
-                      lfs=lfs_of(record), submodules=submodules_of(record), sparse=list(self.cone) or None)
+        path = self.paths.checkout(self.name)
+        return Answer(state=State.READY, commit=self.sha, repo=self.spec.url, path=path,
+                      lfs=lfs_of(record), submodules=submodules_of(record), sparse=list(self.cone) or None,
+                      history=history_of(path))
+
+    # ------------------------------------------------------------ after ready: history, merge base
+    def after_ready(self, answer: Answer) -> Answer:
+        """A ready checkout, as the request wants it: with its whole history (history "full"),
+        with the merge base of a base (base); else cloning (the history, or the search, runs)."""
+        if self.history == "full" and answer.history == "shallow":
+            return self.history_step(answer)
+        if self.base is not None:
+            return self.base_step(answer)
+        return answer
+
+    def history_step(self, answer: Answer) -> Answer:
+        from checkoutcache.clone import history
+
+        if history.history_state(self.paths) == "complete":
+            return self.after_ready(self.ready())
+        if not locks.history_running(self.paths):
+            failure = history.history_failure(self.paths)
+            now = time.time()
+            if failure is not None and now < failure.retry_at:
+                return self.failed(Failure(code="HISTORY_FAILED", message=describe(
+                    "HISTORY_FAILED", detail=f"{failure.code}: {failure.message}")[0], next=describe(
+                    "HISTORY_FAILED", detail="")[1], attempts=failure.attempts, failed_at=failure.failed_at,
+                    retry_at=failure.retry_at), now)
+            pid = history.start_history(self.paths, self.config, self.credential, fork=self.fork)
+            if pid is not None:
+                self.started_history = {"pid": pid}
+        record = records.read_json(self.paths.history_record, records.HISTORY) or {}
+        return self.owned_cloning(record, self.started_history, history="shallow",
+                                  phase=history.HISTORY_PHASE)
+
+    def base_step(self, answer: Answer) -> Answer:
+        from checkoutcache.clone import history
+
+        found = history.merge_base_of(self.paths, self.name, self.base)
+        if found == "":
+            return self.error(CheckoutCacheError("NO_MERGE_BASE", commit=self.sha, base=self.base))
+        if found is not None:
+            return attrs.evolve(answer, base=self.base, merge_base=found)
+        now = time.time()
+        if not locks.base_search_running(self.paths, self.name):
+            failure = history.base_failure(self.paths, self.name, self.base)
+            if failure is not None and now < failure.retry_at:
+                return self.failed(failure, now)
+            pid = history.start_base_search(self.paths, self.name, self.base, self.config, self.credential,
+                                            fork=self.fork)
+            if pid is not None:
+                self.started_search = {"pid": pid}
+        searching = history.bases_of(self.paths, self.name).get("searching") or {}
+        if searching.get("base") != self.base:
+            searching = {}  # another base's search runs: ours starts after it
+        return self.owned_cloning(searching, self.started_search, history=answer.history,
+                                  phase=history.BASE_PHASE)
+
+    def owned_cloning(self, record: dict, started: dict | None, history: str | None, phase: str) -> Answer:
+        """cloning, owned by the process of a record (the history's, a search's) or the one we started."""
+        if not record.get("pid") and started is not None:
+            record = {**record, **started}
+        return Answer(state=State.CLONING, commit=self.sha, repo=self.spec.url, sparse=list(self.cone) or None,
+                      pid=record.get("pid"), pid_namespace=record.get("pidns"),
+                      started_at=iso(record.get("started_at")),
+                      progress=record.get("progress") or {"phase": phase}, history=history, base=self.base)
 
     def failed(self, failure: Failure, now: float) -> Answer:
         return Answer(state=State.FAILED, commit=self.sha, repo=self.spec.url, sparse=list(self.cone) or None,
@@ -264,6 +340,8 @@ class Coordinator:
                     if gone is not None:
                         return gone
                     answer = self.step()
+                    if answer.state == State.READY:
+                        answer = self.after_ready(answer)
                 except CheckoutCacheError as exc:
                     return self.error(exc)
                 if answer.state != State.CLONING or time.monotonic() >= deadline:

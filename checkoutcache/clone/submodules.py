@@ -43,8 +43,7 @@ from typing import Callable, Iterator, NamedTuple
 
 import attrs
 
-from checkoutcache import cones
-from checkoutcache.cones import Cone
+from checkoutcache.cones import Cone, matcher
 from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_repo
@@ -115,7 +114,7 @@ def submodules_in(backend, tree_dir: str, mirror: str, sha: str, super_url: str,
     if not urls:
         return []
     found = []
-    in_cone = cones.matcher(cone)
+    in_cone = matcher(cone)
     for path, link in sorted(backend.index_gitlinks(tree_dir, keep_fds).items()):
         if not in_cone(path):
             continue

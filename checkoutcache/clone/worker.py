@@ -27,13 +27,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
 from typing import Callable, Iterator
 
 from checkoutcache.clone.decide import next_failure
+from checkoutcache.clone.process import open_attempt_log, stop_on_sigterm
 from checkoutcache.clone.tree import TreeBuilder
 from checkoutcache.cones import Cone
 from checkoutcache.config import Config
@@ -49,6 +49,7 @@ from checkoutcache.git.backend import (ALL_BRANCHES_AND_TAGS, REVIEW_PREFIX, Git
                                        lfs_checkout_config, lfs_endpoint, not_a_commit)
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.git.cli import RUNNING
+from checkoutcache.git.shallow import is_shallow, make_incoming, mirror_is_empty
 from checkoutcache.repospec import LFS_OFF, LFS_ON, SUBMODULES_RECURSIVE
 from checkoutcache.store import locks, records, tree
 from checkoutcache.store.checkouts import (
@@ -85,21 +86,6 @@ def newest_first(refs: dict[str, str]) -> list[str]:
         return (0, [-n for n in numbers], ref) if numbers else (1, [], ref)
 
     return sorted(refs, key=key)
-
-
-def open_attempt_log(paths: RepoPaths, name: str):
-    """The checkout's log, opened for one more attempt; a log over the cap is
-    first rotated to <name>.log.1 (one previous generation is kept)."""
-    log = paths.clone_log(name)
-    try:
-        if tree.lstat(log).st_size > CLONE_LOG_CAP:
-            tree.rename(log, paths.previous_clone_log(name))
-    except tree.NotBeneath:
-        raise
-    except OSError:
-        pass
-    fd = tree.open_file(log, os.O_WRONLY | os.O_APPEND, create=True)
-    return os.fdopen(fd, "a", buffering=1, errors="replace")
 
 
 class Worker:
@@ -312,8 +298,29 @@ class Worker:
             if published:  # after the marker: readers never wait for this walk
                 record_size(self.paths, self.name, builder.index)
             self.cleanup()
+        if published:
+            self.start_history()
 
-    def ensure_mirror(self, keep_fds: tuple[int, ...], rebuild: bool = False) -> bool:
+    def start_history(self) -> None:
+        """A shallow mirror's history follows in the background (clone/history.py), one process
+        per repository; started here, after the answer, and again by gc if it dies."""
+        if not self.fetches_shallow() or not is_shallow(self.paths.mirror):
+            return
+        from checkoutcache.clone.history import start_history
+
+        try:
+            pid = start_history(self.paths, self.config, self.credential, fork=True)
+        except (OSError, CheckoutCacheError) as exc:
+            self.log(f"the mirror's history could not be started now ({exc}); gc starts it")
+            return
+        if pid is not None:
+            self.log(f"the mirror's history follows in the background (pid {pid})")
+
+    def fetches_shallow(self) -> bool:
+        """Whether a first answer comes from the commit alone (CHECKOUTCACHE_FIRST_FETCH)."""
+        return self.config.first_fetch == "shallow" and getattr(self.backend, "supports_shallow", False)
+
+    def ensure_mirror(self, keep_fds: tuple[int, ...], rebuild: bool = False, seed: bool = True) -> bool:
         """Create the mirror if missing (built in our scratch, seeded from bundles when
         CHECKOUTCACHE_BUNDLE_URI is set, renamed into place: a worker killed on the way
         leaves no mirror, so the next one seeds again).
@@ -330,8 +337,11 @@ class Worker:
         # Not seeded when rebuilding because objects were unreadable: the store may be where
         # the damage came from, so the new mirror comes from upstream alone.
         skip = "rebuilding a mirror whose objects were unreadable" if rebuild else None
+        if not seed:
+            records.remove_quietly(self.paths.seed_record)  # an earlier mirror's: the history seeds this one
+        # A shallow first answer seeds nothing: the bundles are the history's (clone/history.py).
         mirror.install_new_mirror(self.paths, self.backend, self.scratch.path, self.partial_filter(),
-                                  lambda build: self.seed(build, keep_fds, skip=skip))
+                                  (lambda build: self.seed(build, keep_fds, skip=skip)) if seed else None)
         self.mirror_is_new = True
         return True
 
@@ -531,7 +541,91 @@ class Worker:
                                                                    self.credential, self.on_progress, self.log,
                                                                    keep_fds))
 
+    def fetch_shallow(self) -> bool:
+        """The commit alone (depth 1, with a partial mirror's filter) into a new, empty or shallow
+        mirror, fetched privately (git/shallow.py) so first answers of different commits fetch
+        side by side; installed under the mirror lock. False: not this way (a complete mirror,
+        the server refused, the mirror changed under us): the caller fetches as a full mirror."""
+        with locks.mirror_write(self.paths, timeout=max(1.0, self.remaining())) as mirror_lock:
+            keep_fds = (mirror_lock.fileno(),)
+            made = self.ensure_mirror(keep_fds, seed=False)
+            mirror_dir = self.paths.mirror
+            if not (made or is_shallow(mirror_dir) or mirror_is_empty(mirror_dir)):
+                return False  # a complete mirror: a new commit costs what changed, fetched there
+            if self.commit_present(mirror_dir):
+                self.keep(self.sha, keep_fds)
+                self.mirror_has_commit(keep_fds)
+                return True
+            for stale in mirror.remove_stale_leftovers_of(self.paths):
+                self.log(f"removed stale git lock {stale}")
+            identity = self.mirror_identity()
+        incoming = make_incoming(RepoPaths.scratch_incoming(self.scratch.path), mirror_dir)
+        self.on_progress({"phase": "fetching"})
+        checkpoint("before-fetch")
+        try:
+            fetched = self.backend.fetch_privately(mirror_dir, incoming, self.url, [f"+{self.sha}:{keep_ref(self.sha)}"],
+                                                   self.credential, self.on_progress, self.log, depth=1)
+        except CheckoutCacheError as exc:
+            if exc.code == "DISK_FULL":
+                raise
+            self.log(f"the commit alone could not be fetched ({exc.detail}); fetching it as a full mirror does")
+            remove_tree(incoming)
+            return False
+        checkpoint("after-fetch")
+        with locks.mirror_write(self.paths, timeout=max(1.0, self.remaining())) as mirror_lock:
+            keep_fds = (mirror_lock.fileno(),)
+            moved = identity != self.mirror_identity()  # repacked (objects it relied on pruned?) or rebuilt
+            boundary = None
+            if not is_shallow(mirror_dir) and not mirror_is_empty(mirror_dir):
+                # The history completed while we fetched: the commit joins it if its parents are there.
+                self.backend.install_fetched(mirror_dir, fetched._replace(shallow_after=fetched.shallow_before),
+                                             keep_fds, refs=[])
+                if not self.backend.parents_present(mirror_dir, self.sha):
+                    return False  # fetched as a new commit of a complete mirror is, by the caller
+                boundary = frozenset()
+            self.backend.install_fetched(mirror_dir, fetched, keep_fds, refs=[], boundary=boundary)
+            self.keep(self.sha, keep_fds)
+            try:
+                found = self.refuse_non_commit(mirror_dir)
+                # git's fetch checked the commit's history connected down to its new boundary
+                # in the view; walked again where that check may not hold in the mirror: a
+                # partial one (a missing tree counts as promised there), or one repacked or
+                # rebuilt meanwhile.
+                trusted = not moved and self.backend.partial_filter(mirror_dir) is None
+                present = found is not None if trusted else self.commit_present(mirror_dir)
+            except CheckoutCacheError:
+                self.backend.drop_keep(mirror_dir, self.sha)
+                raise
+            if not present:
+                self.backend.drop_keep(mirror_dir, self.sha)
+                if found is None:
+                    raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.sha, detail="the server did not send it")
+                raise CheckoutCacheError("CLONE_FAILED", detail=f"the server sent commit {self.sha} without its tree")
+            if fetched.filter_refused:
+                self.filter_refused()
+            self.mirror_has_commit(keep_fds)
+        return True
+
+    def mirror_identity(self) -> tuple:
+        """What changes when the mirror is rebuilt or repacked (its directory, gc's repack stamp)."""
+        try:
+            inode = os.stat(self.paths.mirror).st_ino
+        except OSError:
+            inode = None
+        stamp = records.read_json(self.paths.mirror_gc_stamp, records.MIRROR_GC) or {}
+        return inode, stamp.get("at")
+
+    def mirror_has_commit(self, keep_fds: tuple[int, ...]) -> None:
+        """The commit is kept in the mirror: what its checkout needs besides (blobs, LFS objects)."""
+        self.fetch_needed_blobs(keep_fds)
+        self.log("mirror has the commit" + (" (shallow: its history follows)" if is_shallow(self.paths.mirror)
+                                             else ""))
+        # Under the mirror lock: gc prunes lfs/ under it too, by the commits kept.
+        self.prepare_lfs(keep_fds)
+
     def fetch_into_mirror(self, rebuild: bool = False) -> None:
+        if not rebuild and self.fetches_shallow() and self.fetch_shallow():
+            return
         with locks.mirror_write(self.paths, timeout=max(1.0, self.remaining())) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
             rebuilt = self.ensure_mirror(keep_fds, rebuild)
@@ -587,10 +681,7 @@ class Worker:
                 self.keep(self.sha, keep_fds)
             if rebuilt:
                 self.restore_borrowed_objects(keep_fds)
-            self.fetch_needed_blobs(keep_fds)
-            self.log("mirror has the commit")
-            # Under the mirror lock: gc prunes lfs/ under it too, by the commits kept.
-            self.prepare_lfs(keep_fds)
+            self.mirror_has_commit(keep_fds)
 
     def prepare_lfs(self, keep_fds: tuple[int, ...]) -> None:
         """Decide how the commit's LFS files are checked out, and download their
@@ -779,24 +870,6 @@ def run_worker(root: str, key: str, name: str, config: Config, credential: Crede
     worker = Worker(RootPaths(root).repo(key), name, config, credential, deaths, cone)
     stop_on_sigterm(worker.on_stop)
     return worker.run()
-
-
-def stop_on_sigterm(on_stop: Callable[[], None]) -> None:
-    """Call on_stop on a thread of its own when SIGTERM comes, even while the main thread
-    is inside a C call (libgit2's fetch): the C-level handler writes the signal to a wakeup
-    pipe at once, and that thread is blocked reading it. Only for a worker process of its
-    own (never a submodule's inline run, which shares its superproject's process)."""
-    read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    os.set_blocking(read_end, True)
-    signal.signal(signal.SIGTERM, lambda *_: None)  # the Python-level handler: the thread does the work
-    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-
-    def wait() -> None:
-        while os.read(read_end, 1) != bytes([signal.SIGTERM]):
-            pass
-        on_stop()
-
-    threading.Thread(target=wait, name="cc-sigterm", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -198,6 +198,10 @@ class GitBackend(Protocol):
     fetches_into_refs: bool  # fetch(refspecs=["<sha>:refs/keep/<sha>"]) works
     supports_partial: bool  # partial mirrors (CHECKOUTCACHE_FILTER): the methods below marked so
     supports_sparse: bool  # sparse checkouts of a cone (cones.py)
+    # Shallow mirrors (git/shallow.py: fetch_privately, install_fetched, reachable_commits,
+    # merge_base): a cold node's first answer from the commit alone. Backends without
+    # them make full mirrors.
+    supports_shallow: bool
 
     def probe(self, url: str, is_local: bool, credential: Credential | None, timeout: float) -> None: ...
     def init_mirror(self, path: str, filter: str | None = None) -> None: ...

@@ -24,8 +24,7 @@ import subprocess
 import threading
 from typing import Callable
 
-from checkoutcache import cones
-from checkoutcache.cones import Cone
+from checkoutcache.cones import Cone, matcher, pathspecs
 from checkoutcache.config import FILTER_SPEC
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
@@ -57,7 +56,9 @@ from checkoutcache.git.backend import (
 from checkoutcache.git import mirror as mirror_module
 from checkoutcache.git import quarantine
 from checkoutcache.git.env import FSCK_VAR, OPERATOR_CONFIG_VAR, git_env
-from checkoutcache.git.view import private_view
+from checkoutcache.git import shallow
+from checkoutcache.git.shallow import ShallowOps
+from checkoutcache.git.view import private_view, read_view_shallow
 
 _PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>[0-9]{1,3})% "
                        r"\((?P<done>[0-9]{1,12})/(?P<total>[0-9]{1,12})\)"
@@ -312,7 +313,7 @@ def make_work_repository(tree_dir: str) -> None:
         handle.write("[core]\n\trepositoryformatversion = 0\n\tbare = false\n\tlogallrefupdates = true\n")
 
 
-class GitCliBackend:
+class GitCliBackend(ShallowOps):
     supports_partial = True
     supports_sparse = True
 
@@ -433,7 +434,7 @@ class GitCliBackend:
         `?<id>`. From the tree, not the commit: given a commit, pathspecs limit which commits
         are listed (one that changed nothing in the cone would list nothing at all). The tree
         and the pathspecs go on stdin: a deep cone's pathspecs outgrow a command line."""
-        listed = "".join(line + "\n" for line in [f"{sha}^{{tree}}", "--", *(cones.pathspecs(cone) if cone else [])])
+        listed = "".join(line + "\n" for line in [f"{sha}^{{tree}}", "--", *(pathspecs(cone) if cone else [])])
         return subprocess.run([self.git, "-C", mirror, "rev-list", "--objects", "--missing=print", "--stdin"],
                               input=listed, capture_output=True, text=True, env=git_env(), cwd="/", errors="replace")
 
@@ -460,19 +461,24 @@ class GitCliBackend:
             with private_view(mirror, filter) as view:
                 code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
                                             log, secrets, keep_fds, stdin)
+                if code == 0:
+                    shallow.after_view_fetch(mirror, view)
             if code != 0:
                 raise git_failure(output, last_meaningful_line(output), secrets)
             return output
         before = quarantine.refs_of(mirror, self.git)
+        boundary = shallow.read_shallow(mirror)  # after the refs (git/shallow.py)
         with quarantine.incoming_objects(mirror) as incoming:
-            with private_view(mirror, filter, objects=incoming, refs=before) as view:
+            with private_view(mirror, filter, objects=incoming, refs=before, shallow=boundary) as view:
                 code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url, fsck=False),
                                             on_progress, log, secrets, keep_fds, stdin)
                 if code != 0:
                     raise git_failure(output, last_meaningful_line(output), secrets)
                 after = quarantine.refs_of(view, self.git)
+                boundary_after = read_view_shallow(view)
             quarantine.check(mirror, incoming, filter, keep_fds, self.git)
-            quarantine.admit(mirror, incoming, before, after, self.git)
+            quarantine.admit(mirror, incoming, before, after, self.git,
+                             view_shallow=boundary_after if boundary_after != boundary else None)
         return output
 
     def gitmodules_refused(self, mirror: str, sha: str, filter: str) -> str | None:
@@ -625,7 +631,7 @@ class GitCliBackend:
         listed = self._bytes(["-C", mirror, "ls-tree", "-r", "-z", "--full-tree", sha])
         if b".gitattributes" not in listed:
             return []  # no attributes anywhere: no LFS file (a 50,000-file tree costs no parse)
-        in_cone = cones.matcher(cone)
+        in_cone = matcher(cone)
         entries = []  # (blob, path) of regular files
         attributes = []
         for entry in filter(None, listed.split(b"\0")):
@@ -743,6 +749,7 @@ class GitCliBackend:
         """A checkout's .git as we make it: no index, no HEAD commit, our config alone."""
         make_work_repository(tree_dir)  # what `git init --template=` makes, without starting git
         write_alternates(tree_dir, mirror_objects)
+        shallow.link_shallow(tree_dir, mirror_objects)  # its history: the mirror's, now and later
         partial = mirror_module.has_promisor_packs(mirror_objects)
         write_git_config(os.path.join(tree_dir, ".git"), {**CHECKOUT_CONFIG, **(lfs or {}),
                                                           **(PROMISOR_CHECKOUT_CONFIG if partial else {}),

@@ -27,6 +27,7 @@ from checkoutcache.git.backend import (
     write_alternates,
 )
 from checkoutcache.git.env import SSH_KEY_FILE_VAR, SSH_KNOWN_HOSTS_VAR
+from checkoutcache.git.shallow import link_shallow
 from checkoutcache.git.view import private_view
 
 
@@ -66,6 +67,10 @@ class Pygit2Backend:
     # full mirror instead (status says why), and a sparse request is refused up front.
     supports_partial = False
     supports_sparse = False
+    # libgit2 1.9 fetches with a depth, but writes the shallow file of the repository it was
+    # opened on (our private view's), and has no --deepen: its mirrors are full ones, and its
+    # first answer costs the commit's history (the answer says "complete").
+    supports_shallow = False
 
     def __init__(self):
         _ignore_ambient_config()
@@ -361,6 +366,7 @@ class Pygit2Backend:
         try:
             repo = pygit2.init_repository(tree_dir, bare=False)
             write_alternates(tree_dir, mirror_objects)
+            link_shallow(tree_dir, mirror_objects)  # a mirror the git CLI made shallow (git/shallow.py)
             for key, value in CHECKOUT_CONFIG.items():
                 repo.config[key] = value
             repo = pygit2.Repository(tree_dir)  # reopen so the alternates are read

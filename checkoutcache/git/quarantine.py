@@ -102,8 +102,31 @@ def check(mirror: str, incoming: str, filter: str, keep_fds: tuple[int, ...] = (
         raise CheckoutCacheError("CLONE_FAILED", detail=(errors or ["git fsck refused what the server sent"])[0][:300])
 
 
-def admit(mirror: str, incoming: str, before: dict[str, str], after: dict[str, str], git: str = "git") -> None:
-    """Move the checked objects into the mirror, then update the refs the fetch changed there."""
+def admit(mirror: str, incoming: str, before: dict[str, str], after: dict[str, str], git: str = "git",
+          view_shallow: frozenset[str] | None = None) -> None:
+    """Move the checked objects into the mirror, then (a shallow mirror) the boundary the fetch
+    left in its view, then update the refs the fetch changed there."""
+    move_objects(mirror, incoming)
+    if view_shallow is not None:
+        from checkoutcache.git.shallow import read_shallow, write_shallow
+
+        if read_shallow(mirror) != view_shallow:
+            write_shallow(mirror, view_shallow)
+    changed = [(ref, sha) for ref, sha in sorted(after.items()) if before.get(ref) != sha]
+    if not changed:
+        return
+    zero = "0" * len(next(iter(after.values())))
+    commands = "".join(f"update {ref} {sha} {before.get(ref, zero)}\n" for ref, sha in changed)
+    done = subprocess.run([git, "-C", mirror, "update-ref", "--stdin"], input="start\n" + commands + "commit\n",
+                          capture_output=True, text=True, env=git_env(), cwd="/", errors="replace")
+    if done.returncode != 0:
+        raise CheckoutCacheError("CLONE_FAILED", detail=f"the fetched refs could not be written: "
+                                                        f"{done.stderr.strip()[-200:]}")
+
+
+def move_objects(mirror: str, incoming: str) -> None:
+    """An object store's packs (the `.idx` last: git sees a pack by its index) and loose
+    objects, moved into the mirror's (the same file system: one rename each)."""
     pack_dir = os.path.join(mirror, "objects", "pack")
     packs = sorted((name for name in os.listdir(os.path.join(incoming, "pack")) if _PACK_FILE.match(name)),
                    key=lambda name: _ADMIT_ORDER[name.rsplit(".", 1)[1]])
@@ -116,16 +139,6 @@ def admit(mirror: str, incoming: str, before: dict[str, str], after: dict[str, s
                 modes.make_dir(target)
             for name in os.listdir(os.path.join(incoming, directory)):
                 os.replace(os.path.join(incoming, directory, name), os.path.join(target, name))
-    changed = [(ref, sha) for ref, sha in sorted(after.items()) if before.get(ref) != sha]
-    if not changed:
-        return
-    zero = "0" * len(next(iter(after.values())))
-    commands = "".join(f"update {ref} {sha} {before.get(ref, zero)}\n" for ref, sha in changed)
-    done = subprocess.run([git, "-C", mirror, "update-ref", "--stdin"], input="start\n" + commands + "commit\n",
-                          capture_output=True, text=True, env=git_env(), cwd="/", errors="replace")
-    if done.returncode != 0:
-        raise CheckoutCacheError("CLONE_FAILED", detail=f"the fetched refs could not be written: "
-                                                        f"{done.stderr.strip()[-200:]}")
 
 
 def gitmodules_refused(mirror: str, sha: str, filter: str, git: str = "git") -> str | None:

@@ -16,6 +16,13 @@ a git directory of our own instead:
 - `objects`, `refs` and `packed-refs` are symlinks to the mirror's: what the
   fetch brings lands in the mirror, its ref updates under git's own lock files
   there, and every ref of the mirror is a "have" in the negotiation;
+- `shallow` is a symlink to the mirror's shallow file (dangling while the mirror's
+  history is complete): git reads the mirror's shallow boundary through it (a fetch
+  into a shallow mirror that did not send its boundary would be sent too little), and
+  writes it there (lockfile.c resolves the link). git removes a shallow file by
+  unlinking the name, here the link: `shallow_removed` tells the caller, who removes
+  the mirror's after a fetch that succeeded (git/shallow.py). A view with refs of its
+  own (a private fetch) has a shallow file of its own too, a copy of what it is given;
 - git finds the view as the repository of its working directory (`git -C
   VIEW`), not through GIT_DIR or GIT_OBJECT_DIRECTORY: those would be inherited
   by what git starts, and git-lfs's file:// transfer agent, which opens a local
@@ -53,6 +60,7 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import mirror_config, partial_mirror_config
 
 PACKED_REFS = "packed-refs"
+SHALLOW = "shallow"  # git's name for a repository's shallow boundary (git/shallow.py)
 VIEW_PREFIX = "checkoutcache-view-"
 OWNER_LOCK = "owner.lock"
 # A pid names its process only in its own PID namespace: a view younger than this may be a
@@ -63,14 +71,15 @@ DEAD_VIEW_AGE = 6 * 3600
 @contextlib.contextmanager
 def private_view(mirror: str, filter: str | None = None, settings: dict[str, str] | None = None,
                  objects: str | None = None, refs: dict[str, str] | None = None,
-                 own_objects: bool = False) -> Iterator[str]:
+                 own_objects: bool = False, shallow: frozenset[str] | None = None) -> Iterator[str]:
     """Yields the private git directory that shows the mirror: run git with `-C` it.
 
     objects: another object store to show instead of the mirror's (a quarantine). refs: the
     view's own refs instead of the mirror's, these (ref -> id) as its packed-refs: what git
-    writes to a ref then stays in the view (git/quarantine.py). own_objects: objects written
-    in the view stay in it (an objects directory of its own that borrows the mirror's as an
-    alternate), for what only one command needs (git-lfs's list)."""
+    writes to a ref then stays in the view (git/quarantine.py); its shallow file is then its
+    own too: `shallow` (none when not given), read back with read_view_shallow. own_objects:
+    objects written in the view stay in it (an objects directory of its own that borrows the
+    mirror's as an alternate), for what only one command needs (git-lfs's list)."""
     remove_dead_views()
     view = None
     owner = None
@@ -85,9 +94,12 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
             else:
                 os.symlink(objects or os.path.join(mirror, "objects"), os.path.join(view, "objects"))
             if refs is None:
-                for name in ("refs", PACKED_REFS):
+                for name in ("refs", PACKED_REFS, SHALLOW):
                     os.symlink(os.path.join(mirror, name), os.path.join(view, name))
             else:
+                if shallow:
+                    with open(os.path.join(view, SHALLOW), "w") as handle:
+                        handle.write("".join(f"{sha}\n" for sha in sorted(shallow)))
                 for name in ("refs/heads", "refs/tags"):
                     os.makedirs(os.path.join(view, name))
                 with open(os.path.join(view, PACKED_REFS), "w") as handle:
@@ -111,6 +123,20 @@ def private_view(mirror: str, filter: str | None = None, settings: dict[str, str
             shutil.rmtree(view, ignore_errors=True)
         if owner is not None:
             os.close(owner)  # after the removal: no reaper takes a view still being removed
+
+
+def shallow_removed(view: str) -> bool:
+    """Whether git removed the view's shallow link (it unshallowed a view of the mirror)."""
+    return not os.path.islink(os.path.join(view, SHALLOW))
+
+
+def read_view_shallow(view: str) -> frozenset[str]:
+    """The shallow boundary a view with its own refs has after a command (empty: none)."""
+    try:
+        with open(os.path.join(view, SHALLOW)) as handle:
+            return frozenset(line.strip() for line in handle if line.strip())
+    except FileNotFoundError:
+        return frozenset()
 
 
 def _take_owner_lock(view: str) -> int:

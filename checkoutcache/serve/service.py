@@ -159,6 +159,9 @@ class Service:
         self.policy.check_scope(grant, scope)
         want = self.resolve(repo, commit, scope, cone)
         answer = self.cache.ready_answer(want, lock_wait=0.0)
+        if answer is not None and ("history" in params or "base" in params):
+            history, base = self.history_and_base(params)
+            answer = self.cache.as_wanted(want, answer, history, base)
         if answer is not None:
             self.metrics.answer(answer.state, "")
             with self.recent_lock:
@@ -168,10 +171,18 @@ class Service:
     def ensure(self, params: dict, grant: Grant = ANONYMOUS, note: "Waited | None" = None) -> Answer:
         """note, when given, learns whether the request waited on a clone (the latency's kind)."""
         repo, commit, wait, scope, cone = self.request(params, grant)
+        history, base = self.history_and_base(params)
         answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
-                                   sparse=cone)
+                                   sparse=cone, history=history, base=base)
         self.answered(answer)
         return answer
+
+    @staticmethod
+    def history_and_base(params: dict) -> tuple[str | None, str | None]:
+        """An ensure's `history` ("any", "full") and `base` (a commit id), checked (input errors raise)."""
+        from checkoutcache.cache import parse_base, parse_history
+
+        return parse_history(params.get("history")), parse_base(params.get("base"))
 
     def progress_of(self, note: "Waited | None") -> Callable[[Answer], None]:
         if note is None:

@@ -282,6 +282,8 @@ QUARANTINE_PREFIX = "tmp_objdir-checkoutcache-"
 CLONE_RECORD_SUFFIX = ".clone.json"
 FAILURE_RECORD_SUFFIX = ".failed.json"
 DEATHS_RECORD_SUFFIX = ".deaths.json"
+BASES_RECORD_SUFFIX = ".bases.json"
+BASE_LOCK_PREFIX = "base-"
 CLONE_LOCK_PREFIX = "clone-"
 SPARE_MAKING_PREFIX = ".new-"
 DROPPED_PREFIX = ".dropped-"
@@ -582,6 +584,16 @@ class RepoPaths:
         return os.path.join(self.base, "mirror.git", "objects")
 
     @property
+    def mirror_shallow(self) -> str:
+        """git's shallow file of the mirror: its history's boundary (none: complete)."""
+        return os.path.join(self.base, "mirror.git", "shallow")
+
+    @property
+    def history_repo(self) -> str:
+        """The background history fetch's own repository (clone/history.py)."""
+        return os.path.join(self.base, "history.git")
+
+    @property
     def lfs_store(self) -> str:
         """git-lfs's lfs.storage: the repository's one LFS object store."""
         return os.path.join(self.base, "lfs")
@@ -620,6 +632,14 @@ class RepoPaths:
     def ready_marker(self, name: str) -> str:
         return f"{self.base}/checkouts/{name}/.git/{READY_MARKER}"
 
+    def checkout_shallow(self, name: str) -> str:
+        """The checkout's .git/shallow: a symlink to the mirror's (the ready answer's one stat)."""
+        return f"{self.base}/checkouts/{name}/.git/shallow"
+
+    @staticmethod
+    def shallow_link_in(checkout_dir: str) -> str:
+        return os.path.join(checkout_dir, ".git", "shallow")
+
     @staticmethod
     def ready_marker_in(checkout_dir: str) -> str:
         return os.path.join(checkout_dir, ".git", READY_MARKER)
@@ -646,6 +666,11 @@ class RepoPaths:
     @staticmethod
     def scratch_mirror(scratch: str) -> str:
         return os.path.join(scratch, "mirror.git")
+
+    @staticmethod
+    def scratch_incoming(scratch: str) -> str:
+        """A private fetch's object store (git/shallow.py), moved into the mirror under its lock."""
+        return os.path.join(scratch, "incoming")
 
     @staticmethod
     def quarantine_objects(mirror: str, nonce: str) -> str:
@@ -746,6 +771,20 @@ class RepoPaths:
         return os.path.join(self.base, "state", "last-use.json")
 
     @property
+    def history_record(self) -> str:
+        return os.path.join(self.base, "state", "history.json")
+
+    @property
+    def history_failure(self) -> str:
+        return os.path.join(self.base, "state", f"history{FAILURE_RECORD_SUFFIX}")
+
+    def bases_record(self, name: str) -> str:
+        return os.path.join(self.base, "state", f"{name}{BASES_RECORD_SUFFIX}")
+
+    def bases_record_names(self) -> list[str]:
+        return _checkouts_named(entries(self.state_dir), "", BASES_RECORD_SUFFIX)
+
+    @property
     def mirror_gc_stamp(self) -> str:
         return os.path.join(self.base, "state", "mirror-gc.json")
 
@@ -785,6 +824,13 @@ class RepoPaths:
 
     def clone_lock(self, name: str) -> str:
         return os.path.join(self.base, "locks", f"{CLONE_LOCK_PREFIX}{name}.lock")
+
+    @property
+    def history_lock(self) -> str:
+        return os.path.join(self.base, "locks", "history.lock")
+
+    def base_lock(self, name: str) -> str:
+        return os.path.join(self.base, "locks", f"{BASE_LOCK_PREFIX}{name}.lock")
 
     def clone_lock_names(self) -> list[str]:
         return _checkouts_named(entries(self.locks_dir), CLONE_LOCK_PREFIX, ".lock")

@@ -178,6 +178,24 @@ def clone_running(paths: RepoPaths, name: str) -> bool:
     return is_locked(paths.clone_lock(name))
 
 
+def history_of(paths: RepoPaths) -> Lock | None:
+    """The right to run the repository's background history (clone/history.py); never waits."""
+    return try_lock(paths.history_lock)
+
+
+def history_running(paths: RepoPaths) -> bool:
+    return is_locked(paths.history_lock)
+
+
+def base_search_of(paths: RepoPaths, name: str) -> Lock | None:
+    """The right to search the merge base of a checkout's commit and a base; never waits."""
+    return try_lock(paths.base_lock(name))
+
+
+def base_search_running(paths: RepoPaths, name: str) -> bool:
+    return is_locked(paths.base_lock(name))
+
+
 def mirror_write(paths: RepoPaths, timeout: float) -> Lock:
     """Every write to mirror.git (fetch, keep-refs, repack, stale git locks)."""
     return lock(paths.mirror_lock, timeout=timeout)

@@ -171,6 +171,20 @@ def touch_if_ready(marker: str) -> bool:
     return ready_record(marker) is not None
 
 
+def history_of(checkout_dir: str) -> str:
+    """What a ready checkout's git sees of its history, in one stat: its .git/shallow is a link
+    to the mirror's shallow file (git/shallow.py), there while the mirror's history has a
+    boundary ("shallow"), gone once it is complete ("complete"); a checkout made before
+    shallow mirrors has none (its mirror was complete)."""
+    try:
+        os.stat(checkout_dir + "/.git/shallow")
+    except (FileNotFoundError, NotADirectoryError):
+        return "complete"
+    except OSError:
+        return "shallow"  # there, but not for us to read: never claim more history than there is
+    return "shallow"
+
+
 def submodules_of(record: dict) -> str | None:
     """What a ready answer says of the commit's submodules (None: it has none)."""
     value = record.get("submodules")

@@ -167,6 +167,13 @@ MIRROR_GC = schema({"at": finite}, {"pending": one_of(True, False), "lfs_pending
 SEED = schema({"seeded": one_of(True, False)},
               {"bundles": list_of(text), "why": text, "reason": text, "store": text, "bundle_bytes": count,
                "seconds": finite, "at": finite, "upstream": mapping, "bundle_refs_dropped": one_of(True, False)})
+# The background history of a mirror (state/history.json, clone/history.py): its owner and
+# progress while locks/history.lock is held; once done, when (completed_at) and how.
+HISTORY = schema({"started_at": finite},
+                 {"pid": count, "pid_start": finite, "pidns": text, "progress": mapping, "rounds": count,
+                  "completed_at": finite, "seconds": finite, "seeded": one_of(True, False), "note": text})
+# A merge base a review asked for (state/<name>.bases.json, clone/history.py): base -> merge base.
+BASES = schema({"bases": mapping}, {"at": finite})
 LIMITS = schema({"limits": mapping, "writer": one_of("serve", "gc"), "at": finite},
                 {"pid": count, "version": text})
 UNREMOVABLE = schema({"entries": list_of(mapping)}, {"checked_at": finite})

@@ -40,6 +40,7 @@ CHECKOUTS = "checkouts"
 CLONING = "cloning"
 BORROWED = "borrowed"
 MIRROR_BUSY = "mirror-busy"
+HISTORY = "history"  # the background history of its mirror is running (clone/history.py)
 
 
 def note_last_use(paths: RepoPaths, at: float | None) -> None:
@@ -142,10 +143,15 @@ def drop_repository(root_paths: RootPaths, key: str, borrowed_keys: frozenset[st
                 return Dropped(CLONING)
             if entries(paths.checkouts_dir):  # a clone published between the look and the locks
                 return Dropped(CHECKOUTS)
+            history = locks.history_of(paths)  # tried, never waited for (locks nest history -> mirror)
+            if history is None:
+                return Dropped(HISTORY)
             if dry_run:
+                history.release()
                 return Dropped(None)
             slot = root_paths.dropped_repo_slot(key)
-            os.rename(paths.base, slot)
+            with history:
+                os.rename(paths.base, slot)
             moved = RepoPaths(slot)
             # A clone that began between the look and the rename holds a lock we do not: its
             # store goes back where it was (unless an asker made a new one there meanwhile).

@@ -92,6 +92,7 @@ from checkoutcache.store.liveness import in_use_beneath, paths_in_use
 from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
+from checkoutcache.upkeep.history import follow_history
 from checkoutcache.upkeep.evict import (
     borrowed_keys_of,
     drop_repository,
@@ -878,6 +879,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 forget_finished_commits(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 record_unremovable(info.paths, report, now)
+            with going_on(report, info.paths, root_paths):  # after the mirror's upkeep (upkeep/history.py)
+                follow_history(info.paths, config, next((m for m in report.mirrors if m["repo"] == info.key), None),
+                               dry_run)
         report.disk_after = attrs.asdict(disk_of(root_paths.root))
         report.unmet = unmet_entries(unmet_after(plan.unmet, sum(dropped.values())), report, repos_kept)
         for unmet in report.unmet if not dry_run else []:

@@ -19,7 +19,7 @@ from checkoutcache.repospec import LFS_OFF, LFS_ON
 from checkoutcache.store import records, tree
 from checkoutcache.store.inventory import RepoInfo, inventory
 from checkoutcache.store.layout import RootPaths, commit_of
-from checkoutcache.store.ready import lfs_of
+from checkoutcache.store.ready import history_of, lfs_of
 from checkoutcache.store.spares import list_spares
 from checkoutcache.units import iso
 from checkoutcache.upkeep.eviction import Entry, idle_seconds, protection
@@ -63,6 +63,7 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
             "lfs": lfs_of(marker), "lfs_why": marker.get("lfs_why"),
             "last_used": iso(c.last_used), "idle_seconds": None if c.last_used is None else round(idle_seconds(c.last_used, now)),
             "held": c.held, "protected": protection(entry, config.grace, now) if c.ready else None,
+            **({"history": history_of(c.path)} if c.ready else {}),
             **({"unreadable": c.unreadable} if c.unreadable else {}),
         })
     clones = [{"commit": c.sha, "name": c.name, "pid": c.pid, "alive": c.alive, "started_at": iso(c.started_at),
@@ -76,7 +77,34 @@ def repo_status(info: RepoInfo, config: Config, now: float) -> dict:
             "clones": clones, "failures": failures, "scratch": scratch, "spares": spare_status(info),
             "stuck_in_trash": stuck_in_trash(info),
             "lfs": lfs_status(info, config, checkouts), "seed": seed_status(info), "filter": filter_status(info),
-            "problems": info.problems}
+            "history": history_status(info, now), "problems": info.problems}
+
+
+def history_status(info: RepoInfo, now: float) -> dict | None:
+    """The mirror's history (clone/history.py): shallow or complete, and the background fetch
+    of it: running (its pid and progress), failed (why, and when it is retried), or done (when)."""
+    from checkoutcache.git.shallow import read_shallow
+    from checkoutcache.store import locks
+
+    paths = info.paths
+    if not os.path.isdir(paths.mirror):
+        return None
+    boundary = read_shallow(paths.mirror)
+    reader = records.Reader(paths.root)
+    record = reader.read(paths.history_record, records.HISTORY) or {}
+    failure = records.Failure.from_record(reader.read(paths.history_failure, records.FAILURE))
+    running = locks.history_running(paths)
+    status = {"state": "shallow" if boundary else "complete", "boundary_commits": len(boundary),
+              "running": running, "log": paths.clone_log("history")}
+    if running:
+        status.update(pid=record.get("pid"), started_at=iso(record.get("started_at")),
+                      progress=record.get("progress") or {})
+    elif record.get("completed_at") is not None:
+        status.update(completed_at=iso(record.get("completed_at")), seconds=record.get("seconds"))
+    if failure is not None:
+        status["failure"] = {"error": failure.code, "message": failure.message, "attempts": failure.attempts,
+                             "failed_at": iso(failure.failed_at), "retry_after": max(0, round(failure.retry_at - now))}
+    return status
 
 
 def spare_status(info: RepoInfo) -> list[dict]:

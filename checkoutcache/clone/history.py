@@ -1,0 +1,808 @@
+"""A repository's history after its first answer (issue 34): the background history,
+and the merge base a review asks for.
+
+A cold node's first answer comes from a depth-1 fetch of the commit alone (worker.py,
+git/shallow.py): the mirror is shallow, and every checkout's git sees the mirror's
+boundary through its `.git/shallow` link. This module owns what follows.
+
+The background history (`History`) is a detached process of its own, one per
+repository: its starter takes locks/history.lock without waiting and hands it over (as
+a clone's lock: the process holds it for its whole life, and its death frees it at
+once). It is started after a publish into a shallow mirror (the clone worker), and
+started again, when it died, by gc (every run, so serve's schedule and cron alike) and by
+`ensure --history full`; a failure backs off (state/history.failed.json) as a clone's
+does. It runs at a lower CPU and IO priority (CHECKOUTCACHE_HISTORY_NICE, IO
+best-effort 7), waits while the repository's clones are fetching (YIELD_TO_CLONES at
+most) and under CHECKOUTCACHE_HISTORY_TIMEOUT. Its steps, each a kill point of the
+fault tests (testhooks.py, named in brackets):
+
+1. [history-start] the mirror is still shallow, and there is room: free space above
+   the reserve (min-free, else 5% of the disk) by HISTORY_ROOM at least, watched
+   through the fetch (a fetch that would take the disk below the reserve is stopped:
+   DISK_FULL);
+2. [history-before-seed] bundles (CHECKOUTCACHE_BUNDLE_URI) into history.git, once;
+3. [history-before-fetch] [history-during-fetch] fetch, into <key>/history.git, every
+   commit the mirror's refs name and history.git does not prove yet, by id (every branch
+   and tag when the server refuses ids), as a clone would: a repository of its own, no
+   alternates, no shallow boundary, so the server answers from its bitmaps and sends
+   each object once (a deepening of the shallow mirror costs 1.7x a clone: the server's
+   shallow walk). git's fsck choices apply (git/env.py); a partial mirror's history is
+   fetched with its filter and, where git cannot check a partial fetch with our choices,
+   checked by fsck after (git/quarantine.py); for a partial one every commit and tree its
+   refs reach is walked (git takes a missing one for promised);
+4. [history-after-fetch] what history.git proves: every commit its refs reach (git
+   checked each ref's history connected, in a repository with nothing else);
+5. under locks/mirror.lock, for milliseconds: history.git's packs hard-linked into the
+   mirror (`.idx` last) [history-during-install], then [history-after-packs] the mirror's
+   shallow file loses every entry history.git proves and every one no ref of the mirror
+   reaches any more (git's own prune would drop those);
+6. [history-after-install] new refs came meanwhile (clones of new commits, fetched at
+   depth 1): again from 3, fetching only what they add; complete: history.git goes, and
+   state/history.json says when.
+
+Killed at any step, the store is consistent (the mirror's file claims at most less
+history than it has) and the next start resumes: history.git keeps what was fetched
+whole (a fetch killed mid-pack is fetched again: git cannot resume a pack), links
+already made are skipped, the shallow file is computed anew.
+
+The merge base (`BaseSearch`, `ensure HEAD --base BASE`): a detached process too, under
+locks/base-<name>.lock (one search per checkout at a time), at the answers' priority.
+With a complete mirror, BASE is fetched as any new commit and `git merge-base` answers.
+With a shallow one, in a private view of the mirror (HEAD's keep-ref and BASE as its
+refs, HEAD's boundary as its shallow file, objects in its scratch): BASE at depth 1,
+then `--deepen` 1, 2, 4, ... commits (the view's boundary alone moves) until git finds
+a merge base above the boundary or the two histories are complete; then its objects go
+into the mirror with HEAD's new boundary, so HEAD's checkout reaches the merge base, and
+state/<name>.bases.json records it (the ready answer with `--base` reads it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from typing import Callable
+
+from checkoutcache.clone.decide import next_failure
+from checkoutcache.clone.process import open_attempt_log, stop_on_sigterm
+from checkoutcache.config import Config
+from checkoutcache.credentials import (
+    CREDENTIAL_VARS,
+    Credential,
+    credential_env,
+    credential_from_env,
+    redact,
+    secrets_of,
+    without_credentials,
+)
+from checkoutcache.errors import CheckoutCacheError, describe, is_disk_full
+from checkoutcache.git import mirror as mirror_module
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, GitKilled, keep_ref, mirror_config, \
+    partial_mirror_config
+from checkoutcache.git.shallow import is_shallow, read_shallow, write_shallow
+from checkoutcache.git.transport import pick_backend
+from checkoutcache.store import locks, records, tree
+from checkoutcache.store.checkouts import remove_tree, to_trash
+from checkoutcache.store.layout import RepoPaths, RootPaths, commit_of
+from checkoutcache.store.liveness import own_identity, pid_namespace
+from checkoutcache.store.modes import set_store_umask
+from checkoutcache.store.records import read_failure
+from checkoutcache.testhooks import checkpoint
+
+HISTORY_LOG = "history"  # logs/history.log (clone logs are named by checkout: never this)
+HISTORY_PHASE = "fetching history"
+BASE_PHASE = "finding the merge base"
+PROGRESS_INTERVAL = 0.5
+# How long the history waits for the repository's clones in flight before it fetches:
+# answers first (a clone's fetch and the history's share the link and the server).
+YIELD_TO_CLONES = 60.0
+# Free space the history wants beyond the reserve before it starts (its size is unknown
+# until it arrives: the watch during the fetch is the real bound).
+HISTORY_ROOM = 64 << 20
+# The reserve when no min-free is set: as gc keeps for a repack (upkeep/gc.py REPACK_RESERVE).
+RESERVE_SHARE = 0.05
+SPACE_CHECK_EVERY = 0.5
+EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_STOPPED = 0, 1, 3, 143
+# Pack files a history links into the mirror, the index last (git sees a pack by its index).
+_PACK_ORDER = {"pack": 0, "rev": 1, "promisor": 2, "idx": 3}
+# The most bases one checkout's record keeps (the newest).
+MAX_BASES = 64
+
+
+def history_state(paths: RepoPaths) -> str:
+    """What the mirror's history is: "shallow" (a boundary) or "complete"."""
+    return "shallow" if is_shallow(paths.mirror) else "complete"
+
+
+def reserve_bytes(config: Config, total: int) -> int:
+    return config.min_free.bytes_of(total) if config.min_free else int(total * RESERVE_SHARE)
+
+
+def history_failure(paths: RepoPaths):
+    return read_failure(paths.history_failure)
+
+
+# ---------------------------------------------------------------- starting
+def start_history(paths: RepoPaths, config: Config, credential: Credential | None, fork: bool = False,
+                  force: bool = False) -> int | None:
+    """Start the repository's background history when its mirror is shallow, none runs and
+    its last failure's back-off has passed (force: whatever the back-off, as a review that
+    asked for the history does after the back-off it was answered); the pid, or None."""
+    backend = pick_backend(config.transport)
+    if not getattr(backend, "supports_shallow", False) or not is_shallow(paths.mirror):
+        return None
+    failure = history_failure(paths)
+    if failure is not None and time.time() < failure.retry_at and not force:
+        return None
+    held = locks.history_of(paths)
+    if held is None:
+        return None  # one runs
+    with held:
+        if not is_shallow(paths.mirror):
+            return None  # it completed while we looked
+        records.write_json(paths.history_record, {"started_at": time.time(), "progress": {"phase": "starting"}})
+        try:
+            return start_detached(paths, ["--history"], held.fileno(), config, credential, fork, HISTORY_LOG)
+        except OSError:
+            records.remove_quietly(paths.history_record)
+            raise
+
+
+def start_base_search(paths: RepoPaths, name: str, base: str, config: Config, credential: Credential | None,
+                      fork: bool = False) -> int | None:
+    """Start the merge-base search of checkout NAME's commit and BASE unless one runs for the
+    checkout (its pid, or None)."""
+    held = locks.base_search_of(paths, name)
+    if held is None:
+        return None
+    with held:
+        if merge_base_of(paths, name, base) is not None:
+            return None
+        note_search(paths, name, base, {"started_at": time.time(), "progress": {"phase": "starting"}})
+        return start_detached(paths, ["--checkout", name, "--base", base], held.fileno(), config, credential,
+                              fork, name)
+
+
+def start_detached(paths: RepoPaths, args: list[str], lock_fd: int, config: Config,
+                   credential: Credential | None, fork: bool, log_name: str) -> int:
+    """A process of this module, in a session of its own, holding the lock it inherits (as a
+    clone worker: clone/spawn.py): forked from this process (fork: one we own entirely, the
+    CLI or a clone worker), else a fresh Python. Credentials go by environment only."""
+    if fork:
+        return _fork(paths, args, lock_fd, config, credential, log_name)
+    import subprocess
+
+    env = without_credentials(os.environ)
+    env.update(config.to_env())
+    env.update(credential_env(credential))
+    parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (parent, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "checkoutcache.clone.history", "--root", paths.root, "--key", paths.key,
+           "--lock-fd", str(lock_fd), *args]
+    log_fd = tree.open_file(paths.clone_log(log_name), os.O_WRONLY | os.O_APPEND, create=True)
+    with os.fdopen(log_fd, "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env)
+    from checkoutcache.clone.spawn import _STARTED  # waited for (no zombie of a long-lived caller)
+
+    _STARTED.append(proc)
+    return proc.pid
+
+
+def _fork(paths: RepoPaths, args: list[str], lock_fd: int, config: Config, credential: Credential | None,
+          log_name: str) -> int:
+    from checkoutcache.clone.spawn import hide_caller_secrets
+
+    hide_caller_secrets()
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(read_end)
+            os.setsid()
+            child = os.fork()
+            if child == 0:
+                os.close(write_end)
+                _become(paths, args, lock_fd, config, credential, log_name)
+            os.write(write_end, str(child).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        answer = os.read(read_end, 32)
+    finally:
+        os.close(read_end)
+        os.waitpid(middle, 0)
+    if not answer:
+        raise OSError("the forked history process did not start")
+    return int(answer)
+
+
+def _become(paths: RepoPaths, args: list[str], lock_fd: int, config: Config, credential: Credential | None,
+            log_name: str) -> None:
+    code = 1
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"checkoutcache-history {paths.key} {' '.join(args)}")
+        devnull = os.open(os.devnull, os.O_RDWR)
+        log = tree.open_file(paths.clone_log(log_name), os.O_WRONLY | os.O_APPEND, create=True)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(log, 2)
+        for entry in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+            fd = int(entry)
+            if fd > 2 and fd != lock_fd:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.chdir("/")
+        for var in CREDENTIAL_VARS:
+            os.environ.pop(var, None)
+        os.environ.update(credential_env(credential))
+        code = run(paths.root, paths.key, config, credential, args)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def run(root: str, key: str, config: Config, credential: Credential | None, args: list[str]) -> int:
+    set_store_umask()
+    paths = RootPaths(root).repo(key)
+    if args and args[0] == "--history":
+        job: Job = History(paths, config, credential)
+    else:
+        job = BaseSearch(paths, config, credential, name=args[1], base=args[3])
+    stop_on_sigterm(job.on_stop)
+    return job.run()
+
+
+def lower_priority(nice: int) -> None:
+    """This process (and the git it starts) below the answers: CPU niceness, IO best-effort 7."""
+    if nice <= 0:
+        return
+    try:
+        os.nice(nice)
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        psutil.Process().ionice(psutil.IOPRIO_CLASS_BE, 7)
+    except (OSError, AttributeError, ValueError, ImportError):
+        pass  # not Linux, or not allowed: the CPU niceness alone
+
+
+# ---------------------------------------------------------------- a detached job
+class Job:
+    """What the background history and a merge-base search share: a log, a record with
+    the owner and progress, a time limit, SIGTERM, and failures that back off."""
+
+    record_path: str
+    failure_path: str | None
+    phase: str
+    timeout: float
+
+    def __init__(self, paths: RepoPaths, config: Config, credential: Credential | None, log_name: str):
+        self.paths = paths
+        self.config = config
+        self.credential = credential
+        self.secrets = secrets_of(credential)
+        info = records.read_json(paths.repo_json, records.REPO) or {}
+        self.url = info.get("url", "")
+        self.is_local = bool(info.get("is_local", False))
+        self.scope = info.get("scope", "default")
+        self.backend = pick_backend(config.transport)
+        self.pid, self.pid_start = own_identity()
+        self.started_at = time.time()
+        self.progress: dict = {}
+        self._last_write = 0.0
+        self._finishing = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._log = open_attempt_log(paths, log_name)
+
+    def log(self, line: str) -> None:
+        now = time.time()
+        stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+        try:
+            self._log.write(f"{stamp} {redact(line[:4096], self.secrets)}\n")
+        except (OSError, ValueError):
+            pass
+
+    def owner(self) -> dict:
+        return {"pid": self.pid, "pid_start": self.pid_start, "pidns": pid_namespace(),
+                "started_at": self.started_at, "progress": self.progress}
+
+    def write_record(self) -> None:  # pragma: no cover - each job writes its own
+        raise NotImplementedError
+
+    def on_progress(self, update: dict) -> None:
+        phase_changed = update.get("phase") != self.progress.get("phase")
+        self.progress.update(update)
+        if phase_changed or time.monotonic() - self._last_write >= PROGRESS_INTERVAL:
+            self._last_write = time.monotonic()
+            try:
+                self.write_record()
+            except OSError:
+                pass
+        self.during_fetch()
+
+    def during_fetch(self) -> None:
+        pass
+
+    def run(self) -> int:
+        self.write_record()
+        self._timer = threading.Timer(self.timeout, self.on_timeout)
+        self._timer.daemon = True
+        self._timer.start()
+        try:
+            self.work()
+        except BaseException as exc:  # every failure is recorded; SIGKILL is the only exception
+            with self._finishing:
+                self.failed(*self.explain(exc))
+            return EXIT_FAILED
+        finally:
+            self._timer.cancel()
+            self._log.close()
+        return EXIT_OK
+
+    def work(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def explain(self, exc: BaseException) -> tuple[str, str, str]:
+        if isinstance(exc, CheckoutCacheError):
+            return exc.code, redact(exc.message, self.secrets), exc.next
+        if isinstance(exc, GitKilled):
+            return ("CLONE_FAILED", *describe("CLONE_FAILED", detail=redact(str(exc), self.secrets)))
+        if is_disk_full(exc):
+            return ("DISK_FULL", *describe("DISK_FULL", detail=str(exc)))
+        if isinstance(exc, locks.LockTimeout):
+            return ("TIMEOUT", *describe("TIMEOUT", limit="the mirror lock's wait"))
+        self.log(f"unexpected {type(exc).__name__}: {exc}")
+        return ("CLONE_FAILED", *describe("CLONE_FAILED", detail=f"{type(exc).__name__}: {exc}"))
+
+    def failed(self, code: str, message: str, next_step: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def stop_git(self) -> None:
+        from checkoutcache.git.cli import RUNNING
+
+        RUNNING.kill_all()
+
+    def on_stop(self) -> None:
+        """SIGTERM: no verdict, nothing recorded against the repository; started again later."""
+        if not self._finishing.acquire(blocking=False):
+            return
+        self.stop_git()
+        self.log("stopped by SIGTERM: nothing is recorded; it starts again later")
+        self.forget_record()
+        os._exit(EXIT_STOPPED)
+
+    def on_timeout(self) -> None:
+        if not self._finishing.acquire(blocking=False):
+            return
+        self.stop_git()
+        self.failed("TIMEOUT", f"the {self.phase} did not finish within {self.timeout:g}s",
+                    "raise CHECKOUTCACHE_HISTORY_TIMEOUT if the history is that large; retried after the back-off")
+        os._exit(EXIT_TIMEOUT)
+
+    def forget_record(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- the background history
+class History(Job):
+    phase = HISTORY_PHASE
+
+    def __init__(self, paths: RepoPaths, config: Config, credential: Credential | None):
+        super().__init__(paths, config, credential, HISTORY_LOG)
+        self.timeout = config.history_timeout
+        self.rounds = 0
+        self.seeded: bool | None = None
+        self.space_short: str | None = None  # set by the watch when the disk went below the reserve
+        self.filter = None
+
+    @property
+    def repo(self) -> str:
+        return self.paths.history_repo
+
+    def write_record(self) -> None:
+        records.write_json(self.paths.history_record, {**self.owner(), "rounds": self.rounds})
+
+    def forget_record(self) -> None:
+        records.remove_quietly(self.paths.history_record)
+
+    def failed(self, code: str, message: str, next_step: str) -> None:
+        previous = read_failure(self.paths.history_failure)
+        failure = next_failure(previous, code, message, next_step, time.time(), self.config.backoff,
+                               self.config.backoff_max)
+        records.write_json(self.paths.history_failure, failure.to_record())
+        self.forget_record()
+        self.log(f"failed: {code}: {message} (attempt {failure.attempts}, retried in "
+                 f"{failure.retry_at - failure.failed_at:.0f}s)")
+
+    def during_fetch(self) -> None:
+        checkpoint("history-during-fetch")
+
+    def work(self) -> None:
+        lower_priority(self.config.history_nice)
+        self.log(f"history of {self.url} by pid {self.pid} (nice {self.config.history_nice})")
+        checkpoint("history-start")
+        while self.backend.is_usable(self.paths.mirror) and is_shallow(self.paths.mirror):
+            self.filter = self.backend.partial_filter(self.paths.mirror)
+            self.prepare_repo()
+            proven = self.proven()
+            wanted = self.wanted(proven)
+            if wanted:
+                self.check_space()
+                self.seed()
+                self.yield_to_clones()
+                checkpoint("history-before-fetch")
+                self.fetch(wanted)
+                checkpoint("history-after-fetch")
+                proven = self.proven()
+            dropped = self.install(proven)
+            self.rounds += 1
+            checkpoint("history-after-install")
+            if not is_shallow(self.paths.mirror):
+                break
+            if not dropped and not (wanted & proven):
+                # Nothing moved: what is left cannot be completed from this server now.
+                missing = sorted(self.wanted(proven))
+                detail = (f"{len(missing)} commit(s) the mirror keeps could not be fetched with their history "
+                          f"(refused by id, and on no branch or tag), e.g. {missing[0]}" if missing else
+                          f"{len(read_shallow(self.paths.mirror))} boundary commit(s) could not be completed")
+                raise CheckoutCacheError("HISTORY_FAILED", detail=detail)
+        self.finish()
+
+    # -------------------------------------------------------- steps
+    def prepare_repo(self) -> None:
+        """history.git: made once (a bare repository of its own, the mirror's filter), and tidied
+        of what a killed fetch left when resumed (we hold its only writer's lock)."""
+        if self.backend.is_usable(self.repo):
+            for stale in mirror_module.remove_stale_leftovers(self.repo, min_age=0.0):
+                self.log(f"removed {stale} a killed fetch left")
+            return
+        if tree.lexists(self.repo):
+            to_trash(self.paths, self.repo, "history")
+        self.backend.init_mirror(self.repo, self.filter)
+
+    def proven(self) -> set[str]:
+        """The commits history.git's refs reach: complete (git checked each ref's history there)."""
+        if not os.path.isdir(os.path.join(self.repo, "refs")):
+            return set()
+        return self.backend.reachable_commits(self.repo)
+
+    def wanted(self, proven: set[str]) -> set[str]:
+        """The commits the mirror's refs name that history.git does not prove yet."""
+        tips = set(self.ref_tips(self.paths.mirror))
+        return tips - proven
+
+    def ref_tips(self, git_dir: str) -> list[str]:
+        done = self.backend._run(["-C", git_dir, "for-each-ref", "--format=%(objectname) %(objecttype)"])
+        return [line.split()[0] for line in done.stdout.splitlines() if line.endswith(" commit")]
+
+    def check_space(self) -> None:
+        usage = shutil.disk_usage(self.paths.base)
+        reserve = reserve_bytes(self.config, usage.total)
+        if usage.free - reserve < HISTORY_ROOM:
+            raise CheckoutCacheError("DISK_FULL", detail=(
+                f"the history needs room: {usage.free >> 20} MiB free, {reserve >> 20} MiB kept free "
+                f"(min-free, else 5% of the disk)"))
+
+    def seed(self) -> None:
+        """Bundles into history.git, once per history (CHECKOUTCACHE_BUNDLE_URI): only a speed-up."""
+        location = self.config.bundle_uri
+        if location is None or self.is_local or self.seeded is not None:
+            return
+        seed = records.read_json(self.paths.seed_record, records.SEED)
+        if seed is not None:  # a resumed history: its bundles are in history.git already
+            self.seeded = bool(seed.get("seeded"))
+            return
+        from checkoutcache.bundles.location import bundle_key
+        from checkoutcache.bundles.seed import seed_mirror
+
+        checkpoint("history-before-seed")
+        self.on_progress({"phase": "seeding from bundles"})
+        result = seed_mirror(self.repo, location, bundle_key(self.scope, self.url, self.is_local), self.repo, (),
+                             self.config.seed_timeout, self.log, reachable_only=self.backend.name == "pygit2")
+        record = result.to_record(time.time())
+        if result.seeded:
+            record["upstream"] = {"fetches": 0, "objects": 0, "bytes": 0}
+        try:
+            records.write_json(self.paths.seed_record, record)
+        except OSError:
+            pass
+        self.seeded = result.seeded
+
+    def yield_to_clones(self) -> None:
+        """Answers first: wait while clones of the repository fetch (YIELD_TO_CLONES at most)."""
+        deadline = time.monotonic() + YIELD_TO_CLONES
+        while time.monotonic() < deadline and any(locks.clone_running(self.paths, name)
+                                                  for name in self.paths.clone_lock_names()):
+            self.on_progress({"phase": "waiting for clones"})
+            time.sleep(0.2)
+
+    def fetch(self, wanted: set[str]) -> None:
+        """Every wanted commit's history into history.git, by id (all branches and tags when the
+        server refuses ids), the disk watched."""
+        self.on_progress({"phase": HISTORY_PHASE})
+        refspecs = [f"+{sha}:{keep_ref(sha)}" for sha in sorted(wanted)]
+        self.log(f"fetching the history of {len(refspecs)} commit(s)")
+        try:
+            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential,
+                                                    self.on_progress, self.log))
+        except CheckoutCacheError as exc:
+            if exc.code == "DISK_FULL":
+                raise
+            self.log(f"fetch by id refused ({exc.detail}); fetching every branch and tag")
+            self.watched(lambda: self.backend.fetch(self.repo, self.url, ALL_BRANCHES_AND_TAGS, self.credential,
+                                                    self.on_progress, self.log))
+        if self.filter is not None and not self.backend.is_sound(self.repo):
+            # A partial fetch's connectivity check takes a missing commit or tree for promised:
+            # every one the refs reach is walked (blobs alone may be promised).
+            raise CheckoutCacheError("CLONE_FAILED", detail="the server sent a history with commits or trees "
+                                                            "missing")
+
+    def watched(self, fetch: Callable[[], object]) -> None:
+        """Run a fetch with the disk watched: below the reserve, its git is stopped."""
+        stop = threading.Event()
+        self.space_short = None
+
+        def watch() -> None:
+            while not stop.wait(SPACE_CHECK_EVERY):
+                usage = shutil.disk_usage(self.paths.base)
+                reserve = reserve_bytes(self.config, usage.total)
+                if usage.free < reserve:
+                    self.space_short = (f"stopped at {usage.free >> 20} MiB free: the history would take the disk "
+                                        f"below the {reserve >> 20} MiB kept free")
+                    self.stop_git()
+                    return
+
+        watcher = threading.Thread(target=watch, name="cc-history-space", daemon=True)
+        watcher.start()
+        try:
+            fetch()
+        except (CheckoutCacheError, GitKilled):
+            if self.space_short is not None:
+                mirror_module.remove_stale_leftovers(self.repo, min_age=0.0)
+                raise CheckoutCacheError("DISK_FULL", detail=self.space_short) from None
+            raise
+        finally:
+            stop.set()
+            watcher.join()
+
+    def install(self, proven: set[str]) -> int:
+        """history.git's objects into the mirror, then the boundary entries they complete go;
+        under the mirror lock. How many entries went."""
+        pack_dir = os.path.join(self.repo, "objects", "pack")
+        names = sorted((n for n in _files(pack_dir) if n.startswith("pack-") and n.rsplit(".", 1)[-1] in _PACK_ORDER),
+                       key=lambda n: _PACK_ORDER[n.rsplit(".", 1)[1]])
+        target_dir = os.path.join(self.paths.mirror, "objects", "pack")
+        with locks.mirror_write(self.paths, timeout=max(1.0, min(60.0, self.timeout))):
+            self.on_progress({"phase": "installing history"})
+            for index, name in enumerate(names):
+                target = os.path.join(target_dir, name)
+                if not os.path.lexists(target):
+                    os.link(os.path.join(pack_dir, name), target)  # one file system: <key>/
+                if index == 0:
+                    checkpoint("history-during-install")
+            if self.filter is not None:
+                mirror_module.mark_packs_promisor(self.paths.mirror)  # a bundle's pack is an ordinary one
+            checkpoint("history-after-packs")
+            boundary = read_shallow(self.paths.mirror)
+            reachable = self.backend.reachable_commits(self.paths.mirror) if boundary else set()
+            left = {sha for sha in boundary if sha in reachable and sha not in proven}
+            if left != boundary:
+                write_shallow(self.paths.mirror, left)
+        if len(boundary) != len(left):
+            self.log(f"history installed: {len(boundary) - len(left)} of {len(boundary)} boundary commit(s) "
+                     f"completed")
+        return len(boundary) - len(left)
+
+    def finish(self) -> None:
+        """Complete (or the mirror gone): history.git goes, the record says when."""
+        if tree.lexists(self.repo):
+            slot = to_trash(self.paths, self.repo, "history")
+            if slot is not None:
+                remove_tree(slot)
+        if not self.backend.is_usable(self.paths.mirror):
+            return  # the repository was dropped (or its mirror is being rebuilt, complete)
+        with self._finishing:
+            records.remove_quietly(self.paths.history_failure)
+            records.write_json(self.paths.history_record, {
+                "started_at": self.started_at, "completed_at": time.time(),
+                "seconds": round(time.time() - self.started_at, 3), "rounds": self.rounds,
+                **({"seeded": self.seeded} if self.seeded is not None else {})})
+        self.log(f"history complete after {self.rounds} round(s), {time.time() - self.started_at:.1f}s")
+
+
+def _files(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
+
+
+# ---------------------------------------------------------------- the merge base
+def bases_of(paths: RepoPaths, name: str) -> dict:
+    return records.read_json(paths.bases_record(name), records.BASES) or {"bases": {}}
+
+
+def merge_base_of(paths: RepoPaths, name: str, base: str) -> str | None:
+    """The recorded merge base of checkout NAME's commit and BASE ("" for none: unrelated)."""
+    found = bases_of(paths, name).get("bases", {}).get(base)
+    return found if isinstance(found, str) else None
+
+
+def note_search(paths: RepoPaths, name: str, base: str, search: dict | None,
+                result: str | None = None, failure: dict | None = None) -> None:
+    """The checkout's bases record with this search's state (its owner and progress, or its
+    result, or its failure). Written whole, by the search's lock holder only."""
+    record = bases_of(paths, name)
+    bases = dict(record.get("bases") or {})
+    failures = dict(record.get("failures") or {}) if isinstance(record.get("failures"), dict) else {}
+    if result is not None:
+        bases[base] = result
+        failures.pop(base, None)
+        while len(bases) > MAX_BASES:
+            bases.pop(next(iter(bases)))
+    if failure is not None:
+        failures[base] = failure
+    value = {"bases": bases, "at": time.time(), "failures": failures}
+    if search is not None:
+        value["searching"] = {"base": base, **search}
+    records.write_json(paths.bases_record(name), value)
+
+
+def base_failure(paths: RepoPaths, name: str, base: str):
+    from checkoutcache.store.records import Failure
+
+    failures = bases_of(paths, name).get("failures")
+    return Failure.from_record(failures.get(base)) if isinstance(failures, dict) else None
+
+
+class BaseSearch(Job):
+    phase = BASE_PHASE
+
+    def __init__(self, paths: RepoPaths, config: Config, credential: Credential | None, name: str, base: str):
+        super().__init__(paths, config, credential, name)
+        self.name = name
+        self.sha = commit_of(name)
+        self.base = base
+        self.timeout = config.clone_timeout
+
+    def write_record(self) -> None:
+        note_search(self.paths, self.name, self.base, self.owner())
+
+    def forget_record(self) -> None:
+        note_search(self.paths, self.name, self.base, None)
+
+    def failed(self, code: str, message: str, next_step: str) -> None:
+        previous = base_failure(self.paths, self.name, self.base)
+        failure = next_failure(previous, code, message, next_step, time.time(), self.config.backoff,
+                               self.config.backoff_max)
+        note_search(self.paths, self.name, self.base, None, failure=failure.to_record())
+        self.log(f"merge base of {self.sha} and {self.base} failed: {code}: {message}")
+
+    def during_fetch(self) -> None:
+        checkpoint("base-during-fetch")
+
+    def work(self) -> None:
+        self.log(f"merge base of {self.sha} and {self.base} ({self.url})")
+        if not self.backend.has_commit(self.paths.mirror, self.sha):
+            raise CheckoutCacheError("CLONE_FAILED", detail=f"the mirror lacks {self.sha}: ask for it again")
+        if is_shallow(self.paths.mirror) and getattr(self.backend, "supports_shallow", False):
+            found = self.search_shallow()
+        else:
+            found = self.search_complete()
+        with self._finishing:
+            note_search(self.paths, self.name, self.base, None, result=found or "")
+        self.log(f"merge base: {found or 'none (the histories are unrelated)'}")
+
+    def found_base(self, kind: tuple[str, str | None] | None) -> None:
+        from checkoutcache.git.backend import not_a_commit
+
+        if kind is not None and kind[0] != "commit":
+            raise not_a_commit(self.base, *kind)
+
+    def search_complete(self) -> str | None:
+        """A complete mirror: BASE fetched as a new commit is (its history connected), then git's merge-base."""
+        with locks.mirror_write(self.paths, timeout=max(1.0, self.timeout)) as mirror_lock:
+            keep_fds = (mirror_lock.fileno(),)
+            kind = self.backend.object_kind(self.paths.mirror, self.base)
+            self.found_base(kind)
+            if kind is None or not self.backend.is_connected(self.paths.mirror, self.base):
+                self.on_progress({"phase": BASE_PHASE})
+                try:
+                    self.backend.fetch(self.paths.mirror, self.url, [self.base], self.credential, self.on_progress,
+                                       self.log, keep_fds)
+                except CheckoutCacheError as exc:
+                    if exc.code == "DISK_FULL":
+                        raise
+                    raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail=f"the base: {exc.detail}")
+                self.found_base(self.backend.object_kind(self.paths.mirror, self.base))
+            return self.backend.merge_base(self.paths.mirror, self.sha, self.base)
+
+    def search_shallow(self) -> str | None:
+        from checkoutcache.git.shallow import Fetched, make_incoming
+        from checkoutcache.git.view import private_view
+        from checkoutcache.store.scratch import create_scratch
+
+        scratch = create_scratch(self.paths, self.sha)
+        try:
+            mirror = self.paths.mirror
+            incoming = make_incoming(RepoPaths.scratch_incoming(scratch.path), mirror)
+            head_ref, base_ref = keep_ref(self.sha), f"refs/base/{self.base}"
+            refs = {head_ref: self.sha}
+            start = read_shallow(mirror) & self.backend.reachable_commits(mirror, [self.sha])
+            boundary = start
+            filter = self.backend.partial_filter(mirror)
+
+            def in_view(operation):
+                with private_view(mirror, filter, objects=incoming, refs=refs, shallow=boundary) as view:
+                    return operation(view)
+
+            self.on_progress({"phase": BASE_PHASE, "depth": 0})
+            kind = in_view(lambda view: self.backend.object_kind(view, self.base))
+            self.found_base(kind)
+            fetched = self.backend.fetch_privately(mirror, incoming, self.url, [f"+{self.base}:{base_ref}"],
+                                                   self.credential, self.on_progress, self.log, depth=1,
+                                                   refs=refs, shallow=boundary)
+            refs, boundary = fetched.refs_after, fetched.shallow_after
+            if base_ref not in refs:
+                raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail="the base was not sent")
+            self.found_base(in_view(lambda view: self.backend.object_kind(view, self.base)))
+            depth, step = 0, 1
+            found = in_view(lambda view: self.backend.merge_base(view, self.sha, self.base))
+            while found is None:
+                ends = in_view(lambda view: self.backend.reachable_commits(view, [self.sha, self.base]))
+                if not boundary & ends:
+                    break  # both histories complete, no merge base: unrelated
+                self.on_progress({"phase": BASE_PHASE, "depth": depth})
+                fetched = self.backend.fetch_privately(mirror, incoming, self.url, [self.sha, self.base],
+                                                       self.credential, self.on_progress, self.log, deepen=step,
+                                                       refs=refs, shallow=boundary)
+                if fetched.shallow_after == boundary:
+                    break  # nothing deeper came: the server's history ends here
+                boundary = fetched.shallow_after
+                depth += step
+                step *= 2
+                found = in_view(lambda view: self.backend.merge_base(view, self.sha, self.base))
+            head_side = in_view(lambda view: self.backend.reachable_commits(view, [self.sha]))
+            final = frozenset(boundary & head_side)
+            with locks.mirror_write(self.paths, timeout=max(1.0, self.timeout)) as mirror_lock:
+                self.backend.install_fetched(mirror, Fetched(incoming, {}, {}, start, final, False),
+                                             (mirror_lock.fileno(),), refs=[])
+                if not self.backend.is_connected(mirror, self.sha):
+                    raise CheckoutCacheError("CLONE_FAILED", detail=f"{self.sha}'s deepened history is not all "
+                                                                    f"there")
+            return found
+        finally:
+            scratch.discard()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="checkoutcache-history")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--lock-fd", type=int, required=True)
+    parser.add_argument("--history", action="store_true")
+    parser.add_argument("--checkout")
+    parser.add_argument("--base")
+    args = parser.parse_args(argv)
+    os.set_inheritable(args.lock_fd, False)
+    job = ["--history"] if args.history else ["--checkout", args.checkout, "--base", args.base]
+    return run(args.root, args.key, Config.from_env(), credential_from_env(os.environ), job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""What the detached processes of a repository (a clone worker, the background history)
+share: their log, appended attempt after attempt, and how SIGTERM reaches them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Callable
+
+from checkoutcache.store import tree
+from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths
+
+
+def open_attempt_log(paths: RepoPaths, name: str):
+    """The checkout's log, opened for one more attempt; a log over the cap is
+    first rotated to <name>.log.1 (one previous generation is kept)."""
+    log = paths.clone_log(name)
+    try:
+        if tree.lstat(log).st_size > CLONE_LOG_CAP:
+            tree.rename(log, paths.previous_clone_log(name))
+    except tree.NotBeneath:
+        raise
+    except OSError:
+        pass
+    fd = tree.open_file(log, os.O_WRONLY | os.O_APPEND, create=True)
+    return os.fdopen(fd, "a", buffering=1, errors="replace")
+
+
+def stop_on_sigterm(on_stop: Callable[[], None]) -> None:
+    """Call on_stop on a thread of its own when SIGTERM comes, even while the main thread
+    is inside a C call (libgit2's fetch): the C-level handler writes the signal to a wakeup
+    pipe at once, and that thread is blocked reading it. Only for a worker process of its
+    own (never a submodule's inline run, which shares its superproject's process)."""
+    read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    os.set_blocking(read_end, True)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the Python-level handler: the thread does the work
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+
+    def wait() -> None:
+        while os.read(read_end, 1) != bytes([signal.SIGTERM]):
+            pass
+        on_stop()
+
+    threading.Thread(target=wait, name="cc-sigterm", daemon=True).start()

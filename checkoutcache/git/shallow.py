@@ -1,0 +1,282 @@
+"""Shallow mirrors: the boundary of a mirror's history, and the fetches that move it
+(issue 34: a cold node answers at the cost of one commit; its history follows).
+
+The boundary is git's own: `mirror.git/shallow` lists the commits whose parents the
+mirror does not have (git treats them as roots). No file: the history is complete.
+DESIGN invariant 13, "connected down to the recorded shallow boundary and no further",
+is git's reading of that file: every walk (`rev-list`, fetch's connectivity check,
+`is_connected`) stops at a listed commit and never counts what lies below it, so a
+commit whose history reaches the boundary is present; objects below it, whatever
+brought them (a bundle, an interrupted fetch), are never vouched for until a complete
+fetch has proven them and the entry is dropped (install_history).
+
+Who writes the file, always under locks/mirror.lock:
+- git itself, fetching through a view of the mirror (git/view.py: the view's `shallow`
+  is a symlink to the mirror's). git removes the file by unlinking the view's link:
+  after a successful fetch the caller removes the mirror's (`after_view_fetch`). A
+  failed fetch never removes it (git unlinks before its connectivity check).
+- install_fetched: a private fetch's delta (the entries it added and removed).
+- install_history: the entries a complete history fetch proved.
+Both write `shallow.lock` and rename it over `shallow` (git's own lock file: a killed
+writer's is removed as every stale git lock file is, git/mirror.py), in this order
+after the objects and before the refs: killed at any point, the file claims at most
+less history than there is, never more.
+
+A private fetch (`fetch_privately`) runs without the mirror lock, so fetches of
+different commits on a cold node run side by side: its objects go to an object store
+of the caller's (in its scratch, reaped with it: store/layout.py) whose alternate is the
+mirror's, in a view with refs and a shallow file of its own (snapshots of the mirror's,
+refs first: a ref an installer wrote is read only after the shallow entries written
+before it). `install_fetched` then moves its packs into the mirror (`.idx` last), applies
+its shallow delta and writes its refs, under the mirror lock, in milliseconds.
+
+A checkout's `.git/shallow` is a symlink to the mirror's (`link_shallow`): its git reads
+the boundary the mirror has now, so the history of every checkout, the first ones
+included, completes when the mirror's does, and nothing in the checkout changes.
+
+Only the git CLI backend mixes this in (GitCliBackend): libgit2 cannot run a fetch
+through the view's shallow link and its own shallow file alike, so the pygit2 transport
+makes full mirrors (supports_shallow False).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import NamedTuple
+
+from checkoutcache.credentials import Credential, redact, secrets_of
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.git import quarantine
+from checkoutcache.git.backend import Log, Progress, git_failure
+from checkoutcache.git.env import git_env
+from checkoutcache.git.view import SHALLOW, private_view, read_view_shallow, shallow_removed
+from checkoutcache.store import modes
+
+SHALLOW_LOCK = SHALLOW + ".lock"
+# How far `--base` deepens a shallow history at most (commits behind each of the two): past
+# that the merge base is searched in the whole history, which the background fetch brings.
+MAX_DEEPEN = 1 << 14
+
+
+def shallow_file(git_dir: str) -> str:
+    return os.path.join(git_dir, SHALLOW)
+
+
+def is_shallow(git_dir: str) -> bool:
+    """Whether the repository's history has a boundary (one stat, following a checkout's link)."""
+    return os.path.exists(os.path.join(git_dir, SHALLOW))
+
+
+def read_shallow(git_dir: str) -> frozenset[str]:
+    """The boundary commits (empty: the history is complete)."""
+    try:
+        with open(os.path.join(git_dir, SHALLOW)) as handle:
+            return frozenset(line.strip() for line in handle if len(line.strip()) in (40, 64))
+    except FileNotFoundError:
+        return frozenset()
+
+
+def write_shallow(git_dir: str, commits: frozenset[str] | set[str]) -> None:
+    """The boundary becomes these commits (none: the file goes). Caller holds the mirror lock,
+    so a shallow.lock found is a killed writer's."""
+    target = os.path.join(git_dir, SHALLOW)
+    if not commits:
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            pass
+        return
+    lock = os.path.join(git_dir, SHALLOW_LOCK)
+    try:
+        os.unlink(lock)
+    except FileNotFoundError:
+        pass
+    fd = modes.open_created(lock, os.O_WRONLY | os.O_EXCL | os.O_NOFOLLOW)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write("".join(f"{sha}\n" for sha in sorted(commits)))
+        os.replace(lock, target)
+    except BaseException:
+        try:
+            os.unlink(lock)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def link_shallow(tree_dir: str, mirror_objects: str) -> None:
+    """A checkout's .git/shallow: the mirror's, whatever it holds now or later (dangling while
+    the mirror's history is complete: git then sees none)."""
+    os.symlink(os.path.join(os.path.dirname(mirror_objects), SHALLOW), os.path.join(tree_dir, ".git", SHALLOW))
+
+
+def after_view_fetch(mirror: str, view: str) -> None:
+    """After a fetch through a view of the mirror that succeeded: git unlinked the view's link
+    when the history became complete; the mirror's file goes too."""
+    if shallow_removed(view):
+        write_shallow(mirror, frozenset())
+
+
+def mirror_is_empty(mirror: str) -> bool:
+    """A mirror nothing was fetched into yet (no object, no ref): a cold node's, whose first
+    fetches of different commits may all be shallow ones side by side."""
+    objects = os.path.join(mirror, "objects")
+    try:
+        if any(name.endswith(".pack") for name in os.listdir(os.path.join(objects, "pack"))):
+            return False
+        if any(len(name) == 2 for name in os.listdir(objects)):
+            return False
+        if os.path.exists(os.path.join(mirror, "packed-refs")):
+            return False
+        for _directory, _dirs, files in os.walk(os.path.join(mirror, "refs")):
+            if files:
+                return False
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def make_incoming(path: str, mirror: str) -> str:
+    """A private object store at path (in the caller's scratch), borrowing the mirror's."""
+    shutil.rmtree(path, ignore_errors=True)  # an earlier attempt's, in this same scratch
+    for directory in (path, os.path.join(path, "pack"), os.path.join(path, "info")):
+        modes.make_dir(directory)
+    with open(os.path.join(path, "info", "alternates"), "w") as handle:
+        handle.write(os.path.join(os.path.abspath(mirror), "objects") + "\n")
+    return path
+
+
+class Fetched(NamedTuple):
+    """What a private fetch brought: objects in `incoming`, refs and shallow before and after."""
+
+    incoming: str
+    refs_before: dict[str, str]
+    refs_after: dict[str, str]
+    shallow_before: frozenset[str]
+    shallow_after: frozenset[str]
+    filter_refused: bool
+
+    @property
+    def added(self) -> frozenset[str]:
+        return self.shallow_after - self.shallow_before
+
+    @property
+    def removed(self) -> frozenset[str]:
+        return self.shallow_before - self.shallow_after
+
+
+def pack_count(objects: str) -> int:
+    try:
+        return sum(1 for name in os.listdir(os.path.join(objects, "pack")) if name.endswith(".idx"))
+    except FileNotFoundError:
+        return 0
+
+
+class ShallowOps:
+    """The shallow half of the git CLI backend (mixed into GitCliBackend: it uses its git,
+    _stream and partial_filter)."""
+
+    supports_shallow = True
+
+    def fetch_privately(self, mirror: str, incoming: str, url: str, refspecs: list[str],
+                        credential: Credential | None, on_progress: Progress, log: Log,
+                        keep_fds: tuple[int, ...] = (), depth: int | None = None, deepen: int | None = None,
+                        refs: dict[str, str] | None = None, shallow: frozenset[str] | None = None,
+                        view_refs_out: dict | None = None) -> Fetched:
+        """Fetch into `incoming` (make_incoming), not into the mirror, without its lock: a
+        view with refs (default: a snapshot of the mirror's) and a shallow boundary (default:
+        the mirror's, read after its refs) of its own. depth: `--depth`; deepen: `--deepen`
+        (from the view's boundary). Into a partial mirror with its filter, checked by fsck
+        where git cannot check it itself (git/quarantine.py)."""
+        from checkoutcache.git.cli import FILTER_REFUSED, last_meaningful_line, one_time_promisor_remote
+
+        secrets = secrets_of(credential)
+        filter = self.partial_filter(mirror)
+        before = dict(quarantine.refs_of(mirror, self.git) if refs is None else refs)
+        boundary = read_shallow(mirror) if shallow is None else frozenset(shallow)
+        limit = [f"--depth={depth}"] if depth is not None else [f"--deepen={deepen}"] if deepen is not None else []
+        if filter is None:
+            cmd = ["fetch", "--no-tags", "--no-write-fetch-head", "--progress", *limit, "--", url, *refspecs]
+        else:
+            remote, remote_config = one_time_promisor_remote(url, filter)
+            cmd = [*remote_config, "fetch", "--no-tags", "--no-write-fetch-head", "--progress", *limit,
+                   f"--filter={filter}", remote, *refspecs]
+        log("$ git " + redact(" ".join(cmd), secrets) + " (privately)")
+        checked_after = quarantine.needed(filter, self.git)
+        with private_view(mirror, filter, objects=incoming, refs=before, shallow=boundary) as view:
+            code, output = self._stream(["-C", view, *cmd],
+                                        git_env(credential=credential, url=url, fsck=not checked_after),
+                                        on_progress, log, secrets, keep_fds)
+            if code != 0:
+                raise git_failure(output, last_meaningful_line(output), secrets)
+            after = quarantine.refs_of(view, self.git)
+            boundary_after = read_view_shallow(view)
+        if checked_after:
+            quarantine.check(mirror, incoming, filter, keep_fds, self.git)
+        return Fetched(incoming, before, after, boundary, boundary_after,
+                       filter is not None and FILTER_REFUSED in output)
+
+    def install_fetched(self, mirror: str, fetched: Fetched, keep_fds: tuple[int, ...] = (),
+                        refs: list[str] | None = None, boundary: frozenset[str] | None = None) -> None:
+        """A private fetch's result into the mirror, under the mirror lock: objects, then the
+        shallow delta, then the refs it wrote (refs: only these; keep-refs are written by
+        the caller). boundary: the entries the fetch added that count (default: all)."""
+        quarantine.move_objects(mirror, fetched.incoming)
+        added = fetched.added if boundary is None else boundary
+        now = read_shallow(mirror)
+        wanted = (now | added) - fetched.removed
+        if wanted != now:
+            write_shallow(mirror, wanted)
+        changed = {ref: sha for ref, sha in fetched.refs_after.items()
+                   if fetched.refs_before.get(ref) != sha and (refs is None or ref in refs)}
+        if changed:
+            lines = "".join(f"update {ref} {sha}\n" for ref, sha in sorted(changed.items()))
+            done = subprocess.run([self.git, "-C", mirror, "update-ref", "--stdin"], input=lines, text=True,
+                                  capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
+            if done.returncode != 0:
+                raise CheckoutCacheError("CLONE_FAILED", detail=f"the fetched refs could not be written: "
+                                                                f"{done.stderr.strip()[-200:]}")
+
+    def parents_present(self, mirror: str, sha: str) -> bool:
+        """Whether every parent of the commit is in the mirror (a root commit: True)."""
+        listed = self._run(["-C", mirror, "cat-file", "commit", sha])
+        if listed.returncode != 0:
+            return False
+        parents = []
+        for line in listed.stdout.splitlines():
+            if not line:
+                break
+            if line.startswith("parent "):
+                parents.append(line.split()[1])
+        if not parents:
+            return True
+        checked = subprocess.run([self.git, "-C", mirror, "cat-file", "--batch-check=%(objecttype)"],
+                                 input="".join(p + "\n" for p in parents), capture_output=True, text=True,
+                                 env=git_env(), cwd="/")
+        return checked.returncode == 0 and checked.stdout.split() == ["commit"] * len(parents)
+
+    def reachable_commits(self, git_dir: str, tips: list[str] | None = None) -> set[str]:
+        """The commits reachable from tips (default: every ref), down to the repository's
+        shallow boundary (its boundary commits included)."""
+        args = ["--stdin"] if tips is not None else ["--all"]
+        done = subprocess.run([self.git, "-C", git_dir, "rev-list", *args], capture_output=True, text=True,
+                              env=git_env(), cwd="/", input="".join(t + "\n" for t in tips or []))
+        if done.returncode != 0:
+            from checkoutcache.git.cli import last_meaningful_line
+
+            raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
+        return set(done.stdout.split())
+
+    def merge_base(self, git_dir: str, a: str, b: str) -> str | None:
+        """The merge base of two commits as far as the repository's history goes (None: none
+        found above its boundary, or a commit is missing)."""
+        done = self._run(["-C", git_dir, "merge-base", a, b])
+        found = done.stdout.strip()
+        return found if done.returncode == 0 and len(found) in (40, 64) else None
+
+    def commit_time(self, git_dir: str, sha: str) -> int | None:
+        done = self._run(["-C", git_dir, "show", "-s", "--format=%ct", sha])
+        text = done.stdout.strip()
+        return int(text) if done.returncode == 0 and text.isdigit() else None
