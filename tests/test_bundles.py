@@ -41,9 +41,9 @@ from .helpers import (
     grep_tree,
     only_repo,
     run_cli,
-    wait_ready,
     wait_until,
 )
+from .helpers import wait_ready as _wait_ready
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="bundles need the git CLI")
 
@@ -68,6 +68,15 @@ def grow(repo, count: int, tag: str) -> list[str]:
         repo.commit({f"{tag}/part_{number % 7}/file_{number}.txt": f"{tag} {number}\n" * (20 + number),
                      "CHANGELOG": f"{tag} {number}\n"}, message=f"{tag} {number}")
     return repo.shas[-count:]
+
+
+def wait_ready(root: str, repo: str, sha: str, timeout: float = 60, extra: tuple[str, ...] = (), **kw) -> dict:
+    """ensure --wait; with a bundle store, --history full too: a cold node's first answer is the
+    commit alone, and the bundles seed its history, which follows (issue 34), so what seeding
+    did is known once the history is complete."""
+    if ((kw.get("env") or {}).get("CHECKOUTCACHE_BUNDLE_URI")):
+        extra = (*extra, "--history", "full")
+    return _wait_ready(root, repo, sha, timeout, extra, **kw)
 
 
 def publish(root: str, url: str, store: str, *extra: str, env: dict | None = None) -> dict:
@@ -118,7 +127,7 @@ def test_a_cold_node_seeded_from_bundles_fetches_only_the_difference_from_upstre
     repo, url, store, _, newest = published
     seeded, unseeded = str(tmp_path / "node-seeded"), str(tmp_path / "node-plain")
     answer = wait_ready(seeded, url, newest, env={"CHECKOUTCACHE_BUNDLE_URI": store})
-    wait_ready(unseeded, url, newest)
+    wait_ready(unseeded, url, newest, extra=("--history", "full"))  # the whole history, as a full clone
     assert_checkout_matches(answer["path"], repo.path, newest)
     record = seed_record(seeded)
     assert record["seeded"] and record["why"] is None, record
@@ -129,7 +138,9 @@ def test_a_cold_node_seeded_from_bundles_fetches_only_the_difference_from_upstre
     assert 0 < fetched <= full_clone * 0.2, (fetched, full_clone)
     code, status, out = run_cli("status", root=seeded)
     assert status["repos"][0]["seed"]["seeded"] and status["repos"][0]["seed"]["upstream_since"]["objects"] == fetched
+    # The bundles seeded the history (clone/history.py), whose refs/bundles/ the mirror took in.
     assert git("for-each-ref", "--format=%(refname)", "refs/bundles/", cwd=only_repo(seeded).mirror)
+    assert git("rev-list", "--count", newest, cwd=answer["path"]) == git("rev-list", "--count", newest, cwd=repo.path)
 
 
 @pytest.mark.slow
@@ -178,7 +189,7 @@ def test_four_cold_nodes_seed_from_s3_at_once_and_no_credential_reaches_the_root
     env = {**os.environ, **s3.env, "CHECKOUTCACHE_BUNDLE_URI": store}
     nodes = [str(tmp_path / f"node-{n}") for n in range(4)]
     procs = [subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", node, "ensure", url, newest,
-                               "--wait", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "--wait", "120", "--history", "full"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for node in nodes]
     outputs = [proc.communicate(timeout=180) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0, 0, 0], outputs
@@ -232,7 +243,7 @@ def test_the_s3_store_down_costs_speed_only(tmp_path, served_upstream):
     assert_checkout_matches(answer["path"], repo.path, repo.shas[-1])
     record = seed_record(node)
     assert not record["seeded"] and "did not answer" in record["why"] and record["reason"] == "store-down", record
-    with open(only_repo(node).clone_log(repo.shas[-1])) as handle:
+    with open(only_repo(node).clone_log("history")) as handle:  # the history's log: the bundles seed it
         assert "bundles: the store did not answer" in handle.read()
 
 
@@ -499,9 +510,12 @@ def test_without_the_git_cli_a_node_clones_from_upstream_and_says_why(tmp_path, 
 
 @pytest.mark.slow
 def test_a_worker_killed_while_seeding_leaves_no_mirror_and_the_next_one_seeds(tmp_path, published, kill_log):
+    """A mirror whose first fetch is its whole history (CHECKOUTCACHE_FIRST_FETCH=full) is seeded
+    by its worker: killed there, it leaves no mirror. A shallow mirror's history is seeded by the
+    history's process: killed there, the checkout stays and the next history seeds (test below)."""
     repo, url, store, _, newest = published
     node = str(tmp_path / "node")
-    env = {"CHECKOUTCACHE_BUNDLE_URI": store}
+    env = {"CHECKOUTCACHE_BUNDLE_URI": store, "CHECKOUTCACHE_FIRST_FETCH": "full"}
     code, answer, out = run_cli("ensure", url, newest, root=node,  # one worker, answering at once
                                 env={**env, "CHECKOUTCACHE_TEST_KILL_AT": "before-seed"})
     assert answer["state"] == "cloning", out
@@ -516,13 +530,35 @@ def test_a_worker_killed_while_seeding_leaves_no_mirror_and_the_next_one_seeds(t
 
 
 @pytest.mark.slow
+@pytest.mark.faults
+def test_a_history_killed_while_seeding_leaves_the_checkout_and_the_next_history_seeds(tmp_path, published,
+                                                                                        kill_log):
+    repo, url, store, _, newest = published
+    node = str(tmp_path / "node")
+    env = {"CHECKOUTCACHE_BUNDLE_URI": store}
+    answer = _wait_ready(node, url, newest, env={**env, "CHECKOUTCACHE_TEST_KILL_AT": "history-before-seed"})
+    assert answer["history"] == "shallow"
+    wait_until(lambda: os.path.exists(kill_log) and open(kill_log).read(), what="the history's kill")
+    with open(kill_log) as handle:
+        assert handle.read().split()[0] == "history-before-seed"
+    wait_until(lambda: not locks.history_running(only_repo(node)), what="the killed history's lock freed")
+    assert not os.path.exists(only_repo(node).seed_record)  # killed before it took anything in
+    assert_checkout_matches(answer["path"], repo.path, newest)  # the published tree is whole all the while
+    answer = wait_ready(node, url, newest, env=env)  # --history full: the next history, from the start
+    assert answer["history"] == "complete"
+    assert seed_record(node)["seeded"]
+    assert git("rev-list", "--count", newest, cwd=answer["path"]) == git("rev-list", "--count", newest, cwd=repo.path)
+
+
+@pytest.mark.slow
 def test_serve_metrics_say_which_mirrors_were_seeded(tmp_path, published):
     repo, url, store, _, newest = published
     root = str(tmp_path / "node")
     server = Serve(root, tmp_path, env={"CHECKOUTCACHE_BUNDLE_URI": store})
     try:
-        status, body = server.request("POST", "/v1/ensure", {"repo": url, "commit": newest, "wait": 60})
-        assert status == 200 and body["state"] == "ready", body
+        status, body = server.request("POST", "/v1/ensure", {"repo": url, "commit": newest, "wait": 60,
+                                                             "history": "full"})  # the history is seeded
+        assert status == 200 and body["state"] == "ready" and body["history"] == "complete", body
         key = only_repo(root).key
         newest_bundle = seed_record(root)["bundles"][-1]
         deadline = time.monotonic() + 10
@@ -809,7 +845,8 @@ def test_a_commit_a_bundle_planted_without_its_history_is_fetched_from_upstream(
 def test_a_long_chain_of_bundles_cannot_take_the_disk_the_clone_needs(tmp_path, served_upstream):
     """Regression: each download's disk share was bounded, not their total: a chain of four
     bundles for branches the node never needs filled a small disk, and the clone then failed
-    where it succeeds without a store."""
+    where it succeeds without a store. The bundles seed the history now (the first answer is
+    the commit alone): the history takes what the disk allows, or stops short of the reserve."""
     repo, url = served_upstream
     store = f"file://{tmp_path / 'store'}"
     publisher = str(tmp_path / "publisher")
@@ -821,10 +858,15 @@ def test_a_long_chain_of_bundles_cannot_take_the_disk_the_clone_needs(tmp_path, 
     head = repo.commit({"needed.bin": os.urandom(28 << 20)}, message="needed")
     with small_filesystem(str(tmp_path / "small"), "100m") as mount:
         node = os.path.join(mount, "node")
-        answer = wait_ready(node, url, head, timeout=120, env={"CHECKOUTCACHE_BUNDLE_URI": store})
+        answer = _wait_ready(node, url, head, timeout=120, env={"CHECKOUTCACHE_BUNDLE_URI": store})
         assert_checkout_matches(answer["path"], repo.path, head)
+        code, answer, out = run_cli("ensure", url, head, "--history", "full", "--wait", "120", root=node,
+                                    env={"CHECKOUTCACHE_BUNDLE_URI": store})
         record = seed_record(node)
         assert record["seeded"] and 0 < len(record["bundles"]) < 4 and record["reason"] == "no-space", record
+        if code != 0:  # the history itself found no room: it stopped above the reserve, the checkout is whole
+            assert answer["error"] == "HISTORY_FAILED" and "DISK_FULL" in answer["message"], out
+        assert_checkout_matches(only_repo(node).checkout(head), repo.path, head)
 
 
 def test_a_file_store_never_follows_a_symlink_or_reads_a_device(tmp_path, served_upstream):

@@ -36,6 +36,11 @@ WORKER_MODULES = {
     "checkoutcache.git.view",  # every fetch runs in a private view of the mirror (docs/security.md)
     "checkoutcache.clone.tree", "checkoutcache.store.spares", "checkoutcache.store.beneath",  # the tree, spares
     "checkoutcache.git.quarantine",  # a partial mirror's fetch is checked before it lands (git < 2.44)
+    "checkoutcache.git.messages",  # what git's output says (progress, the failing line)
+    # A shallow mirror (issue 34): the commit alone, fetched privately; after the publish the
+    # worker starts the mirror's background history (clone/history.py).
+    "checkoutcache.git.shallow", "checkoutcache.git.boundary", "checkoutcache.clone.process",
+    "checkoutcache.clone.history", "checkoutcache.clone.decide",
 }
 # Never on this path, whatever else joins it: what the measured issue found there.
 # (logging is imported by setproctitle, which the fork's retitling needs.)

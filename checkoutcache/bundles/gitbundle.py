@@ -18,7 +18,8 @@ from typing import Callable
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, BUNDLE_REFS, git_failure
-from checkoutcache.git.cli import die_with_parent, last_meaningful_line, partial_filter_of
+from checkoutcache.git.cli import die_with_parent, partial_filter_of
+from checkoutcache.git.messages import last_meaningful_line
 from checkoutcache.git import quarantine
 from checkoutcache.git.env import FSCK_VAR, git_env
 from checkoutcache.git.view import private_view

@@ -66,7 +66,7 @@ import time
 from typing import Callable
 
 from checkoutcache.clone.decide import next_failure
-from checkoutcache.clone.process import open_attempt_log, stop_on_sigterm
+from checkoutcache.clone.process import count_upstream, open_attempt_log, stop_on_sigterm, tracking
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
     CREDENTIAL_VARS,
@@ -100,13 +100,15 @@ PROGRESS_INTERVAL = 0.5
 YIELD_TO_CLONES = 60.0
 # Free space the history wants beyond the reserve before it starts (its size is unknown
 # until it arrives: the watch during the fetch is the real bound).
-HISTORY_ROOM = 64 << 20
+HISTORY_ROOM = 8 << 20
 # The reserve when no min-free is set: as gc keeps for a repack (upkeep/gc.py REPACK_RESERVE).
 RESERVE_SHARE = 0.05
 SPACE_CHECK_EVERY = 0.5
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_STOPPED = 0, 1, 3, 143
 # Pack files a history links into the mirror, the index last (git sees a pack by its index).
 _PACK_ORDER = {"pack": 0, "rev": 1, "promisor": 2, "idx": 3}
+# Processes spawned (not forked) by this process: waited for once they end.
+_STARTED: list = []
 # The most bases one checkout's record keeps (the newest).
 MAX_BASES = 64
 
@@ -185,17 +187,17 @@ def start_detached(paths: RepoPaths, args: list[str], lock_fd: int, config: Conf
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 pass_fds=(lock_fd,), start_new_session=True, cwd="/", env=env)
-    from checkoutcache.clone.spawn import _STARTED  # waited for (no zombie of a long-lived caller)
-
+    _STARTED[:] = [p for p in _STARTED if p.poll() is None]  # waited for: no zombie of a long-lived caller
     _STARTED.append(proc)
     return proc.pid
 
 
 def _fork(paths: RepoPaths, args: list[str], lock_fd: int, config: Config, credential: Credential | None,
           log_name: str) -> int:
-    from checkoutcache.clone.spawn import hide_caller_secrets
+    import setproctitle
 
-    hide_caller_secrets()
+    # Our argv may carry a token in a URL: no instant of a child shows it (as clone/spawn.py).
+    setproctitle.setproctitle(redact(" ".join(sys.argv)))
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:
@@ -314,6 +316,23 @@ class Job:
             self._log.write(f"{stamp} {redact(line[:4096], self.secrets)}\n")
         except (OSError, ValueError):
             pass
+
+    def journal(self, event: str, **fields) -> None:
+        """One line in serve's clone journal (CHECKOUTCACHE_CLONE_JOURNAL), as a worker writes."""
+        import json
+
+        path = os.environ.get("CHECKOUTCACHE_CLONE_JOURNAL")
+        if not path:
+            return
+        line = json.dumps({"event": event, "repo": self.paths.key, "pid": self.pid, "at": time.time(), **fields})
+        try:
+            fd = tree.open_file(path, os.O_WRONLY | os.O_APPEND, create=True)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # observability only
 
     def owner(self) -> dict:
         return {"pid": self.pid, "pid_start": self.pid_start, "pidns": pid_namespace(),
@@ -520,6 +539,8 @@ class History(Job):
         except OSError:
             pass
         self.seeded = result.seeded
+        outcome = "none" if not result.seeded else ("partial" if result.why else "seeded")
+        self.journal("seeded", outcome=outcome, reason=result.reason or "", bundles=len(result.bundles))
 
     def yield_to_clones(self) -> None:
         """Answers first: wait while clones of the repository fetch (YIELD_TO_CLONES at most)."""
@@ -535,15 +556,17 @@ class History(Job):
         self.on_progress({"phase": HISTORY_PHASE})
         refspecs = [f"+{sha}:{keep_ref(sha)}" for sha in sorted(wanted)]
         self.log(f"fetching the history of {len(refspecs)} commit(s)")
+        received: dict[str, int] = {}
+        track = tracking(received, self.on_progress)
         try:
-            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential,
-                                                    self.on_progress, self.log))
+            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log))
         except CheckoutCacheError as exc:
             if exc.code == "DISK_FULL":
                 raise
             self.log(f"fetch by id refused ({exc.detail}); fetching every branch and tag")
             self.watched(lambda: self.backend.fetch(self.repo, self.url, ALL_BRANCHES_AND_TAGS, self.credential,
-                                                    self.on_progress, self.log))
+                                                    track, self.log))
+        count_upstream(self.paths, received)
         if self.filter is not None and not self.backend.is_sound(self.repo):
             # A partial fetch's connectivity check takes a missing commit or tree for promised:
             # every one the refs reach is walked (blobs alone may be promised).
@@ -595,6 +618,7 @@ class History(Job):
                     checkpoint("history-during-install")
             if self.filter is not None:
                 mirror_module.mark_packs_promisor(self.paths.mirror)  # a bundle's pack is an ordinary one
+            self.install_bundle_refs()
             checkpoint("history-after-packs")
             boundary = read_shallow(self.paths.mirror)
             reachable = self.backend.reachable_commits(self.paths.mirror) if boundary else set()
@@ -605,6 +629,23 @@ class History(Job):
             self.log(f"history installed: {len(boundary) - len(left)} of {len(boundary)} boundary commit(s) "
                      f"completed")
         return len(boundary) - len(left)
+
+    def install_bundle_refs(self) -> None:
+        """What seeding took in (refs/bundles/ of history.git, each checked connected there) is the
+        mirror's too, as when a mirror was seeded itself: its commits count as present, and a
+        later fetch offers them as haves; gc drops them once upstream was fetched from (upkeep/gc.py)."""
+        from checkoutcache.git.backend import BUNDLE_REFS
+
+        done = self.backend._run(["-C", self.repo, "for-each-ref", "--format=%(objectname) %(refname)", BUNDLE_REFS])
+        theirs = dict(line.split(" ", 1)[::-1] for line in done.stdout.splitlines() if " " in line)
+        if not theirs:
+            return
+        done = self.backend._run(["-C", self.paths.mirror, "for-each-ref", "--format=%(refname)", BUNDLE_REFS])
+        ours = set(done.stdout.split())
+        seed = records.read_json(self.paths.seed_record, records.SEED) or {}
+        if seed.get("bundle_refs_dropped") or set(theirs) <= ours:
+            return  # gc dropped them already (the mirror fetched from upstream since): not again
+        self.backend.update_refs(self.paths.mirror, {ref: sha for ref, sha in theirs.items() if ref not in ours})
 
     def finish(self) -> None:
         """Complete (or the mirror gone): history.git goes, the record says when."""

@@ -1,5 +1,6 @@
 """What the detached processes of a repository (a clone worker, the background history)
-share: their log, appended attempt after attempt, and how SIGTERM reaches them."""
+share: their log, appended attempt after attempt, how SIGTERM reaches them, and the count
+of what upstream sent since a mirror's seeding (state/mirror-seed.json)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import signal
 import threading
 from typing import Callable
 
-from checkoutcache.store import tree
+from checkoutcache.store import records, tree
 from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths
 
 
@@ -43,3 +44,29 @@ def stop_on_sigterm(on_stop: Callable[[], None]) -> None:
         on_stop()
 
     threading.Thread(target=wait, name="cc-sigterm", daemon=True).start()
+
+
+def tracking(received: dict[str, int], on_progress: Callable[[dict], None]) -> Callable[[dict], None]:
+    """A progress callback that also keeps what the upstream's pack held: its object count
+    (`remote: Total N`, the receiving line, libgit2's stats) and its size where git reports
+    one (git unpacks a small pack without a word of its size)."""
+    def track(update: dict) -> None:
+        received.update({k: update[k] for k in ("total_objects", "bytes") if isinstance(update.get(k), int)})
+        on_progress(update)
+
+    return track
+
+
+def count_upstream(paths: RepoPaths, received: dict[str, int]) -> None:
+    """What upstream sent since the mirror's seeding (one fetch), for status and metrics."""
+    seed = records.read_json(paths.seed_record, records.SEED)
+    if not seed or not seed.get("seeded"):
+        return
+    upstream = seed.setdefault("upstream", {})
+    upstream["fetches"] = int(upstream.get("fetches", 0)) + 1
+    upstream["objects"] = int(upstream.get("objects", 0)) + received.get("total_objects", 0)
+    upstream["bytes"] = int(upstream.get("bytes", 0)) + received.get("bytes", 0)
+    try:
+        records.write_json(paths.seed_record, seed)
+    except OSError:
+        pass  # observability only: never the reason a clone fails

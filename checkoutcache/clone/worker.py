@@ -33,7 +33,7 @@ import time
 from typing import Callable, Iterator
 
 from checkoutcache.clone.decide import next_failure
-from checkoutcache.clone.process import open_attempt_log, stop_on_sigterm
+from checkoutcache.clone.process import count_upstream, open_attempt_log, stop_on_sigterm, tracking
 from checkoutcache.clone.tree import TreeBuilder
 from checkoutcache.cones import Cone
 from checkoutcache.config import Config
@@ -384,14 +384,7 @@ class Worker:
 
     def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...], refetch: bool = False) -> None:
         received: dict[str, int] = {}
-
-        def track(update: dict) -> None:
-            # What the upstream's pack held: its object count (`remote: Total N`, the
-            # receiving line, libgit2's stats) and its size where git reports one (git
-            # unpacks a small pack without a word of its size).
-            received.update({k: update[k] for k in ("total_objects", "bytes") if isinstance(update.get(k), int)})
-            self.on_progress(update)
-
+        track = tracking(received, self.on_progress)
         try:
             refused = self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs,
                                                                    self.credential, track, self.log, keep_fds,
@@ -403,16 +396,7 @@ class Worker:
             # mirror lock no other git writes, and on a full disk it is what the retry needs.
             mirror.remove_stale_leftovers_of(self.paths, min_age=0.0)
             raise
-        seed = records.read_json(self.paths.seed_record, records.SEED)
-        if seed and seed.get("seeded"):  # what upstream sent since seeding, for status and metrics
-            upstream = seed.setdefault("upstream", {})
-            upstream["fetches"] = int(upstream.get("fetches", 0)) + 1
-            upstream["objects"] = int(upstream.get("objects", 0)) + received.get("total_objects", 0)
-            upstream["bytes"] = int(upstream.get("bytes", 0)) + received.get("bytes", 0)
-            try:
-                records.write_json(self.paths.seed_record, seed)
-            except OSError:
-                pass  # observability only: never the reason a clone fails
+        count_upstream(self.paths, received)
 
     def filter_refused(self) -> None:
         """The server ignored a partial mirror's filter: it sent every object. A new mirror
@@ -562,9 +546,11 @@ class Worker:
         incoming = make_incoming(RepoPaths.scratch_incoming(self.scratch.path), mirror_dir)
         self.on_progress({"phase": "fetching"})
         checkpoint("before-fetch")
+        received: dict[str, int] = {}
         try:
             fetched = self.backend.fetch_privately(mirror_dir, incoming, self.url, [f"+{self.sha}:{keep_ref(self.sha)}"],
-                                                   self.credential, self.on_progress, self.log, depth=1)
+                                                   self.credential, tracking(received, self.on_progress), self.log,
+                                                   depth=1)
         except CheckoutCacheError as exc:
             if exc.code == "DISK_FULL":
                 raise
@@ -603,6 +589,7 @@ class Worker:
                 raise CheckoutCacheError("CLONE_FAILED", detail=f"the server sent commit {self.sha} without its tree")
             if fetched.filter_refused:
                 self.filter_refused()
+            count_upstream(self.paths, received)
             self.mirror_has_commit(keep_fds)
         return True
 

@@ -60,6 +60,16 @@ def partial_mirror_config(filter: str) -> dict[str, str]:
             "repack.writeBitmaps": "false"}
 
 
+def one_time_promisor_remote(url: str, filter: str) -> tuple[str, list[str]]:
+    """A promisor remote for one fetch into a partial mirror, named and defined on the command
+    line alone: its name is new each time, so no `remote.<name>.*` a group member wrote into
+    the mirror's config (a URL to fetch from instead, an `uploadpack` or `vcs` that runs a
+    command) can apply. The mirror's own `origin` stays URL-less, so nothing fetches lazily."""
+    name = f"checkoutcache-{os.urandom(8).hex()}"
+    return name, ["-c", f"remote.{name}.url={url}", "-c", f"remote.{name}.promisor=true",
+                  "-c", f"remote.{name}.partialclonefilter={filter}"]
+
+
 # What a checkout of a partial mirror adds: its objects come from a promisor pack, so git
 # treats an out-of-cone blob it lacks as promised, not as damage (MONOREPO.md A3).
 PROMISOR_CHECKOUT_CONFIG = {"remote.origin.promisor": "true"}

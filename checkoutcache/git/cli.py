@@ -30,6 +30,7 @@ from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.units import format_bytes
 from checkoutcache.git.backend import (
+    one_time_promisor_remote,
     CHECKOUT_CONFIG,
     LFS_POINTER_MAX,
     GitKilled,
@@ -56,31 +57,11 @@ from checkoutcache.git.backend import (
 from checkoutcache.git import mirror as mirror_module
 from checkoutcache.git import quarantine
 from checkoutcache.git.env import FSCK_VAR, OPERATOR_CONFIG_VAR, git_env
-from checkoutcache.git import shallow
+from checkoutcache.git.boundary import after_view_fetch, link_shallow, read_shallow
+from checkoutcache.git.messages import (FILTER_REFUSED, KEPT_ERRORS, KEPT_LINES, MAX_LINE, SENT as _SENT,
+                                         last_meaningful_line, parse_progress)
 from checkoutcache.git.shallow import ShallowOps
 from checkoutcache.git.view import private_view, read_view_shallow
-
-_PROGRESS = re.compile(r"^(?:remote: )?(?P<phase>[A-Za-z ]+):\s+(?P<pct>[0-9]{1,3})% "
-                       r"\((?P<done>[0-9]{1,12})/(?P<total>[0-9]{1,12})\)"
-                       r"(?:, (?P<size>[0-9]{1,12}(?:\.[0-9]{1,6})?) (?P<unit>[KMG]i?B|bytes))?")
-_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-_SENT = re.compile(r"^remote: Total ([0-9]{1,12}) \(delta [0-9]+\)")
-_UPDATING = re.compile(r"^Updating files:\s+([0-9]{1,3})% \(([0-9]{1,12})/([0-9]{1,12})\)")
-# What a git run's output may cost in memory: its last lines, each cut at a length.
-KEPT_LINES = 200
-KEPT_ERRORS = 20
-MAX_LINE = 8192
-
-
-# fatal lines that only say that something else failed: the line before says what.
-_WRAPPERS = re.compile(r"index-pack failed|fsck error in packed object|fetch-pack: invalid index-pack output|"
-                       r"the remote end hung up unexpectedly", re.I)
-
-
-# git's line after a transport (ssh, a remote helper) failed: the cause is the line the
-# transport printed before it ("Host key verification failed.", "Permission denied ...").
-_TRANSPORT_WRAPPER = re.compile(r"could not read from remote repository", re.I)
-
 
 # A sparse checkout (cones.py): cone mode and a sparse index (the index then holds one
 # entry per directory outside the cone instead of one per file: MONOREPO.md A3).
@@ -89,29 +70,6 @@ SPARSE_CHECKOUT_CONFIG = {"core.sparseCheckout": "true", "core.sparseCheckoutCon
 LISTING_IDENTITY = {"GIT_AUTHOR_NAME": "checkoutcache", "GIT_AUTHOR_EMAIL": "checkoutcache@localhost",
                     "GIT_COMMITTER_NAME": "checkoutcache", "GIT_COMMITTER_EMAIL": "checkoutcache@localhost",
                     "GIT_AUTHOR_DATE": "@0 +0000", "GIT_COMMITTER_DATE": "@0 +0000"}
-# What git says when the server ignores --filter (it then sends every object).
-FILTER_REFUSED = "filtering not recognized by server"
-
-
-def last_meaningful_line(text: str) -> str:
-    lines = [ln.strip() for ln in re.split(r"[\r\n]+", text) if ln.strip()]
-    lines = [ln for ln in lines if not _PROGRESS.match(ln) and not ln.startswith("From ")]
-    errors = [ln for ln in lines if ln.lower().startswith(("fatal:", "error:"))]
-    telling = [ln for ln in errors if not _WRAPPERS.search(ln)]
-    chosen = (telling or errors or lines or ["(git printed nothing)"])[-1]
-    if chosen.endswith(":") and chosen in lines:
-        # git's sentence goes on on the next line ("unable to connect to HOST:" then
-        # "HOST[0: ADDR]: errno=Connection refused"): the cause is there.
-        after = lines[lines.index(chosen) + 1:lines.index(chosen) + 2]
-        if after and not after[0].lower().startswith(("fatal:", "error:")):
-            chosen = f"{chosen} {after[0]}"
-    if _TRANSPORT_WRAPPER.search(chosen):
-        causes = [ln for ln in lines[:lines.index(chosen)] if not ln.lower().startswith(("fatal:", "error:"))]
-        if causes:
-            chosen = f"{causes[-1]} ({chosen})"
-    return chosen[:300]
-
-
 # What the checkout's smudge filter is pointed at: a local path that is never there.
 NO_LFS_ENDPOINT = "file:///nonexistent/checkoutcache-the-smudge-never-downloads"
 
@@ -140,29 +98,6 @@ def subcommand(args: list[str]) -> str:
         elif not arg.startswith("-"):
             return arg
     return "git"
-
-
-def parse_progress(line: str) -> dict | None:
-    total = _SENT.match(line.strip())
-    if total:  # the upstream's own count of what its pack holds (a small pack's only mention)
-        return {"phase": "receiving objects", "total_objects": int(total.group(1))}
-    updating = _UPDATING.match(line.strip())
-    if updating:
-        return {"phase": "checking out", "files": int(updating.group(2)), "total_files": int(updating.group(3))}
-    match = _PROGRESS.match(line.strip())
-    if not match:
-        return None
-    phase = match.group("phase").strip().lower()
-    update = {"phase": phase}
-    if phase.endswith("receiving objects"):
-        update.update(objects=int(match.group("done")), total_objects=int(match.group("total")))
-        if match.group("size"):
-            update["bytes"] = int(float(match.group("size")) * _UNITS[match.group("unit")])
-    elif phase.endswith("resolving deltas"):
-        update.update(deltas=int(match.group("done")), total_deltas=int(match.group("total")))
-    else:  # the server counting and compressing, ...: how far along, for the progress bar
-        update.update(done=int(match.group("done")), total=int(match.group("total")))
-    return update
 
 
 try:
@@ -279,16 +214,6 @@ def partial_filter_of(mirror: str, git: str = "git") -> str | None:
     # The file is the group's to write: only a filter we could have written counts (it
     # goes on git's command line); any other value is a blob:none mirror's, the strictest.
     return filter if FILTER_SPEC.fullmatch(filter) else "blob:none"
-
-
-def one_time_promisor_remote(url: str, filter: str) -> tuple[str, list[str]]:
-    """A promisor remote for one fetch into a partial mirror, named and defined on the command
-    line alone: its name is new each time, so no `remote.<name>.*` a group member wrote into
-    the mirror's config (a URL to fetch from instead, an `uploadpack` or `vcs` that runs a
-    command) can apply. The mirror's own `origin` stays URL-less, so nothing fetches lazily."""
-    name = f"checkoutcache-{os.urandom(8).hex()}"
-    return name, ["-c", f"remote.{name}.url={url}", "-c", f"remote.{name}.promisor=true",
-                  "-c", f"remote.{name}.partialclonefilter={filter}"]
 
 
 def write_git_config(git_dir: str, entries: dict[str, str]) -> None:
@@ -462,14 +387,14 @@ class GitCliBackend(ShallowOps):
                 code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url), on_progress,
                                             log, secrets, keep_fds, stdin)
                 if code == 0:
-                    shallow.after_view_fetch(mirror, view)
+                    after_view_fetch(mirror, view)
             if code != 0:
                 raise git_failure(output, last_meaningful_line(output), secrets)
             return output
         before = quarantine.refs_of(mirror, self.git)
-        boundary = shallow.read_shallow(mirror)  # after the refs (git/shallow.py)
+        shallow_before = read_shallow(mirror)  # after the refs (git/shallow.py)
         with quarantine.incoming_objects(mirror) as incoming:
-            with private_view(mirror, filter, objects=incoming, refs=before, shallow=boundary) as view:
+            with private_view(mirror, filter, objects=incoming, refs=before, shallow=shallow_before) as view:
                 code, output = self._stream(["-C", view, *cmd], git_env(credential=credential, url=url, fsck=False),
                                             on_progress, log, secrets, keep_fds, stdin)
                 if code != 0:
@@ -478,7 +403,7 @@ class GitCliBackend(ShallowOps):
                 boundary_after = read_view_shallow(view)
             quarantine.check(mirror, incoming, filter, keep_fds, self.git)
             quarantine.admit(mirror, incoming, before, after, self.git,
-                             view_shallow=boundary_after if boundary_after != boundary else None)
+                             view_shallow=boundary_after if boundary_after != shallow_before else None)
         return output
 
     def gitmodules_refused(self, mirror: str, sha: str, filter: str) -> str | None:
@@ -749,7 +674,7 @@ class GitCliBackend(ShallowOps):
         """A checkout's .git as we make it: no index, no HEAD commit, our config alone."""
         make_work_repository(tree_dir)  # what `git init --template=` makes, without starting git
         write_alternates(tree_dir, mirror_objects)
-        shallow.link_shallow(tree_dir, mirror_objects)  # its history: the mirror's, now and later
+        link_shallow(tree_dir, mirror_objects)  # its history: the mirror's, now and later
         partial = mirror_module.has_promisor_packs(mirror_objects)
         write_git_config(os.path.join(tree_dir, ".git"), {**CHECKOUT_CONFIG, **(lfs or {}),
                                                           **(PROMISOR_CHECKOUT_CONFIG if partial else {}),

@@ -27,7 +27,7 @@ from checkoutcache.git.backend import (
     write_alternates,
 )
 from checkoutcache.git.env import SSH_KEY_FILE_VAR, SSH_KNOWN_HOSTS_VAR
-from checkoutcache.git.shallow import link_shallow
+from checkoutcache.git.boundary import link_shallow
 from checkoutcache.git.view import private_view
 
 

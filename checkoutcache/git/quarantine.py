@@ -108,7 +108,7 @@ def admit(mirror: str, incoming: str, before: dict[str, str], after: dict[str, s
     left in its view, then update the refs the fetch changed there."""
     move_objects(mirror, incoming)
     if view_shallow is not None:
-        from checkoutcache.git.shallow import read_shallow, write_shallow
+        from checkoutcache.git.boundary import read_shallow, write_shallow
 
         if read_shallow(mirror) != view_shallow:
             write_shallow(mirror, view_shallow)

@@ -49,74 +49,16 @@ from typing import NamedTuple
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git import quarantine
-from checkoutcache.git.backend import Log, Progress, git_failure
+from checkoutcache.git.backend import Log, Progress, git_failure, one_time_promisor_remote
+from checkoutcache.git.boundary import (is_shallow, link_shallow, read_shallow, shallow_file,  # noqa: F401
+                                        write_shallow)
 from checkoutcache.git.env import git_env
-from checkoutcache.git.view import SHALLOW, private_view, read_view_shallow, shallow_removed
+from checkoutcache.git.messages import FILTER_REFUSED, last_meaningful_line
+from checkoutcache.git.view import private_view, read_view_shallow
 from checkoutcache.store import modes
-
-SHALLOW_LOCK = SHALLOW + ".lock"
 # How far `--base` deepens a shallow history at most (commits behind each of the two): past
 # that the merge base is searched in the whole history, which the background fetch brings.
 MAX_DEEPEN = 1 << 14
-
-
-def shallow_file(git_dir: str) -> str:
-    return os.path.join(git_dir, SHALLOW)
-
-
-def is_shallow(git_dir: str) -> bool:
-    """Whether the repository's history has a boundary (one stat, following a checkout's link)."""
-    return os.path.exists(os.path.join(git_dir, SHALLOW))
-
-
-def read_shallow(git_dir: str) -> frozenset[str]:
-    """The boundary commits (empty: the history is complete)."""
-    try:
-        with open(os.path.join(git_dir, SHALLOW)) as handle:
-            return frozenset(line.strip() for line in handle if len(line.strip()) in (40, 64))
-    except FileNotFoundError:
-        return frozenset()
-
-
-def write_shallow(git_dir: str, commits: frozenset[str] | set[str]) -> None:
-    """The boundary becomes these commits (none: the file goes). Caller holds the mirror lock,
-    so a shallow.lock found is a killed writer's."""
-    target = os.path.join(git_dir, SHALLOW)
-    if not commits:
-        try:
-            os.unlink(target)
-        except FileNotFoundError:
-            pass
-        return
-    lock = os.path.join(git_dir, SHALLOW_LOCK)
-    try:
-        os.unlink(lock)
-    except FileNotFoundError:
-        pass
-    fd = modes.open_created(lock, os.O_WRONLY | os.O_EXCL | os.O_NOFOLLOW)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write("".join(f"{sha}\n" for sha in sorted(commits)))
-        os.replace(lock, target)
-    except BaseException:
-        try:
-            os.unlink(lock)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def link_shallow(tree_dir: str, mirror_objects: str) -> None:
-    """A checkout's .git/shallow: the mirror's, whatever it holds now or later (dangling while
-    the mirror's history is complete: git then sees none)."""
-    os.symlink(os.path.join(os.path.dirname(mirror_objects), SHALLOW), os.path.join(tree_dir, ".git", SHALLOW))
-
-
-def after_view_fetch(mirror: str, view: str) -> None:
-    """After a fetch through a view of the mirror that succeeded: git unlinked the view's link
-    when the history became complete; the mirror's file goes too."""
-    if shallow_removed(view):
-        write_shallow(mirror, frozenset())
 
 
 def mirror_is_empty(mirror: str) -> bool:
@@ -167,13 +109,6 @@ class Fetched(NamedTuple):
         return self.shallow_before - self.shallow_after
 
 
-def pack_count(objects: str) -> int:
-    try:
-        return sum(1 for name in os.listdir(os.path.join(objects, "pack")) if name.endswith(".idx"))
-    except FileNotFoundError:
-        return 0
-
-
 class ShallowOps:
     """The shallow half of the git CLI backend (mixed into GitCliBackend: it uses its git,
     _stream and partial_filter)."""
@@ -190,8 +125,6 @@ class ShallowOps:
         the mirror's, read after its refs) of its own. depth: `--depth`; deepen: `--deepen`
         (from the view's boundary). Into a partial mirror with its filter, checked by fsck
         where git cannot check it itself (git/quarantine.py)."""
-        from checkoutcache.git.cli import FILTER_REFUSED, last_meaningful_line, one_time_promisor_remote
-
         secrets = secrets_of(credential)
         filter = self.partial_filter(mirror)
         before = dict(quarantine.refs_of(mirror, self.git) if refs is None else refs)
@@ -229,15 +162,18 @@ class ShallowOps:
         wanted = (now | added) - fetched.removed
         if wanted != now:
             write_shallow(mirror, wanted)
-        changed = {ref: sha for ref, sha in fetched.refs_after.items()
-                   if fetched.refs_before.get(ref) != sha and (refs is None or ref in refs)}
-        if changed:
-            lines = "".join(f"update {ref} {sha}\n" for ref, sha in sorted(changed.items()))
-            done = subprocess.run([self.git, "-C", mirror, "update-ref", "--stdin"], input=lines, text=True,
-                                  capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
-            if done.returncode != 0:
-                raise CheckoutCacheError("CLONE_FAILED", detail=f"the fetched refs could not be written: "
-                                                                f"{done.stderr.strip()[-200:]}")
+        self.update_refs(mirror, {ref: sha for ref, sha in fetched.refs_after.items()
+                                  if fetched.refs_before.get(ref) != sha and (refs is None or ref in refs)}, keep_fds)
+
+    def update_refs(self, git_dir: str, refs: dict[str, str], keep_fds: tuple[int, ...] = ()) -> None:
+        """Set these refs, in one transaction (the caller holds the repository's lock)."""
+        if not refs:
+            return
+        lines = "".join(f"update {ref} {sha}\n" for ref, sha in sorted(refs.items()))
+        done = subprocess.run([self.git, "-C", git_dir, "update-ref", "--stdin"], input=lines, text=True,
+                              capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
+        if done.returncode != 0:
+            raise CheckoutCacheError("CLONE_FAILED", detail=f"refs could not be written: {done.stderr.strip()[-200:]}")
 
     def parents_present(self, mirror: str, sha: str) -> bool:
         """Whether every parent of the commit is in the mirror (a root commit: True)."""
@@ -264,8 +200,6 @@ class ShallowOps:
         done = subprocess.run([self.git, "-C", git_dir, "rev-list", *args], capture_output=True, text=True,
                               env=git_env(), cwd="/", input="".join(t + "\n" for t in tips or []))
         if done.returncode != 0:
-            from checkoutcache.git.cli import last_meaningful_line
-
             raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
         return set(done.stdout.split())
 

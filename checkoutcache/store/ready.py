@@ -177,12 +177,12 @@ def history_of(checkout_dir: str) -> str:
     boundary ("shallow"), gone once it is complete ("complete"); a checkout made before
     shallow mirrors has none (its mirror was complete)."""
     try:
-        os.stat(checkout_dir + "/.git/shallow")
+        size = os.stat(checkout_dir + "/.git/shallow").st_size
     except (FileNotFoundError, NotADirectoryError):
         return "complete"
     except OSError:
         return "shallow"  # there, but not for us to read: never claim more history than there is
-    return "shallow"
+    return "shallow" if size else "complete"  # an empty one lists no boundary (libgit2 writes one)
 
 
 def submodules_of(record: dict) -> str | None:
