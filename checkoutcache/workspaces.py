@@ -206,6 +206,7 @@ def make_own(tree: str, final_tree: str, with_submodules: bool) -> None:
     for git_dir in git_dirs:
         if not os.path.isdir(git_dir) or os.path.islink(git_dir):
             continue
+        own_shallow(git_dir)
         # O_NOFOLLOW: in the trusted-peers mode a peer may have swapped the checkout's config for a
         # symlink (the copy keeps it): appending by name would write a file of the caller's elsewhere.
         try:
@@ -222,6 +223,25 @@ def make_own(tree: str, final_tree: str, with_submodules: bool) -> None:
             # git-lfs's clean filter stores what a review adds here, never in the store's lfs/.
             final_git_dir = os.path.join(final_tree, os.path.relpath(git_dir, tree))
             handle.write(f"[lfs]\n\tstorage = {os.path.join(final_git_dir, 'lfs')}\n")
+
+
+def own_shallow(git_dir: str) -> None:
+    """A checkout's .git/shallow is a link to its mirror's (git/shallow.py): the workspace gets
+    a copy of the boundary as it is now, never the link, so a review's own `git fetch --deepen`
+    or `git gc` there writes the workspace's file, never the mirror's."""
+    link = os.path.join(git_dir, "shallow")
+    if not os.path.islink(link):
+        return
+    try:
+        with open(link, "rb") as handle:  # the mirror's file, through the link (read only)
+            content = handle.read(1 << 24)
+    except OSError:
+        content = b""  # no boundary: the mirror's history is complete
+    os.unlink(link)
+    if content:
+        fd = os.open(link, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with open(fd, "wb") as handle:
+            handle.write(content)
 
 
 def reap_own(paths: WorkspacePaths) -> list[workspaces.Reaped]:

@@ -57,10 +57,15 @@ def log_works(path: str) -> int:
     return len(done.stdout.split())
 
 
+FULL_FIRST = {"CHECKOUTCACHE_FIRST_FETCH": "full"}
+
+
 def test_a_commit_sent_without_its_parent_is_never_ready(root, history):
+    """The full first fetch (CHECKOUTCACHE_FIRST_FETCH=full): the lie fails the clone."""
     daemon, served, url, shas = history
     lie_about(served, shas["C"])
-    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=PARTIAL)
+    env = {**PARTIAL, **FULL_FIRST}
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=env)
     assert code != 0 and answer["state"] == "failed", err  # it was `ready`, and `git log` exited 128 there
     assert answer["error"] == "CLONE_FAILED" and "without its whole history" in answer["message"]
     store = only_repo(root)
@@ -70,18 +75,47 @@ def test_a_commit_sent_without_its_parent_is_never_ready(root, history):
     # every commit needing P failed "could not fetch P from promisor remote").
     be_honest(served)
     time.sleep(1.0)  # the back-off (SHORT_BACKOFF) passes: a wait for a state, not for a speed
-    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=PARTIAL)
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=env)
     assert code == 0 and answer["state"] == "ready", err
     assert log_works(answer["path"]) == 2
-    code, answer, err = run_cli("ensure", url, shas["D"], "--wait", "60", root=root, env=PARTIAL)
+    code, answer, err = run_cli("ensure", url, shas["D"], "--wait", "60", root=root, env=env)
     assert code == 0 and answer["state"] == "ready", err
+    assert log_works(answer["path"]) == 2
+
+
+@pytest.mark.parametrize("partial", [True, False], ids=["partial", "full"])
+def test_a_commit_sent_without_its_parent_is_shallow_never_complete(root, history, partial):
+    """A shallow first answer (the default): the commit alone is what a depth-1 fetch asks
+    for, so it is ready, its history shallow (`git log` works, down to its boundary). The
+    history the lying server sends without the parent is never taken for complete (a partial
+    fetch's check would: every commit and tree is walked), so the answer never says complete
+    and the history fails until the server is honest; then it completes."""
+    daemon, served, url, shas = history
+    lie_about(served, shas["C"], shas["D"])  # no branch reaches P either
+    env = PARTIAL if partial else SHORT_BACKOFF
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=env)
+    assert code == 0 and answer["history"] == "shallow", err
+    assert log_works(answer["path"]) == 1
+    code, answer, err = run_cli("ensure", url, shas["C"], "--history", "full", "--wait", "60", root=root, env=env)
+    assert code == 1 and answer["error"] == "HISTORY_FAILED", err
+    store = only_repo(root)
+    assert os.path.exists(store.mirror_shallow)  # the boundary stays: C's parent is not vouched for
+    assert log_works(store.checkout(shas["C"])) == 1
+    be_honest(served)
+    deadline = time.monotonic() + 60
+    while True:  # each ask after the back-off (SHORT_BACKOFF) starts the history again
+        code, answer, err = run_cli("ensure", url, shas["C"], "--history", "full", "--wait", "10", root=root, env=env)
+        if code == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert code == 0 and answer["history"] == "complete", err
     assert log_works(answer["path"]) == 2
 
 
 def test_a_full_mirror_refuses_the_same_server(root, history):
     daemon, served, url, shas = history
     lie_about(served, shas["C"], shas["D"])  # no branch reaches P: the fallback fetch of all refs lacks it too
-    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=SHORT_BACKOFF)
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env={**SHORT_BACKOFF, **FULL_FIRST})
     assert code != 0 and answer["state"] == "failed" and answer["error"] == "CLONE_FAILED", err
     assert not os.path.exists(only_repo(root).checkout(shas["C"]))
 
@@ -106,7 +140,8 @@ def drop_from_mirror(mirror: str, sha: str) -> None:
 
 def test_a_mirror_holding_a_commit_without_its_parent_repairs_itself_and_verify_sees_it(root, history):
     daemon, served, url, shas = history
-    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=PARTIAL)
+    code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", "--history", "full", root=root,
+                                env=PARTIAL)
     assert code == 0, err
     store = only_repo(root)
     drop_from_mirror(store.mirror, shas["P"])
@@ -179,7 +214,7 @@ def test_bundle_take_ins_into_a_partial_mirror_count_only_connected_history(tmp_
     node = str(tmp_path / "node-lacking")
     env = {**PARTIAL, "CHECKOUTCACHE_BUNDLE_URI": write_store(tmp_path / "store-lacking", url, {
         "100-abcdef12.bundle": crafted_bundle(repo.path, head, lacking)})}
-    code, answer, err = run_cli("ensure", url, head, "--wait", "60", root=node, env=env)
+    code, answer, err = run_cli("ensure", url, head, "--wait", "60", "--history", "full", root=node, env=env)
     assert code == 0, err
     record = seed_record(node)
     assert not record["seeded"] and record["reason"] == "bundle-unusable", record
@@ -190,7 +225,7 @@ def test_bundle_take_ins_into_a_partial_mirror_count_only_connected_history(tmp_
     node = str(tmp_path / "node-planted")
     env = {**PARTIAL, "CHECKOUTCACHE_BUNDLE_URI": write_store(tmp_path / "store-planted", url, {
         "100-abcdef12.bundle": crafted_bundle(repo.path, first, sorted({line.split()[0] for line in sound + planted}))})}
-    code, answer, err = run_cli("ensure", url, head, "--wait", "60", root=node, env=env)
+    code, answer, err = run_cli("ensure", url, head, "--wait", "60", "--history", "full", root=node, env=env)
     assert code == 0, err
     assert seed_record(node)["seeded"]
     assert log_works(answer["path"]) == 3

@@ -125,7 +125,9 @@ def test_a_use_that_cannot_be_recorded_is_still_a_ready_answer(second_user, shar
     assert code == 0, out
     path = answer["path"]
     code, answer, out = cli(shared_root, "ensure", url, sha, user=second_user)
-    assert code == 0 and answer == {"state": "ready", "commit": sha, "repo": url, "path": path}, out
+    assert code == 0 and answer == {"state": "ready", "commit": sha, "repo": url, "path": path,
+                                    "history": answer.get("history")}, out
+    assert answer["history"] in ("shallow", "complete")  # the other uid reads the mirror's boundary too
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from checkoutcache.store.layout import LAYOUT_VERSION, RootPaths
 
 from .helpers import Serve, run_cli
 from .helpers.cli import wait_ready
+from .helpers.store import settled
 
 NEWER = LAYOUT_VERSION + 6
 
@@ -32,7 +33,9 @@ def snapshot(directory: str) -> dict[str, tuple[int, int, int]]:
 
 
 def written_by_a_newer_version(root: str) -> str:
-    """The one repository's store, its repo.json now saying a newer layout; its directory."""
+    """The one repository's store, its repo.json now saying a newer layout; its directory
+    (once this version's clone and the mirror's history are done with it)."""
+    settled(root)
     [key] = RootPaths(root).repo_keys()
     paths = RootPaths(root).repo(key)
     with open(paths.repo_json) as handle:

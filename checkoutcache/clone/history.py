@@ -438,6 +438,12 @@ class History(Job):
         records.remove_quietly(self.paths.history_record)
 
     def failed(self, code: str, message: str, next_step: str) -> None:
+        if self.filter is not None and code != "TIMEOUT" and tree.lexists(self.repo):
+            # A partial repository takes what it lacks for promised: after a failure nothing
+            # in it is trusted to resume from (a full one's own checks refetch what is missing).
+            slot = to_trash(self.paths, self.repo, "history")
+            if slot is not None:
+                remove_tree(slot)
         previous = read_failure(self.paths.history_failure)
         failure = next_failure(previous, code, message, next_step, time.time(), self.config.backoff,
                                self.config.backoff_max)
@@ -566,12 +572,18 @@ class History(Job):
             self.log(f"fetch by id refused ({exc.detail}); fetching every branch and tag")
             self.watched(lambda: self.backend.fetch(self.repo, self.url, ALL_BRANCHES_AND_TAGS, self.credential,
                                                     track, self.log))
-        count_upstream(self.paths, received)
         if self.filter is not None and not self.backend.is_sound(self.repo):
-            # A partial fetch's connectivity check takes a missing commit or tree for promised:
-            # every one the refs reach is walked (blobs alone may be promised).
-            raise CheckoutCacheError("CLONE_FAILED", detail="the server sent a history with commits or trees "
-                                                            "missing")
+            # A partial fetch's connectivity check takes a missing commit or tree for promised,
+            # and a commit already there (a bundle's stray) for fetched: asked for again as a
+            # new clone would, then every commit and tree the refs reach is walked (blobs
+            # alone may be promised).
+            self.log("the history's commits or trees are not all there; fetching them again whole")
+            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log,
+                                                    refetch=True))
+            if not self.backend.is_sound(self.repo):
+                raise CheckoutCacheError("CLONE_FAILED", detail="the server sent a history with commits or trees "
+                                                                "missing")
+        count_upstream(self.paths, received)
 
     def watched(self, fetch: Callable[[], object]) -> None:
         """Run a fetch with the disk watched: below the reserve, its git is stopped."""

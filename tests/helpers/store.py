@@ -71,18 +71,30 @@ def assert_checkout_matches(checkout: str, upstream_path: str, sha: str) -> None
     assert git("log", "-1", "--format=%H", cwd=checkout) == sha
 
 
-def settled(root: str) -> None:
+def settled(root: str, timeout: float = 120) -> None:
     """Wait until the root's clones have finished their own tidying: a worker answers ready at
     its publish, then records the tree's size and removes its scratch and record (readers
-    never wait for that), so a test that snapshots the store after a ready answer waits."""
+    never wait for that), and after a shallow first answer starts the mirror's history,
+    which writes the store until it ends (clone/history.py), so a test that snapshots the
+    store after a ready answer waits for both (every clone lock and the history's free)."""
+    from checkoutcache.store import locks
+
     from .waiting import wait_until
 
     def quiet() -> bool:
-        paths = only_repo(root)
-        return not os.listdir(paths.scratch_dir) and \
-            not [n for n in os.listdir(paths.state_dir) if n.endswith(".clone.json")]
+        for key in os.listdir(os.path.join(root, "repos")):
+            if key.startswith("."):
+                continue
+            paths = RootPaths(root).repo(key)
+            if os.listdir(paths.scratch_dir) or [n for n in os.listdir(paths.state_dir) if n.endswith(".clone.json")]:
+                return False
+            if any(locks.clone_running(paths, name) for name in paths.clone_lock_names()):
+                return False
+            if locks.history_running(paths):
+                return False
+        return True
 
-    wait_until(quiet, 60, "the clones to finish tidying")
+    wait_until(quiet, timeout, "the clones and the history to finish")
 
 
 __all__ = ["READY_MARKER", "assert_checkout_matches", "blob_id", "checkout_tree", "make_idle", "marker",
