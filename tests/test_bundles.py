@@ -439,7 +439,7 @@ def test_publish_chains_increments_then_starts_anew_and_prunes_what_no_list_name
 def test_publish_without_repo_publishes_every_mirror_of_the_root(tmp_path, served_upstream):
     repo, url = served_upstream
     publisher = str(tmp_path / "publisher")
-    wait_ready(publisher, url, repo.shas[0])
+    wait_ready(publisher, url, repo.shas[0], extra=("--history", "full"))  # bundles come from whole histories
     store = f"file://{tmp_path / 'store'}"
     code, answer, out = run_cli("bundle", "publish", "--to", store, root=publisher)
     assert code == 0, out
@@ -1002,3 +1002,24 @@ def test_a_branch_replaced_by_a_deeper_one_between_bundles_seeds_a_sound_mirror(
     code, answer, out = run_cli("ensure", url, later, "--wait", "60", root=node)
     assert code == 0 and answer["state"] == "ready", out  # the first attempt, not after a back-off
     git("gc", "--prune=now", "--quiet", cwd=mirror)
+
+
+@pytest.mark.faults
+def test_a_shallow_mirror_is_not_published(tmp_path, served_upstream, kill_log):
+    """A mirror whose history has not arrived (its history process killed at its start) would
+    make a bundle of commits whose parents no reader has: publish refuses it, and writes nothing;
+    once its history is complete it publishes."""
+    repo, url = served_upstream
+    publisher = str(tmp_path / "publisher")
+    answer = wait_ready(publisher, url, repo.shas[-1], env={"CHECKOUTCACHE_TEST_KILL_AT": "history-start"})
+    assert answer["history"] == "shallow"
+    wait_until(lambda: os.path.exists(kill_log) and open(kill_log).read().startswith("history-start "),
+               what="the history's kill")
+    wait_until(lambda: not locks.history_running(only_repo(publisher)), what="the killed history's lock freed")
+    store = tmp_path / "store"
+    code, answer, out = run_cli("bundle", "publish", url, "--to", f"file://{store}", root=publisher)
+    assert code == 1 and answer["published"][0]["action"] == "failed", out
+    assert answer["published"][0]["error"] == "BUNDLE_FAILED" and "shallow" in answer["published"][0]["message"]
+    assert not store.exists() or not list(store.rglob("*.bundle"))
+    wait_ready(publisher, url, repo.shas[-1], extra=("--history", "full"))
+    assert publish(publisher, url, f"file://{store}")["action"] == "full"

@@ -55,6 +55,7 @@ from checkoutcache.bundles.gitbundle import (
     present,
     published_refs,
 )
+from checkoutcache.git.boundary import is_shallow
 from checkoutcache.git.mirror import install_new_mirror
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.repospec import RepoSpec
@@ -168,6 +169,12 @@ class Publisher:
             raise CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=(
                 "its mirror is a partial clone (CHECKOUTCACHE_FILTER): bundles are made from a full mirror; "
                 "publish from a node without CHECKOUTCACHE_FILTER"))
+        if os.path.isdir(paths.mirror) and is_shallow(paths.mirror):
+            # A bundle of a shallow history would name commits whose parents no reader has.
+            raise CheckoutCacheError("BUNDLE_FAILED", repo=spec.url, detail=(
+                "its mirror's history is still shallow (a cold node's first answers; the history follows in the "
+                "background): publish once it is complete (`checkoutcache ensure REPO COMMIT --history full "
+                "--wait 1h` waits for it)"))
         if not store_exists(paths):  # a repository never seen here: nothing is written before it answers
             self.backend.probe(spec.url, False, self._credential(spec), self.config.probe_timeout)
             init_repo_store(self.root_paths, paths, spec)

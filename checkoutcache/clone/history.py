@@ -805,9 +805,14 @@ class BaseSearch(Job):
             self.on_progress({"phase": BASE_PHASE, "depth": 0})
             kind = in_view(lambda view: self.backend.object_kind(view, self.base))
             self.found_base(kind)
-            fetched = self.backend.fetch_privately(mirror, incoming, self.url, [f"+{self.base}:{base_ref}"],
-                                                   self.credential, self.on_progress, self.log, depth=1,
-                                                   refs=refs, shallow=boundary)
+            try:
+                fetched = self.backend.fetch_privately(mirror, incoming, self.url, [f"+{self.base}:{base_ref}"],
+                                                       self.credential, self.on_progress, self.log, depth=1,
+                                                       refs=refs, shallow=boundary)
+            except CheckoutCacheError as exc:
+                if exc.code == "DISK_FULL":
+                    raise
+                raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail=f"the base: {exc.detail}")
             refs, boundary = fetched.refs_after, fetched.shallow_after
             if base_ref not in refs:
                 raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail="the base was not sent")
