@@ -11,6 +11,7 @@ CLI, the library or the HTTP API; the history's progress is held by a lock the t
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -337,3 +338,112 @@ def test_a_failed_history_backs_off_and_status_says_why(root, tmp_path, daemon):
     assert history["state"] == "shallow" and history["failure"]["attempts"] == 1, history
     code, again, out = run_cli("ensure", url, work.shas[-1], root=root)
     assert code == 0 and again["history"] == "shallow", out  # the checkout itself is served all along
+
+
+# ---------------------------------------------------------------- many reviews on a cold node
+
+class DepthOneBarrier:
+    """A TCP proxy in front of the git daemon that holds the server's answer to every depth-1
+    fetch (a request with `deepen 1`) until `parties` of them are in flight at once:
+    fetches serialized behind one lock would never all be, and the barrier would time out."""
+
+    def __init__(self, target: int, parties: int, timeout: float = 60):
+        import socket
+        import threading
+
+        self.target, self.parties, self.timeout = target, parties, timeout
+        self.arrived = 0
+        self.released = threading.Event()
+        self.timed_out = False
+        self.lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            state = {"seen": b"", "gated": False}
+            threading.Thread(target=self.up, args=(client, upstream, state), daemon=True).start()
+            threading.Thread(target=self.down, args=(upstream, client, state), daemon=True).start()
+
+    def up(self, client, upstream, state) -> None:
+        try:
+            while data := client.recv(65536):
+                state["seen"] = (state["seen"] + data)[-65536:]
+                # `deepen 1` ends its pkt-line: a newline (v0), or the next line's length (v2).
+                if not state["gated"] and re.search(rb"deepen 1(?:\n|[0-9a-f]{4})", state["seen"]):
+                    state["gated"] = True
+                    with self.lock:
+                        self.arrived += 1
+                        if self.arrived >= self.parties:
+                            self.released.set()
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                upstream.shutdown(2)
+            except OSError:
+                pass
+
+    def down(self, upstream, client, state) -> None:
+        try:
+            while data := upstream.recv(65536):
+                if state["gated"] and not self.released.is_set():
+                    if not self.released.wait(self.timeout):
+                        self.timed_out = True
+                        self.released.set()
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                client.shutdown(2)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.slow
+def test_reviews_of_six_commits_on_a_cold_node_fetch_side_by_side(root, deep):
+    """Six reviews of six commits on a cold node: their depth-1 fetches are in flight at once
+    (never one behind another's mirror lock); two more reviews of the first commit share its
+    clone (one clone per commit)."""
+    import sys
+
+    repo, url = deep
+    shas = repo.shas[-6:]
+    daemon_port = int(url.split(":")[2].split("/")[0])
+    barrier = DepthOneBarrier(daemon_port, parties=6)
+    via = url.replace(f":{daemon_port}/", f":{barrier.port}/")
+    try:
+        asks = [*shas, shas[0], shas[0]]
+        procs = [subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "--json", "ensure", via,
+                                   sha, "--wait", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for sha in asks]
+        outputs = [proc.communicate(timeout=180) for proc in procs]
+    finally:
+        barrier.stop()
+    assert [proc.returncode for proc in procs] == [0] * len(asks), outputs
+    assert barrier.released.is_set() and not barrier.timed_out, "the six depth-1 fetches were never in flight at once"
+    assert barrier.arrived == 6  # the asks of one commit shared its one clone: no seventh fetch
+    import json
+
+    for sha, (out, _err) in zip(asks, outputs):
+        answer = json.loads(out)
+        assert answer["state"] == "ready" and answer["commit"] == sha
+        assert_checkout_matches(answer["path"], repo.path, sha)
+    store = only_repo(root)
+    assert open(store.clone_log(shas[0])).read().count(" clone of ") == 1
