@@ -385,6 +385,10 @@ class Worker:
     def fetch(self, refspecs: list[str], keep_fds: tuple[int, ...], refetch: bool = False) -> None:
         received: dict[str, int] = {}
         track = tracking(received, self.on_progress)
+        if self.fetches_shallow() and is_shallow(self.paths.mirror):
+            self.fetch_whole(refspecs, track, keep_fds)
+            count_upstream(self.paths, received)
+            return
         try:
             refused = self.write_mirror(lambda: self.backend.fetch(self.paths.mirror, self.url, refspecs,
                                                                    self.credential, track, self.log, keep_fds,
@@ -397,6 +401,22 @@ class Worker:
             mirror.remove_stale_leftovers_of(self.paths, min_age=0.0)
             raise
         count_upstream(self.paths, received)
+
+    def fetch_whole(self, refspecs: list[str], track, keep_fds: tuple[int, ...]) -> None:
+        """A fetch into a shallow mirror that is not a depth-1 one (the fallbacks of a server that
+        refuses ids: every branch and tag, review refs): as into an empty mirror, offering no ref
+        as a have and no boundary, so the server sends each wanted ref's whole history. A wanted
+        tip the mirror holds at its boundary would otherwise count as fetched, and what lies
+        behind it never come. Under the mirror lock the caller holds: its objects, then its refs."""
+        incoming = make_incoming(RepoPaths.scratch_incoming(self.scratch.path), self.paths.mirror)
+        try:
+            fetched = self.backend.fetch_privately(self.paths.mirror, incoming, self.url, refspecs, self.credential,
+                                                   track, self.log, keep_fds, refs={}, shallow=frozenset())
+            self.backend.install_fetched(self.paths.mirror, fetched, keep_fds)
+        finally:
+            remove_tree(incoming)
+        if fetched.filter_refused:
+            self.filter_refused()
 
     def filter_refused(self) -> None:
         """The server ignored a partial mirror's filter: it sent every object. A new mirror
