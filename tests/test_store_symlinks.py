@@ -19,6 +19,7 @@ from checkoutcache.store.checkouts import remove_tree
 from checkoutcache.store.layout import RootPaths
 
 from .helpers import (
+    settled,
     Serve,
     make_idle,
     only_repo,
@@ -234,6 +235,7 @@ def test_a_directory_swapped_after_the_gate_is_still_never_followed(root, upstre
 
     sha = upstream.shas[0]
     wait_ready(root, upstream.path, sha, env=SHARED)
+    settled(root)  # the worker's tidying and the mirror's history are done writing
     paths = only_repo(root)
     outside = os.path.join(str(tmp_path), "outside")
     os.makedirs(outside)
@@ -270,6 +272,7 @@ def test_a_ready_answer_never_goes_through_a_symlink(root, upstream, tmp_path, s
 
     sha = upstream.shas[0]
     wait_ready(root, upstream.path, sha, env=SHARED)
+    settled(root)  # the worker's tidying and the mirror's history are done writing
     paths = only_repo(root)
     make_idle(paths.checkout(sha), 3600)
     outside = os.path.join(str(tmp_path), "outside")

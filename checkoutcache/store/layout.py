@@ -76,6 +76,20 @@ alone (a rollback cannot corrupt what a newer version made).
             │                      never read by the mirror, its packs moved in once git's
             │                      fsck passed them; one a killed fetch left is removed by
             │                      the next writer under the lock (git/mirror.py).
+            │                      shallow: git's shallow file, the history's boundary (the
+            │                      commits whose parents the mirror lacks; none: complete).
+            │                      A cold node's first answers are depth-1 fetches: the file
+            │                      lists their commits until the history arrives (git/shallow.py).
+            │                      Written only under locks/mirror.lock (git through a view's
+            │                      link, or shallow.lock renamed over it), after the objects
+            │                      and before the refs: it never claims more history than is there.
+            ├── history.git/       the background history's own repository (clone/history.py):
+            │                      bare, no alternates, no boundary; fetched into as a clone
+            │                      would, seeded from bundles first. Written only by the holder
+            │                      of locks/history.lock; its packs are hard-linked into
+            │                      mirror.git/objects/pack under locks/mirror.lock (.idx last).
+            │                      Kept by a killed history to resume from; removed when the
+            │                      mirror's history is complete (else by gc once it is).
             ├── lfs/               the repository's one Git LFS object store (git-lfs's
             │   │                  lfs.storage for the mirror and for every checkout), so an
             │   │                  object is downloaded once per store, not once per checkout.
@@ -97,7 +111,13 @@ alone (a rollback cannot corrupt what a newer version made).
             │       │              .git/info/sparse-checkout and the marker name them).
             │       │              Every record below of one checkout is named by <name>.
             │       │              Appears by one rename from scratch; leaves by one rename to
-            │       │              trash/. Only its marker's mtime changes in between.
+            │       │              trash/. Only its marker's mtime changes in between; its
+            │       │              .git/shallow is a symlink to mirror.git/shallow, made before
+            │       │              the publish and never changed: what the checkout's git reads
+            │       │              through it (the mirror's boundary) moves as the history
+            │       │              arrives, so the checkout's history completes with the
+            │       │              mirror's and nothing of the checkout is written (a dangling
+            │       │              link: complete). The ready answer's `history` is one stat of it.
             │       └── .git/checkoutcache-ready
             │                      the ready marker (with what the answer says of LFS files and
             │                      submodules, and the [key, commit] pairs of other repositories'
@@ -121,6 +141,10 @@ alone (a rollback cannot corrupt what a newer version made).
             │       │              tree/ below, updated in place, then published like any tree;
             │       │              a tree that could not be emptied comes back here, never into a checkout)
             │       ├── index      the spare's verified index, kept here while tree/.git is made anew
+            │       ├── incoming/  a private fetch's object store (git/shallow.py: a depth-1
+            │       │              first answer, a merge-base search), its alternate the mirror's,
+            │       │              written without the mirror lock; its packs are moved into the
+            │       │              mirror under locks/mirror.lock, then its shallow delta, then refs
             │       └── tree/      the checkout being built; published by rename to checkouts/
             │                      Created and reaped only under locks/scratch.lock; reaped only
             │                      when owner.lock is free (and, when the reaper shares the
@@ -166,18 +190,32 @@ alone (a rollback cannot corrupt what a newer version made).
             │   │                      partial clone: the filter, whether it is one, and why not
             │   │                      (the transport, or a server that ignored the filter).
             │   │                      Written by the worker that made the mirror.
+            │   ├── history.json       the background history (clone/history.py): its owner (pid,
+            │   │                      PID namespace, start time) and progress while
+            │   │                      locks/history.lock is held (written first by its starter);
+            │   │                      once complete, when and in how many rounds. Written whole.
+            │   ├── history.failed.json the history's last failure: code, message, attempts, retry
+            │   │                      time (a back-off as a clone's); removed when it completes.
+            │   ├── <name>.bases.json  the merge bases asked of the checkout's commit (`--base`):
+            │   │                      base -> merge base ("" for none), the search running and
+            │   │                      failures with their back-off. Written whole by the holder of
+            │   │                      locks/base-<name>.lock; removed by gc with the checkout.
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │   │                      were dropped since (a repack is then due at the interval);
             │   │                      lfs_pending: an LFS prune of lfs/ could not run yet.
             │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
             │                          root, errno name, stuck since); gone when trash/ empties.
+            ├── logs/history.log   the background history's attempts, as a clone's log (a merge-
+            │                      base search appends to its checkout's <name>.log).
             ├── logs/<name>.log    the checkout's clone attempts, appended: git's output, redacted,
             │                      at most CLONE_LOG_CAP bytes per attempt; an attempt that
             │                      finds it over the cap first renames it to <name>.log.1.
             └── locks/
                 ├── mirror.lock    exclusive for every write to mirror.git
                 ├── scratch.lock   exclusive, briefly, to create or reap scratch directories
-                └── clone-<name>.lock exclusive for a clone's whole life: one clone per checkout
+                ├── clone-<name>.lock exclusive for a clone's whole life: one clone per checkout
+                ├── history.lock   exclusive for the background history's whole life: one per repository
+                └── base-<name>.lock exclusive for a merge-base search of the checkout's commit
 
 Workspaces (store/workspaces.py): a review's own writable trees, in a directory the
 review owns (CHECKOUTCACHE_WORKSPACES; default: <root>/workspaces when this user may
@@ -249,7 +287,15 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
                               (try)      a reaper (its uid's next call, gc)   one rename + delete
     <key>/locks/mirror.lock   exclusive  a worker's fetch, keep-ref and LFS   the write (bounded
                                          download; gc's keep-ref drop,        wait, then skip)
-                                         repack and LFS prune (lfs/)
+                                         repack and LFS prune (lfs/); a
+                                         private fetch's install, the
+                                         history's install (never its fetch)  milliseconds
+    <key>/locks/history.lock  exclusive  its starter (worker after a publish, the history's life
+                                         gc, --history full), then the
+                                         history process; gc's history.git
+                                         removal and a repository's drop (try)
+    <key>/locks/base-<name>   exclusive  its starter, then the merge-base     the search
+                                         search process
     .git/checkoutcache-ready  shared     a ready answer (briefly); an exec    the answer / the
                                          or /v1/hold (the command's run)      command
                               exclusive  eviction, moving a checkout aside   one rename (never
@@ -261,7 +307,10 @@ Order in which locks may nest (outer first); an inner lock taken against this
 order is only ever tried without waiting, so no cycle can deadlock:
 
     gc.lock -> mirror.lock -> clone-<name> (try) -> marker exclusive (try)
+    mirror.lock -> history.lock (try: a repository's drop)
     clone-<name> -> scratch.lock -> owner.lock (fresh) ; clone-<name> -> mirror.lock
+    clone-<name> -> history.lock (try: the worker starts the history after its publish)
+    history.lock -> mirror.lock ; base-<name> -> scratch.lock ; base-<name> -> mirror.lock
     clone-<name> -> marker exclusive (try: a damaged checkout moved aside)
 """
 
