@@ -563,6 +563,8 @@ class Worker:
             for stale in mirror.remove_stale_leftovers_of(self.paths):
                 self.log(f"removed stale git lock {stale}")
             identity = self.mirror_identity()
+            # Every ref of the mirror is a have (none in an empty one: no git to ask).
+            haves = {} if mirror_is_empty(mirror_dir) else None
         incoming = make_incoming(RepoPaths.scratch_incoming(self.scratch.path), mirror_dir)
         self.on_progress({"phase": "fetching"})
         checkpoint("before-fetch")
@@ -570,7 +572,7 @@ class Worker:
         try:
             fetched = self.backend.fetch_privately(mirror_dir, incoming, self.url, [f"+{self.sha}:{keep_ref(self.sha)}"],
                                                    self.credential, tracking(received, self.on_progress), self.log,
-                                                   depth=1)
+                                                   depth=1, refs=haves, refs_after=False)
         except CheckoutCacheError as exc:
             if exc.code == "DISK_FULL":
                 raise

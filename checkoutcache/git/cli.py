@@ -204,8 +204,19 @@ class Listing:
 
 
 def partial_filter_of(mirror: str, git: str = "git") -> str | None:
-    """The filter of a partial mirror (CHECKOUTCACHE_FILTER when it was made), None for a full one."""
-    done = subprocess.run([git, "config", "--file", os.path.join(mirror, "config"), "--get",
+    """The filter of a partial mirror (CHECKOUTCACHE_FILTER when it was made), None for a full one.
+    Read by git once per version of the mirror's config file (a clone asks it several times)."""
+    path = os.path.join(mirror, "config")
+    try:
+        info = os.stat(path)
+    except OSError:
+        return _partial_filter_read(path, git, None)
+    return _partial_filter_read(path, git, (info.st_ino, info.st_mtime_ns, info.st_size, info.st_ctime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _partial_filter_read(path: str, git: str, _version: tuple | None) -> str | None:
+    done = subprocess.run([git, "config", "--file", path, "--get",
                            "remote.origin.partialclonefilter"], capture_output=True, text=True, env=git_env(),
                           cwd="/", errors="replace")
     filter = done.stdout.strip() if done.returncode == 0 else ""
@@ -262,7 +273,9 @@ class GitCliBackend(ShallowOps):
     def probe(self, url: str, is_local: bool, credential: Credential | None, timeout: float) -> None:
         secrets = secrets_of(credential)
         try:
-            done = subprocess.run([self.git, "ls-remote", "--", url], capture_output=True, text=True,
+            # HEAD alone: the server answers, and lets us in, at the cost of one ref (a forge's
+            # whole advertisement, every pull request's ref with it, is a first answer's bytes again).
+            done = subprocess.run([self.git, "ls-remote", "--", url, "HEAD"], capture_output=True, text=True,
                                   env=git_env(credential=credential, url=url), timeout=timeout,
                                   stdin=subprocess.DEVNULL, cwd="/", errors="replace")
         except subprocess.TimeoutExpired:

@@ -119,12 +119,13 @@ class ShallowOps:
                         credential: Credential | None, on_progress: Progress, log: Log,
                         keep_fds: tuple[int, ...] = (), depth: int | None = None, deepen: int | None = None,
                         refs: dict[str, str] | None = None, shallow: frozenset[str] | None = None,
-                        view_refs_out: dict | None = None) -> Fetched:
+                        refs_after: bool = True) -> Fetched:
         """Fetch into `incoming` (make_incoming), not into the mirror, without its lock: a
         view with refs (default: a snapshot of the mirror's) and a shallow boundary (default:
         the mirror's, read after its refs) of its own. depth: `--depth`; deepen: `--deepen`
         (from the view's boundary). Into a partial mirror with its filter, checked by fsck
-        where git cannot check it itself (git/quarantine.py)."""
+        where git cannot check it itself (git/quarantine.py). refs_after: read the view's refs
+        after the fetch (the caller writes none of them: not needed)."""
         secrets = secrets_of(credential)
         filter = self.partial_filter(mirror)
         before = dict(quarantine.refs_of(mirror, self.git) if refs is None else refs)
@@ -144,7 +145,7 @@ class ShallowOps:
                                         on_progress, log, secrets, keep_fds)
             if code != 0:
                 raise git_failure(output, last_meaningful_line(output), secrets)
-            after = quarantine.refs_of(view, self.git)
+            after = quarantine.refs_of(view, self.git) if refs_after else {}
             boundary_after = read_view_shallow(view)
         if checked_after:
             quarantine.check(mirror, incoming, filter, keep_fds, self.git)
