@@ -28,7 +28,8 @@ fresh directories, ours and git's interleaved; medians over rounds:
    once complete, against `git fetch URL NEXT` + `git worktree add` in a bare repository
    holding SHA's whole history, plus `python3 -c pass` (the CLI's bar: <= 1.25x).
 4. six reviews of six different commits at once into an empty root: until all six are ready,
-   against one first answer of the same run (1.). Bar: <= 2.5x.
+   against one first answer of the same run (1.). Bar: <= 2.5x. Also shown: git's own six
+   depth-1 fetches and checkouts at once (what the machine's cores allow, the server sharing them).
 5. partial mirror (CHECKOUTCACHE_FILTER=blob:none): first ready against `git clone
    --filter=blob:none --no-checkout` + `git checkout SHA`. Bar: <= 1.2x. Its history is stopped
    at its start by the test hook (after the answer), so every byte the proxy counts is the answer's.
@@ -271,6 +272,20 @@ def one_round(s: Served, work: str, number: int) -> dict:
             raise RuntimeError(f"six reviews: {out[-500:]} {err[-500:]}")
     r["six"] = max(ends)
     os.sync()
+    # ... and git's own six depth-1 fetches and checkouts at once: what this machine's cores give
+    started = time.monotonic()
+    gits = []
+    for n, sha in enumerate(s.six):
+        target = os.path.join(work, f"{tag}-git-six-{n}")
+        run(["git", "init", "-q", target])
+        gits.append(subprocess.Popen(["sh", "-c", f"git -C {target} fetch -q --depth 1 {s.url} {sha} && git -C {target} "
+                                      f"-c advice.detachedHead=false checkout -q {sha}"], env=clean_env()))
+    ends = []
+    for proc in gits:
+        proc.wait()
+        ends.append(time.monotonic() - started)
+    r["git_six"] = max(ends)
+    os.sync()
     # 5. partial mirror
     bl = os.path.join(work, f"{tag}-blobless")
     s.label(f"{tag}-blobless")
@@ -311,6 +326,8 @@ def ratios(rounds: list[dict]) -> dict:
         "next_shallow_bytes": med("next_shallow_bytes") / max(1, med("next_shallow_git_bytes")),
         "next_complete": med("next_complete") / (med("next_complete_git") + med("python_start")),
         "six_reviews": med("six") / med("first"),
+        "git_six_vs_depth1": med("git_six") / med("depth1"),
+        "six_vs_git_six": med("six") / med("git_six"),
         "partial": med("partial") / med("blobless"),
         "partial_bytes": med("partial_bytes") / med("blobless_bytes"),
     }
@@ -357,7 +374,9 @@ def show(report: dict) -> None:
               f"{m['next_shallow_git_bytes'] / 1024:.0f} KiB -> {q['next_shallow']:.2f}x")
         print(f"     next, complete     ours {m['next_complete']:.2f} s | fetch + worktree add "
               f"{m['next_complete_git']:.2f} s + python {m['python_start']:.2f} s -> {q['next_complete']:.2f}x")
-        print(f"  4. six reviews        all ready {m['six']:.2f} s -> {q['six_reviews']:.2f}x one first answer")
+        print(f"  4. six reviews        all ready {m['six']:.2f} s -> {q['six_reviews']:.2f}x one first answer | "
+              f"git's six depth-1 fetches + checkouts at once {m['git_six']:.2f} s ({q['git_six_vs_depth1']:.2f}x "
+              f"one) -> ours {q['six_vs_git_six']:.2f}x git's")
         print(f"  5. partial mirror     ours {m['partial']:.2f} s, {m['partial_bytes'] / mib:.2f} MiB | blobless "
               f"clone + checkout {m['blobless']:.2f} s, {m['blobless_bytes'] / mib:.2f} MiB -> {q['partial']:.2f}x")
     print("\nbars")

@@ -10,8 +10,8 @@ Everything is generated and served on 127.0.0.1 (no network):
    files by default, 1000 over 500 in --quick) is served by `git daemon`
    behind counting TCP proxies (below). At first the upstream's `main` is
    BEHIND (30) commits short of the generated tip.
-2. Publish: a publisher root ensures that `main` and runs `checkoutcache
-   bundle publish URL --to file://STORE`; the store then holds the history up
+2. Publish: a publisher root ensures that `main` with its whole history (`--history
+   full`) and runs `checkoutcache bundle publish URL --to file://STORE`; the store then holds the history up
    to 30 commits before the tip. The upstream is then advanced to the tip
    (`git push`, as developers would), so every requested commit is newer than
    the bundle and needs a fetch of the difference.
@@ -20,7 +20,9 @@ Everything is generated and served on 127.0.0.1 (no network):
    checked against the objects the clone stored.
 4. The fleet, per mode: four fresh roots (nodes) each run `checkoutcache
    --root NODE ensure URL SHA --wait 600` for the same 4 commits (24, 15, 7 and
-   0 commits behind the tip, in that order). Concurrently by default (a fleet
+   0 commits behind the tip, in that order), then waits for the mirror's history
+   (`--history full`: a first answer is the commit alone, its history follows,
+   seeded from the bundles; the node's traffic is counted once it is there). Concurrently by default (a fleet
    scaling up at once, all four starting together), one node after another
    with --sequential. Without seeding, then with
    CHECKOUTCACHE_BUNDLE_URI=file://STORE in the nodes' environment; the pair
@@ -154,7 +156,8 @@ def advance_upstream(upstream: dict) -> None:
 def publish(work: str, url: str, sha: str, store: str, env: dict) -> dict:
     """The publisher: a root that ensures the upstream's current main, then publishes a bundle of it."""
     root = os.path.join(work, "publisher")
-    ensure_s, done = run_cc(root, ["ensure", url, sha, "--wait", ENSURE_WAIT], env)
+    # The whole history: a bundle is made of one (a shallow first answer's mirror is refused).
+    ensure_s, done = run_cc(root, ["ensure", url, sha, "--wait", ENSURE_WAIT, "--history", "full"], env)
     answer = parse_json(done.stdout)
     if done.returncode != 0 or not answer or answer.get("state") != "ready":
         raise SystemExit(f"publisher ensure failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
@@ -208,6 +211,11 @@ def node_run(root: str, url: str, shas: list[str], env: dict, start: threading.B
         # Anything the answer says beyond the usual keys (how it was seeded, say) is kept for the report.
         row["extra"] = {k: v for k, v in answer.items() if k not in ("state", "commit", "repo", "path")}
         results.append(row)
+    # The mirror's history follows the first answer (a shallow one) in the background, seeded from
+    # the bundles: the node is done, and its upstream traffic counted, once the history is there.
+    seconds, done = run_cc(root, ["ensure", url, shas[-1], "--wait", ENSURE_WAIT, "--history", "full"], env)
+    results[-1]["history_s"] = round(seconds, 3)
+    results[-1]["history"] = (parse_json(done.stdout) or {}).get("history")
     return results
 
 

@@ -1,5 +1,6 @@
-"""Test hooks for the fault tests, read only by the clone worker, gc and
-`bundle publish`, documented in docs/operations.md; never set them in production.
+"""Test hooks for the fault tests, read only by the clone worker, the background history
+(clone/history.py), gc and `bundle publish`, documented in docs/operations.md; never set
+them in production.
 
 - CHECKOUTCACHE_TEST_KILL_AT=<step>: SIGKILL ourselves at that named step, as
   a crash would.

@@ -4,11 +4,14 @@ Started by `ensure` (see spawn.py) in its own session, it inherits the commit's
 clone lock and holds it for its whole life, so exactly one clone runs per
 commit and its death (even by SIGKILL) frees the commit at once. Steps:
 
-    scratch  -> mirror (a new one: bundles first, if CHECKOUTCACHE_BUNDLE_URI is set;
+    scratch  -> mirror (a new, empty or shallow one: the commit alone, depth 1, fetched into
+                scratch/incoming without the mirror lock and installed under it (git/shallow.py);
+                a complete one, or CHECKOUTCACHE_FIRST_FETCH=full: bundles first for a new one,
                 fetch by id, fallback all refs; keep-ref; LFS objects into lfs/)
              -> the tree in scratch (clone/tree.py: a spare updated in place, or a fresh
                 checkout; the LFS filter finds every object in lfs/; submodules)
              -> rename scratch tree to checkouts/<name>  -> ready marker (last)
+             -> a shallow mirror: its background history started (clone/history.py)
 
 <name> is the checkout's (store/layout.py checkout_name): the commit, or the
 commit and a sparse checkout's cone. Records, locks and logs go by the name;
@@ -18,7 +21,7 @@ On failure it records the code and back-off, removes its scratch and exits; a
 wall-clock limit stops it with TIMEOUT. SIGTERM (serve or a container
 stopping) ends it cleanly with no verdict at all: its git killed, its scratch
 and record removed, nothing counted against the commit; the next ask clones it. Kill points for the fault tests are
-named by the test hook CHECKOUTCACHE_TEST_KILL_AT (read by the worker, gc and
+named by the test hook CHECKOUTCACHE_TEST_KILL_AT (read by the worker, the history, gc and
 `bundle publish` only; see docs/operations.md "Test hooks").
 """
 
@@ -782,7 +785,11 @@ class Worker:
         return False
 
     def commit_present(self, mirror_dir: str) -> bool:
-        """Whether the mirror has the commit with its whole history (DESIGN invariant 13).
+        """Whether the mirror has the commit with its whole history (DESIGN invariant 13):
+        connected down to the mirror's recorded shallow boundary and no further, as git
+        reads it (mirror.git/shallow: a listed commit's parents are never walked, so a
+        commit at or above the boundary counts once every object down to it is there, and
+        nothing below it is ever vouched for: git/shallow.py).
         A commit that is there only as a stray object (a bundle's pack can carry one
         without its parents) counts as absent: it is fetched from upstream, and never
         kept (a keep-ref would offer it to the upstream as a "have" it cannot back)."""

@@ -9,4 +9,8 @@
               no prompts, only safe transports, credentials by environment).
 - view.py     the private view of a mirror every network git runs in.
 - quarantine.py  a partial fetch checked by fsck before it lands (git < 2.44).
+- shallow.py  shallow mirrors: private fetches (depth 1, deepen) installed under the
+              mirror lock, reachability and merge bases (mixed into the CLI backend).
+- boundary.py   the shallow file itself: read, written, linked into checkouts.
+- messages.py   what git's output says (progress, the failing line, a refused filter).
 """

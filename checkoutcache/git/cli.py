@@ -447,6 +447,9 @@ class GitCliBackend(ShallowOps):
         return kind, target
 
     def is_connected(self, mirror: str, sha: str) -> bool:
+        # A shallow mirror: the walk stops at its recorded boundary (git reads mirror.git/shallow
+        # and never walks a listed commit's parents), so "connected" means down to the boundary
+        # and no further (DESIGN invariant 13; git/shallow.py).
         # Only blobs may be promised (DESIGN invariant 13). In a partial mirror git counts any
         # object a promisor pack refers to as promised, a commit's parent and a tree
         # included (`--missing=allow-promisor`, fsck, fetch's own check): a server that sent

@@ -107,6 +107,8 @@ FSCK_CHOICES: dict[str, tuple[str, str]] = {
     "badTagName": ("ignore", "a tag object whose name is no valid ref name: only the message text, the ref we "
                              "fetch is named by the server"),
     "missingTaggerEntry": ("ignore", "a tag without a tagger line (git before 0.99.1 wrote none)"),
+    "badFilemode": ("ignore", "a tree mode git no longer writes (100664, 100600: git before 1.0 and converters; "
+                              "git/git's own history has them): git checks the file out as a regular one, 100644"),
 }
 FSCK_CONFIG = {"fetch.fsckObjects": "true", **{f"fetch.fsck.{msg}": level for msg, (level, _why) in FSCK_CHOICES.items()}}
 
