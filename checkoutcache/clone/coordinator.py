@@ -115,7 +115,13 @@ class Coordinator:
             pid = history.start_history(self.paths, self.config, self.credential, fork=self.fork)
             if pid is not None:
                 self.started_history = {"pid": pid}
-        record = records.read_json(self.paths.history_record, records.HISTORY) or {}
+        deadline = time.monotonic() + RECORD_GRACE
+        while True:  # its starter's record first, then the process's own (with its pid): moments apart
+            record = records.read_json(self.paths.history_record, records.HISTORY) or {}
+            if record.get("pid") or self.started_history or time.monotonic() >= deadline or \
+                    not locks.history_running(self.paths):
+                break
+            time.sleep(0.005)
         return self.owned_cloning(record, self.started_history, history="shallow",
                                   phase=history.HISTORY_PHASE)
 
