@@ -506,12 +506,8 @@ class History(Job):
 
     def wanted(self, proven: set[str]) -> set[str]:
         """The commits the mirror's refs name that history.git does not prove yet."""
-        tips = set(self.ref_tips(self.paths.mirror))
+        tips = {sha for sha, kind in self.backend.refs_named(self.paths.mirror).values() if kind == "commit"}
         return tips - proven
-
-    def ref_tips(self, git_dir: str) -> list[str]:
-        done = self.backend._run(["-C", git_dir, "for-each-ref", "--format=%(objectname) %(objecttype)"])
-        return [line.split()[0] for line in done.stdout.splitlines() if line.endswith(" commit")]
 
     def check_space(self) -> None:
         usage = shutil.disk_usage(self.paths.base)
@@ -648,12 +644,10 @@ class History(Job):
         later fetch offers them as haves; gc drops them once upstream was fetched from (upkeep/gc.py)."""
         from checkoutcache.git.backend import BUNDLE_REFS
 
-        done = self.backend._run(["-C", self.repo, "for-each-ref", "--format=%(objectname) %(refname)", BUNDLE_REFS])
-        theirs = dict(line.split(" ", 1)[::-1] for line in done.stdout.splitlines() if " " in line)
+        theirs = {ref: sha for ref, (sha, _kind) in self.backend.refs_named(self.repo, BUNDLE_REFS).items()}
         if not theirs:
             return
-        done = self.backend._run(["-C", self.paths.mirror, "for-each-ref", "--format=%(refname)", BUNDLE_REFS])
-        ours = set(done.stdout.split())
+        ours = set(self.backend.refs_named(self.paths.mirror, BUNDLE_REFS))
         seed = records.read_json(self.paths.seed_record, records.SEED) or {}
         if seed.get("bundle_refs_dropped") or set(theirs) <= ours:
             return  # gc dropped them already (the mirror fetched from upstream since): not again

@@ -176,6 +176,17 @@ class ShallowOps:
         if done.returncode != 0:
             raise CheckoutCacheError("CLONE_FAILED", detail=f"refs could not be written: {done.stderr.strip()[-200:]}")
 
+    def refs_named(self, git_dir: str, prefix: str = "") -> dict[str, tuple[str, str]]:
+        """ref -> (id, the object's type) of the repository's refs (under prefix)."""
+        done = self._run(["-C", git_dir, "for-each-ref", "--format=%(objectname) %(objecttype) %(refname)",
+                          *([prefix] if prefix else [])])
+        found = {}
+        for line in done.stdout.splitlines():
+            sha, kind, ref = (line.split(" ", 2) + ["", ""])[:3]
+            if ref:
+                found[ref] = (sha, kind)
+        return found
+
     def parents_present(self, mirror: str, sha: str) -> bool:
         """Whether every parent of the commit is in the mirror (a root commit: True)."""
         listed = self._run(["-C", mirror, "cat-file", "commit", sha])
