@@ -20,6 +20,7 @@ from .helpers import (
     only_repo,
     pid_alive,
     run_cli,
+    settled,
     wait_ready,
     wait_until,
 )
@@ -134,6 +135,7 @@ def test_a_keep_pack_a_sigkilled_fetch_left_is_removed_and_repacked(root, daemon
     try:
         url = proxy.url(name)
         kept = wait_ready(root, url, first)["path"]
+        settled(root)  # the history complete: the next commit is fetched into the mirror itself
         store = only_repo(root)
         pack_dir = os.path.join(store.mirror, "objects", "pack")
         proxy.hold_tails()  # the next response's end is held back
@@ -208,6 +210,7 @@ def test_a_full_disk_is_reclaimed_by_gc_alone(tmp_path):
         root = os.path.join(mount, "cache")
         last = wait_ready(root, upstream.path, upstream.shas[-1])["path"]
         kept = wait_ready(root, other.path, other.shas[0])["path"]  # used now: stays
+        settled(root)  # the mirrors' histories are in before the disk fills
         big_key = last.split(os.sep)[-3]
         make_idle(last, 3600)
         fill(mount, leave=1 << 20)

@@ -290,7 +290,8 @@ def test_bundles_come_from_full_mirrors_and_seed_partial_ones_that_survive_gc(tm
     assert code == 0 and report["published"][0]["action"] == "full", out
     newer = repo.commit({"services/alpha/src/file_0.txt": "changed\n", "lib/util.py": "UTIL = 2\n"})
     env = {**PARTIAL, "CHECKOUTCACHE_BUNDLE_URI": store}
-    first = wait_ready(partial, url, newer, env=env, extra=("--sparse", "services/alpha"))
+    # The bundles seed the history, which follows the first answer: waited for here.
+    first = wait_ready(partial, url, newer, env=env, extra=("--sparse", "services/alpha", "--history", "full"))
     seed = json.load(open(only_repo(partial).seed_record))
     assert seed["seeded"], seed
     pack_dir = os.path.join(only_repo(partial).mirror, "objects", "pack")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from .helpers import assert_checkout_matches, only_repo, run_cli
+from .helpers import assert_checkout_matches, only_repo, run_cli, settled
 
 ASKERS = 16
 
@@ -22,6 +22,7 @@ def test_sixteen_concurrent_askers_start_one_clone(root, served_upstream, fake_g
     env = dict(os.environ, **fake_git(f'case "$*" in *" fetch "*) echo x >> {fetches}; sleep 0.5;; esac'))
     # First contact (the probe) happens once, before the crowd.
     assert run_cli("ensure", url, upstream.shas[0], "--wait", "60", root=root, env=env)[0] == 0
+    settled(root)  # and the mirror's history (its own fetch) is done
     fetches.unlink()
 
     cmd = [sys.executable, "-m", "checkoutcache", "--root", root, "ensure", url, sha, "--wait", "60"]

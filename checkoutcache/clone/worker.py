@@ -555,8 +555,12 @@ class Worker:
         the server refused, the mirror changed under us): the caller fetches as a full mirror."""
         with locks.mirror_write(self.paths, timeout=max(1.0, self.remaining())) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
-            made = self.ensure_mirror(keep_fds, seed=False)
             mirror_dir = self.paths.mirror
+            if not self.backend.is_usable(mirror_dir) and self.paths.checkout_names():
+                # A mirror gone or damaged under existing checkouts: it is rebuilt whole, with the
+                # objects they borrow fetched back (restore_borrowed_objects), as before.
+                return False
+            made = self.ensure_mirror(keep_fds, seed=False)
             if not (made or is_shallow(mirror_dir) or mirror_is_empty(mirror_dir)):
                 return False  # a complete mirror: a new commit costs what changed, fetched there
             if self.commit_present(mirror_dir):
@@ -583,6 +587,11 @@ class Worker:
             remove_tree(incoming)
             return False
         checkpoint("after-fetch")
+        if fetched.complained and not self.backend.is_sound(mirror_dir):
+            # What the mirror holds cannot all be read (a damaged pack): the clone rebuilds it,
+            # fetching back what its checkouts borrow (clone() on CLONE_FAILED).
+            remove_tree(incoming)
+            raise CheckoutCacheError("CLONE_FAILED", detail="the mirror's objects cannot all be read")
         with locks.mirror_write(self.paths, timeout=max(1.0, self.remaining())) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
             moved = identity != self.mirror_identity()  # repacked (objects it relied on pruned?) or rebuilt

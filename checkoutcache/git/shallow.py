@@ -99,6 +99,9 @@ class Fetched(NamedTuple):
     shallow_before: frozenset[str]
     shallow_after: frozenset[str]
     filter_refused: bool
+    # git said `error:` and still succeeded (it reads a damaged pack of the mirror so): the
+    # caller checks the mirror on disk (is_sound), never decides from the words.
+    complained: bool = False
 
     @property
     def added(self) -> frozenset[str]:
@@ -149,8 +152,9 @@ class ShallowOps:
             boundary_after = read_view_shallow(view)
         if checked_after:
             quarantine.check(mirror, incoming, filter, keep_fds, self.git)
+        complained = any(line.lower().startswith("error:") for line in output.splitlines())
         return Fetched(incoming, before, after, boundary, boundary_after,
-                       filter is not None and FILTER_REFUSED in output)
+                       filter is not None and FILTER_REFUSED in output, complained)
 
     def install_fetched(self, mirror: str, fetched: Fetched, keep_fds: tuple[int, ...] = (),
                         refs: list[str] | None = None, boundary: frozenset[str] | None = None) -> None:
