@@ -427,6 +427,9 @@ class ServeSettings(Settings):
                                  "Allow the API's TCP address to be a non-loopback one.", _flag, "off", flag=True)
     gc_interval: float = setting(300.0, "CHECKOUTCACHE_GC_INTERVAL", "Run gc this often (0: never).",
                                  parse_duration, "5m")
+    gc_deadline: float = setting(1800.0, "CHECKOUTCACHE_GC_DEADLINE",
+                                 "A scheduled gc run still running after this long makes /readyz 503 (holds, "
+                                 "tokens and answers never wait on it; evictions do).", parse_duration, "30m")
     token_file: str | None = setting(None, "CHECKOUTCACHE_API_TOKEN_FILE",
                                      "Bearer tokens, one `TOKEN [SCOPE,...]` per line (a token is needed over TCP; "
                                      "or give one in CHECKOUTCACHE_API_TOKEN).", _input_file, "none",

@@ -20,10 +20,12 @@ reach this port or socket), so before any work:
 
 Threads: the event loop answers a ready checkout inline (it never blocks:
 `Service.ready_now`), and hands everything that may block to a pool: `quick`
-(a not-ready ensure without `wait`, status, metrics), `waiting` (requests
-that wait on a clone: at most --max-waiting, the next one SERVER_BUSY), `upkeep`
+(a not-ready ensure without `wait`, metrics), `waiting` (requests
+that wait on a clone: at most --max-waiting, the next one SERVER_BUSY), `reports`
+(status and workspaces: two threads, REPORTS_QUEUED at most), `upkeep`
 (gc over the API, one at a time) and `probe` (/readyz). A request waiting on a
-clone thus never takes a thread a ready answer needs.
+clone, or a report walking the store, thus never takes a thread a ready answer
+or a new commit needs.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ log = logging.getLogger("checkoutcache.serve")
 MAX_BODY = 64 * 1024
 BODY_DEADLINE = 5.0  # as granian's header deadline: a stalled body is closed as a stalled header is
 READY_PROBE_DEADLINE = 2.0
+REPORT_THREADS = 2
+REPORTS_QUEUED = 16
 RETRY_AFTER = "1"
 # Each endpoint and its methods (the OpenAPI document says the same; a test compares).
 # HEAD /metrics is answered as GET without a body (scrapers and load balancers check with HEAD).
@@ -101,11 +105,15 @@ class Pools:
         self.waiting = ThreadPoolExecutor(max(1, max_waiting), thread_name_prefix="cc-wait")
         self.upkeep = ThreadPoolExecutor(1, thread_name_prefix="cc-upkeep")
         self.probe = ThreadPoolExecutor(1, thread_name_prefix="cc-probe")
+        # status and workspaces walk the store and the reviews' volume: never on the threads a
+        # new commit's ensure or a scrape needs, and never more than REPORTS_QUEUED waiting.
+        self.reports = ThreadPoolExecutor(REPORT_THREADS, thread_name_prefix="cc-report")
         self.max_waiting = max_waiting
         self.in_waiting = 0  # touched on the event loop only
+        self.in_reports = 0  # likewise
 
     def shutdown(self) -> None:
-        for pool in (self.quick, self.waiting, self.upkeep, self.probe):
+        for pool in (self.quick, self.waiting, self.upkeep, self.probe, self.reports):
             pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -311,9 +319,9 @@ class Api:
             status, body = service.release(await self.params(scope, proto), grant)
             return status, json_bytes(body), JSON
         if path == "/v1/status":
-            return 200, json_bytes(await self.run(self.pools.quick, service.status, grant)), JSON
+            return 200, json_bytes(await self.report(service.status, grant)), JSON
         if path == "/v1/workspaces":
-            return 200, json_bytes(await self.run(self.pools.quick, service.workspaces, grant)), JSON
+            return 200, json_bytes(await self.report(service.workspaces, grant)), JSON
         if path == "/v1/gc":
             params = await self.params(scope, proto)
             return 200, json_bytes(await self.run(self.pools.upkeep, service.gc, params, True, grant)), JSON
@@ -342,6 +350,18 @@ class Api:
         finally:
             pools.in_waiting -= 1
             self.service.metrics.waiting.set(pools.in_waiting)
+
+    async def report(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn on the reports pool, at most REPORTS_QUEUED of them taken at once (the next SERVER_BUSY)."""
+        pools = self.pools
+        if pools.in_reports >= REPORTS_QUEUED:
+            raise CheckoutCacheError("SERVER_BUSY", why=f"{REPORTS_QUEUED} status or workspaces requests are in "
+                                                        f"progress already")
+        pools.in_reports += 1
+        try:
+            return await self.run(pools.reports, fn, *args)
+        finally:
+            pools.in_reports -= 1
 
     @staticmethod
     async def run(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:

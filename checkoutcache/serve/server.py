@@ -13,8 +13,9 @@ Order at start (each step for a reason):
 2. raise the open-file limit: idle connections are descriptors;
 3. fork the worker server while still single-threaded (workserver.py);
 4. build the servers, then our logging (granian configures logging when built);
-5. record the limits in force in the root (for status anywhere), then threads:
-   gc schedule, hold expiry and the tokens file's watch, the journal follower.
+5. record the limits in force in the root (for status anywhere), then threads,
+   each apart so none waits on another: hold expiry with the tokens file's watch
+   and the reaper (no store file touched), the gc schedule, the journal follower.
 
 SIGHUP: read the tokens file again (as a change to it does, seen within a
 second): new tokens in force, dropped ones valid for the overlap (service.py).
@@ -204,8 +205,9 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     if not subreaper:
         log.warning("could not become a child subreaper: orphaned clone workers go to PID 1")
 
-    threads = [threading.Thread(target=service.maintain, name="cc-maintain", daemon=True,
+    threads = [threading.Thread(target=service.keep_leases, name="cc-leases", daemon=True,
                                 kwargs={"on_tick": reaper.sweep}),
+               threading.Thread(target=service.run_gc_schedule, name="cc-gc", daemon=True),
                threading.Thread(target=service.follow_journal, name="cc-journal", daemon=True)]
     service.record_limits()
     for thread in threads:

@@ -61,6 +61,8 @@ RESOLVED_FOR = 60.0
 RESOLVED_MAX = 4096
 # Scheduled gc runs failed in a row before /readyz says the sidecar is not ready.
 GC_FAILURES_NOT_READY = 3
+# keep_leases beats every second; this long without a beat, /healthz says the process is stuck.
+LEASES_STALLED_AFTER = 30.0
 UNMET_LIMITS = ("max-checkouts", "max-bytes", "min-free")  # eviction.Unmet's names
 
 
@@ -109,6 +111,8 @@ class Service:
         self.tokens_lock = threading.Lock()
         self.tokens_seen = file_identity(settings.token_file)
         self.gc_last_error: str | None = None
+        self.gc_started_at: float | None = None  # time.monotonic() of the scheduled run in progress
+        self.leases_beat = time.monotonic()  # keep_leases' last round (/healthz)
         for name in ("max_checkouts", "max_bytes"):
             value = getattr(config, name)
             if value is not None:
@@ -337,9 +341,16 @@ class Service:
 
     # ---------------------------------------------------------------- health
     def health(self) -> tuple[bool, dict]:
-        """/healthz: alive (the process answers). Nothing of the disk: a kubelet restarting
-        serve for a full disk would only lose its holds."""
-        return True, {"ok": True, "stopping": self.stopping.is_set()}
+        """/healthz: alive (the process answers, and the thread that expires holds and reads
+        the tokens file still beats: it touches no disk, so a stalled beat is a process a
+        restart mends). Nothing of the disk: a kubelet restarting serve for a full disk would
+        only lose its holds."""
+        stalled = time.monotonic() - self.leases_beat
+        ok = stalled < LEASES_STALLED_AFTER or self.stopping.is_set()
+        body: dict = {"ok": ok, "stopping": self.stopping.is_set()}
+        if not ok:
+            body["leases_stalled_seconds"] = round(stalled, 1)
+        return ok, body
 
     def readiness(self) -> tuple[bool, dict]:
         """/readyz: the root is usable (created, written, locked), git is there, scheduled gc
@@ -366,9 +377,13 @@ class Service:
         checks["scheduled_gc_failures"] = self.gc_failures
         if self.gc_last_error:
             checks["scheduled_gc_error"] = self.gc_last_error
+        running = self.gc_running_for()
+        gc_stuck = running is not None and running > self.settings.gc_deadline
+        if running is not None:
+            checks["scheduled_gc_running_seconds"] = round(running, 1)
         checks["stopping"] = self.stopping.is_set()
         ok = bool(checks["root_writable"] and checks["locks_work"] and checks["git"]
-                  and self.gc_failures < GC_FAILURES_NOT_READY and not checks["stopping"])
+                  and self.gc_failures < GC_FAILURES_NOT_READY and not gc_stuck and not checks["stopping"])
         return ok, {"ok": ok, "checks": checks}
 
     # ---------------------------------------------------------------- tokens
@@ -435,6 +450,7 @@ class Service:
                            checkoutcache_clones_running=sum(1 for info in repos for c in info.clones if c.alive),
                            checkoutcache_oldest_clone_seconds=max(0.0, now - min(started)) if started else 0.0)
         figures["checkoutcache_ready"] = 1 if self.readiness()[0] else 0
+        figures["checkoutcache_gc_running_seconds"] = round(self.gc_running_for() or 0.0, 3)
         return figures
 
     def record_limits(self) -> None:
@@ -520,25 +536,40 @@ class Service:
         url = meta.get("url")
         return strip_userinfo(url) if isinstance(url, str) else None
 
-    def maintain(self, on_tick: Callable[[], None] | None = None) -> None:
-        """Expire holds every second; run gc every gc_interval (counting failures in a row,
-        which /readyz and a metric show)."""
-        next_gc = time.monotonic() + self.settings.gc_interval
+    def keep_leases(self, on_tick: Callable[[], None] | None = None) -> None:
+        """Every second: expire holds, read a changed tokens file, reap our workers (on_tick).
+        A thread of its own, touching no store file: nothing gc meets (a store too big to walk,
+        a stuck disk, whatever a review put in its volume) may keep a hold past its ttl or a
+        revoked token in force. Its beat is what /healthz checks."""
         while not self.stopping.wait(1.0):
             self.expire_holds()
             self.watch_tokens()
             if on_tick is not None:
                 on_tick()
-            if self.settings.gc_interval > 0 and time.monotonic() >= next_gc:
-                next_gc = time.monotonic() + self.settings.gc_interval
-                try:
-                    self.gc({}, from_api=False)
-                    self.gc_failures, self.gc_last_error = 0, None
-                except Exception as exc:  # counted, said, and tried again next interval
-                    self.gc_failures += 1
-                    self.gc_last_error = f"{type(exc).__name__}: {exc}"[:300]
-                    log.error("scheduled gc failed (%d in a row): %s", self.gc_failures, self.gc_last_error)
-                self.metrics.gc_failing.set(self.gc_failures)
+            self.leases_beat = time.monotonic()
+
+    def run_gc_schedule(self) -> None:
+        """gc every gc_interval on a thread of its own (counting failures in a row, which
+        /readyz and a metric show; a run that outlasts gc_deadline makes /readyz 503)."""
+        if self.settings.gc_interval <= 0:
+            return
+        while not self.stopping.wait(self.settings.gc_interval):
+            self.gc_started_at = time.monotonic()
+            try:
+                self.gc({}, from_api=False)
+                self.gc_failures, self.gc_last_error = 0, None
+            except Exception as exc:  # counted, said, and tried again next interval
+                self.gc_failures += 1
+                self.gc_last_error = f"{type(exc).__name__}: {exc}"[:300]
+                log.error("scheduled gc failed (%d in a row): %s", self.gc_failures, self.gc_last_error)
+            finally:
+                self.gc_started_at = None
+            self.metrics.gc_failing.set(self.gc_failures)
+
+    def gc_running_for(self) -> float | None:
+        """How long the scheduled gc run in progress has run (None: none runs)."""
+        started = self.gc_started_at
+        return None if started is None else time.monotonic() - started
 
 
 def file_identity(path: str | None) -> tuple | None:

@@ -163,10 +163,6 @@ def _shown(rel: bytes) -> str:
     return rel.decode("utf-8", "backslashreplace")
 
 
-def _errno_name(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-
-
 def _freed_by(info: os.stat_result) -> int:
     return info.st_blocks * 512 if stat.S_ISDIR(info.st_mode) or info.st_nlink <= 1 else 0
 
@@ -248,7 +244,7 @@ def remove_tree(path: str) -> Removal:
     except (FileNotFoundError, NotADirectoryError):
         pass  # gone already, or the directory holding it is
     except OSError as exc:
-        removal.unremovable.append(Unremovable("", _errno_name(exc)))
+        removal.unremovable.append(Unremovable("", records.errno_name(exc)))
     return removal
 
 
@@ -264,7 +260,7 @@ def _remove_named(parent_fd: int, name: str, removal: Removal) -> None:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            removal.unremovable.append(Unremovable("", _errno_name(exc)))
+            removal.unremovable.append(Unremovable("", records.errno_name(exc)))
         return
     top_fd = _open_dir(name, parent_fd)
     try:
@@ -338,7 +334,7 @@ def _descend(current: _Dir, name: str, rel: bytes, actual: bytes, stack: list[_D
         except FileNotFoundError:
             return None
         except OSError as exc:
-            removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+            removal.unremovable.append(Unremovable(_shown(rel), records.errno_name(exc)))
             current.blocked = True
             return None
         top.subdirs.append((fresh, rel, os.fsencode(fresh)))
@@ -354,7 +350,7 @@ def _descend(current: _Dir, name: str, rel: bytes, actual: bytes, stack: list[_D
         _remove_entry(name, current.fd, rel, False, removal, blocked)
         return None
     except OSError as exc:
-        removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+        removal.unremovable.append(Unremovable(_shown(rel), records.errno_name(exc)))
         current.blocked = True
         return None
     dev = os.fstat(fd).st_dev
@@ -381,7 +377,7 @@ def _scan(directory: _Dir, removal: Removal) -> None:
             _make_writable(directory.fd)
             names = listing()
     except OSError as exc:
-        removal.unremovable.append(Unremovable(_shown(directory.rel), _errno_name(exc)))
+        removal.unremovable.append(Unremovable(_shown(directory.rel), records.errno_name(exc)))
         directory.blocked = True
         return
     for name, is_dir in names:
@@ -409,7 +405,7 @@ def _remove_entry(name: str, dir_fd: int, rel: bytes, is_dir: bool, removal: Rem
         removal.unremovable.append(Unremovable(_shown(rel), "EISDIR"))
         blocked()
     except OSError as exc:
-        removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+        removal.unremovable.append(Unremovable(_shown(rel), records.errno_name(exc)))
         blocked()
 
 

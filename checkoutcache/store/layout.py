@@ -302,6 +302,43 @@ class NotBeneath(OSError):
         super().__init__(errno.ELOOP, f"{why}: the store never follows a symlink (move it away)", path)
 
 
+class NotAFile(OSError):
+    """A lock or record path that names something other than a regular file (a FIFO, a
+    socket, a device, a directory), as anyone who may write that directory can make it: it
+    is never read, written, locked or waited on (DESIGN invariant 18), and its caller skips
+    it and counts it (records.errno_name: NOT_A_FILE)."""
+
+    code = "NOT_A_FILE"
+
+    def __init__(self, path: str, kind: str):
+        super().__init__(errno.EINVAL, f"{kind} where a regular file should be: skipped, never waited on", path)
+        self.kind = kind
+
+
+def file_kind(mode: int) -> str:
+    """What an entry is, in words, for NotAFile's message."""
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def refuse_unless_regular(fd: int, path: str) -> os.stat_result:
+    """fstat of a descriptor just opened (O_NONBLOCK, so a FIFO's open did not wait); closes
+    it and raises NotAFile unless it is a regular file."""
+    try:
+        info = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotAFile(path, file_kind(info.st_mode))
+    return info
+
+
 # Every root this process works in: a path below one is reached beneath it
 # (store/tree.py). Registered by RootPaths (and RepoPaths).
 _ROOTS: set[str] = set()

@@ -53,11 +53,16 @@ def write_json(path: str, value: dict) -> None:
 
 def load_json(path: str) -> Any:
     """The parsed content; None when the file is missing or is not JSON. OSError otherwise
-    (tree.NotBeneath for a record reached through a symlink: never read)."""
+    (tree.NotBeneath for a record reached through a symlink, tree.NotAFile for a FIFO, socket
+    or device where it should be: neither is ever read)."""
     try:
         fd = tree.open_file(path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except tree.NotAFile as exc:
+        if exc.kind == "a directory":
+            return None  # not a record, and opening it waited for nothing
+        raise  # a FIFO, a socket, a device: never read (it could block), counted by the caller
     except tree.NotBeneath:
         raise
     except OSError as exc:
@@ -65,10 +70,7 @@ def load_json(path: str) -> Any:
             return None  # the record itself is a symlink: not a record, never followed
         raise
     with os.fdopen(fd, "rb") as handle:
-        try:
-            data = handle.read(MAX_RECORD_BYTES + 1)
-        except IsADirectoryError:
-            return None
+        data = handle.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
         return None
     try:
@@ -224,7 +226,8 @@ class Reader:
 
 
 def errno_name(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    """What a report calls an entry's error: NOT_A_FILE (layout.NotAFile), else the errno's name."""
+    return getattr(exc, "code", None) or errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
 @attrs.frozen

@@ -41,10 +41,11 @@ import os
 import stat
 from collections.abc import Iterator
 
-from checkoutcache.store.layout import NotBeneath, entries, open_step, open_store_dir, root_of
+from checkoutcache.store.layout import (NotAFile, NotBeneath, entries, open_step, open_store_dir,
+                                        refuse_unless_regular, root_of)
 from checkoutcache.store.modes import make_dir, open_created
 
-__all__ = ["NotBeneath"]  # raised here too; layout.py owns it (its listings raise it)
+__all__ = ["NotAFile", "NotBeneath"]  # raised here too; layout.py owns them (its listings raise NotBeneath)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -123,13 +124,26 @@ def parent_of(path: str, create: bool = False) -> Iterator[tuple[int, str]]:
 
 
 def open_file(path: str, flags: int, create: bool = False) -> int:
-    """os.open beneath the root, the last component never followed; create: O_CREAT,
-    with the store's file mode (modes.open_created)."""
+    """os.open of a lock, record or log beneath the root, the last component never followed;
+    create: O_CREAT, with the store's file mode (modes.open_created).
+
+    Never blocks (DESIGN invariant 18): whoever may write the directory (a review in its own
+    workspaces volume, a peer in the group mode) can put a FIFO where a lock or record should
+    be, and a plain open(2) of it waits for a writer for ever. So O_NONBLOCK, then fstat:
+    anything but a regular file raises NotAFile, closed, never read, written or locked. (On
+    a regular file O_NONBLOCK changes nothing.)"""
     with parent_of(path) as (fd, name):
-        flags |= os.O_NOFOLLOW | os.O_CLOEXEC
+        flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         if create:
-            return open_created(name, flags, dir_fd=fd)
-        return os.open(name, flags, dir_fd=fd)
+            return open_created(name, flags, dir_fd=fd)  # its own NotAFile check
+        try:
+            handle = os.open(name, flags, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # O_WRONLY on a FIFO with no reader, or a socket
+                raise NotAFile(path, "a FIFO or a socket") from None
+            raise
+        refuse_unless_regular(handle, path)
+        return handle
 
 
 # The sorted names in a store directory (none if it does not exist); NotBeneath when it is a

@@ -656,8 +656,9 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
     return True
 
 
-def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport) -> int:
-    """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts)."""
+def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, problems: list[dict]) -> int:
+    """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts).
+    What could not be read there goes to problems."""
     from checkoutcache.store import workspaces
     from checkoutcache.workspaces import workspaces_dir_of
 
@@ -666,11 +667,16 @@ def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport) ->
     report.workspaces = seen
     if not os.path.isdir(paths.base):
         return 0
+    # The directory is the reviews' to write: whatever they made there that is no lock or record
+    # (a FIFO where owner.lock should be) costs that entry, counted in problems, never the run.
+    found: list[dict] = []
     if not report.dry_run:
-        reaped, left = workspaces.reap_dead(paths)
+        reaped, left = workspaces.reap_dead(paths, problems=found)
         report.removed += [Removed("dead-workspace", "", r.name, r.bytes) for r in reaped]
         seen["dead_left"] = [{"workspace": n.name, "uid": n.uid, "why": n.why} for n in left]
-    for fact in workspaces.workspace_facts(paths):
+    facts = workspaces.workspace_facts(paths, problems=found)
+    problems += list({(p["path"], p["error"]): p for p in found}.values())  # each entry once
+    for fact in facts:
         if fact.alive:
             seen["live"] += 1
             seen["bytes"] += size_of(fact.path)
@@ -753,7 +759,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 for slot in ([] if dry_run else drop_unfinished(info.paths)):  # a killed gc's
                     remove_moved(info.paths, slot, report, Removed("spare", info.paths.key, os.path.basename(slot)))
         try:
-            pinned_bytes = workspace_upkeep(root_paths, config, report)
+            pinned_bytes = workspace_upkeep(root_paths, config, report, newer)
         except OSError as exc:  # a workspaces directory this gc may not read: said, never the run's end
             pinned_bytes = 0
             newer.append({"path": str(exc.filename), "error": errno.errorcode.get(exc.errno or 0, "OSError"),
