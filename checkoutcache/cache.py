@@ -91,6 +91,9 @@ class Cache:
         self.paths = RootPaths(self.root)
         self._config = config
         self.fork_workers = fork_workers
+        # serve's clone queue (serve/admission.py): caller -> the coordinator's Start for it; None:
+        # a worker is started at once for whoever asks (the CLI, the library).
+        self.clone_starter: Callable[[str], object] | None = None
         self._layouts: dict[str, tuple[tuple[int, int, int], int | None]] = {}  # newer_layout's memo
 
     @property
@@ -114,11 +117,13 @@ class Cache:
         return os.environ.get(SUBMODULES_SETTING_VAR) or SUBMODULES_RECURSIVE
 
     def ensure(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
-               on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None) -> Answer:
+               on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None,
+               caller: str = "") -> Answer:
         """The commit's checkout: ready (with its path), cloning, or failed.
 
         wait: seconds to wait for a clone to finish (0: answer at once).
         sparse: directories of a sparse checkout in cone mode (cones.py); none: the whole tree.
+        caller: who asks, for a clone queue's fairness (clone_starter; serve's tokens).
         Bad input answers `failed` with an input error code (exit_code 2) and writes nothing.
         """
         try:
@@ -143,7 +148,8 @@ class Cache:
         # The CLI (it forks its workers) waits once and exits: it polls its first second rather
         # than pay a watch's close at the end of every answer (store/watch.py). A host
         # process's waiters (serve's many) watch from the start.
-        return Coordinator(self.paths, config, want.spec, want.sha, worker_starter(self.fork_workers),
+        start = self.clone_starter(caller) if self.clone_starter is not None else worker_starter(self.fork_workers)
+        return Coordinator(self.paths, config, want.spec, want.sha, start,
                            cone=want.cone, poll_first=POLL_FIRST if self.fork_workers else 0.0
                            ).run(float(wait), on_progress)
 
@@ -249,7 +255,8 @@ class Cache:
                 on_progress(answer)
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
-             on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None) -> Hold:
+             on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None,
+             caller: str = "") -> Hold:
         """ensure, then hold the checkout so that gc cannot evict it until release().
 
         A checkout evicted between the answer and the hold is simply asked for
@@ -257,7 +264,8 @@ class Cache:
         """
         deadline = time.monotonic() + (wait if isinstance(wait, (int, float)) else 0)
         while True:
-            answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress, sparse=sparse)
+            answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress, sparse=sparse,
+                                 caller=caller)
             if answer.state != State.READY:
                 return Hold(answer, None)
             fd = open_marker_shared(RepoPaths.ready_marker_in(answer.path))

@@ -450,6 +450,22 @@ class ServeSettings(Settings):
     max_waiting: int = setting(64, "CHECKOUTCACHE_MAX_WAITING",
                                "Requests waiting on a clone at once (`wait` > 0); the next one is SERVER_BUSY with "
                                "Retry-After. Ready answers never wait behind them.", _count)
+    max_waiting_per_token: int = setting(32, "CHECKOUTCACHE_MAX_WAITING_PER_TOKEN",
+                                         "Of max-waiting, how many one token may take (the rest are another "
+                                         "caller's to have).", _count)
+    max_clones: int = setting(8, "CHECKOUTCACHE_MAX_CLONES",
+                              "Clone workers this serve runs at once; more wait in a fair queue (round robin "
+                              "over tokens), answered cloning with their place.", _count)
+    max_clones_per_token: int = setting(6, "CHECKOUTCACHE_MAX_CLONES_PER_TOKEN",
+                                        "Of max-clones, how many may run for one token at once.", _count)
+    max_queued: int = setting(256, "CHECKOUTCACHE_MAX_QUEUED",
+                              "Clones waiting for a slot, in all; the next new commit is SERVER_BUSY.", _count)
+    max_queued_per_token: int = setting(64, "CHECKOUTCACHE_MAX_QUEUED_PER_TOKEN",
+                                        "Clones waiting for a slot for one token.", _count)
+    max_new_repos_per_token: int = setting(2, "CHECKOUTCACHE_MAX_NEW_REPOS_PER_TOKEN",
+                                           "Requests naming a repository new to this store (each probes it "
+                                           "first) one token may have in progress; the next is SERVER_BUSY.",
+                                           _count)
     max_wait: float = setting(600.0, "CHECKOUTCACHE_MAX_WAIT",
                               "The longest `wait` a request may ask for (longer ones are cut to it).",
                               parse_duration, "10m")

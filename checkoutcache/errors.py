@@ -141,6 +141,10 @@ _TABLE = [
     ErrorCode("FORBIDDEN_SCOPE", INPUT,
               "this token may not use scope {scope!r}",
               "use a scope the token was given, or ask the operator for one", http=403),
+    ErrorCode("FORBIDDEN_ENDPOINT", INPUT,
+              "this token may not call {endpoint} (it may: {can})",
+              "use a token whose can= lists it (docs/http-api.md, \"Tokens\"): the one code under review "
+              "can read never runs gc or reads every scope's status", http=403),
     ErrorCode("TOO_MANY_HOLDS", FAILURE,
               "too many holds ({held} held, at most {limit} {whose})",
               "release holds you no longer need (POST /v1/release) and retry after Retry-After", http=429),

@@ -10,10 +10,14 @@ first token of CHECKOUTCACHE_API_TOKEN_FILE, read at each request so a rotated
 Secret takes effect without a restart.
 
 What it keeps:
-- The token goes only to a peer that is ours: over the socket, the kernel's
-  SO_PEERCRED must name this uid, root, or the root directory's owner (a group
-  member can put its own socket at that path); over TCP, only to the URL the
-  operator configured. No redirect is followed, no proxy is used.
+- The token is never sent: every request is signed with it (signing.py), and an
+  answer counts only with serve's proof that it holds the token, so whoever
+  binds the port while serve is down (a restart, an OOM kill: any process in the
+  pod may) learns no token and cannot answer in the writer's name. Over the
+  socket, moreover, the kernel's SO_PEERCRED must name this uid, root, or the
+  root directory's owner (a group member can put its own socket at that path).
+  Over TCP, only to the URL the operator configured. No redirect is followed,
+  no proxy is used.
 - Every request is bounded as a whole: a peer that trickles bytes never holds
   the caller past its timeout; an answer larger than MAX_ANSWER is refused.
 - None of it is trusted further than an answer's shape: the callers check a
@@ -126,12 +130,32 @@ def same_checkout(answered: object, root: str, path: str) -> bool:
     return isinstance(answered, str) and (answered == path or answered.endswith(below))
 
 
-def _request(endpoint: str, body: dict, host: str) -> bytes:
-    payload = json.dumps(body).encode()
-    token = api_token()
-    return (f"POST {endpoint} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n"
-            + (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n").encode() + payload
+class Signed:
+    """One request to the writer: its bytes, and what checks the answer's proof (signing.py)."""
+
+    __slots__ = ("data", "token", "mac")
+
+    def __init__(self, endpoint: str, body: dict, host: str):
+        from checkoutcache import signing
+
+        payload = json.dumps(body).encode()
+        self.token = api_token()
+        self.mac = None
+        authorization = ""
+        if self.token:
+            value, self.mac = signing.sign_request(self.token, "POST", endpoint, payload)
+            authorization = f"Authorization: {value}\r\n"
+        self.data = (f"POST {endpoint} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n{authorization}\r\n").encode() + payload
+
+    def proven(self, status: int, headers: dict[str, str], body: bytes) -> bool:
+        """Whether the answer is the token holder's (always, when no token was used: the socket's
+        peer check is then the only evidence, as before)."""
+        from checkoutcache import signing
+
+        if self.token is None or status == 401:  # 401: serve cannot prove it (not its token); it tells nothing
+            return True
+        return signing.proves_answer(self.token, self.mac, status, body, headers.get(signing.PROOF_HEADER))
 
 
 def _post_unix(where: str, endpoint: str, body: dict, timeout: float, root: str,
@@ -162,7 +186,7 @@ def _post_unix(where: str, endpoint: str, body: dict, timeout: float, root: str,
         if peer_uid not in trusted_peers(root):
             why.append(f"{where} is served by uid {peer_uid}, not the store's writer")
             return None
-        return _exchange(conn, _request(endpoint, body, "localhost"), timeout)
+        return _exchange(conn, Signed(endpoint, body, "localhost"), timeout, where, why)
     finally:
         conn.close()
 
@@ -183,7 +207,8 @@ def _post_tcp(url: str, endpoint: str, body: dict, timeout: float, why: list[str
         why.append(f"{API_URL_VAR} ({host}:{port}): {exc.strerror or exc}")
         return None
     try:
-        return _exchange(conn, _request(endpoint, body, f"{host}:{port}"), timeout)
+        return _exchange(conn, Signed(endpoint, body, f"{host}:{port}"), timeout, f"{API_URL_VAR} ({host}:{port})",
+                         why)
     finally:
         conn.close()
 
@@ -200,11 +225,12 @@ def _host_port(url: str) -> tuple[str | None, int]:
     return host.strip("[]"), int(port)
 
 
-def _exchange(conn, request: bytes, timeout: float) -> tuple[int, dict]:
-    """Send, then read to the end (Connection: close) within timeout in all."""
+def _exchange(conn, request: Signed, timeout: float, where: str, why: list[str]) -> tuple[int, dict] | None:
+    """Send, then read to the end (Connection: close) within timeout in all; None (and why)
+    when the answer does not prove it is the token holder's: no writer is there."""
     deadline = time.monotonic() + timeout
     conn.settimeout(timeout)
-    conn.sendall(request)
+    conn.sendall(request.data)
     chunks, size = [], 0
     while size <= MAX_ANSWER:
         left = deadline - time.monotonic()
@@ -220,7 +246,15 @@ def _exchange(conn, request: bytes, timeout: float) -> tuple[int, dict]:
         raise ValueError("the writer's answer is too large")
     data = b"".join(chunks)
     status_line, _, rest = data.partition(b"\r\n")
-    _, _, body_bytes = rest.partition(b"\r\n\r\n")
+    head, _, body_bytes = rest.partition(b"\r\n\r\n")
     status = int(status_line.split()[1])
+    headers = {}
+    for line in head.split(b"\r\n"):
+        name, colon, value = line.partition(b":")
+        if colon:
+            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+    if not request.proven(status, headers, body_bytes):
+        why.append(f"{where} did not prove it holds the token (not the writer; a squatter on its address?)")
+        return None
     answer = json.loads(body_bytes)
     return status, answer if isinstance(answer, dict) else {}

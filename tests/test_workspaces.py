@@ -396,7 +396,7 @@ def test_the_client_copies_only_the_stores_checkout_of_the_commit_a_server_answe
     import http.server
     import threading
 
-    from checkoutcache.client import Client, HoldFailed
+    from checkoutcache.client import Client, HoldFailed, NotTheWriter
 
     sha = upstream.shas[-1]
     secret = tmp_path / "home" / "secrets"
@@ -435,12 +435,19 @@ def test_the_client_copies_only_the_stores_checkout_of_the_commit_a_server_answe
     before = home()
     assert len(before) == 4
     try:
-        client = Client(f"http://127.0.0.1:{server.server_address[1]}", token="t" * 32)
+        # With a token, no answer it cannot prove is taken at all (signing.py): not even the hold.
+        signed = Client(f"http://127.0.0.1:{server.server_address[1]}", token="t" * 32, root=root)
+        with pytest.raises(NotTheWriter):
+            signed.workspace(upstream.path, sha, wait=5)
+        signed.close()
+        answers = iter(lying)
+        # Without one (a socket's caller), each path is checked against this root's own checkout.
+        client = Client(f"http://127.0.0.1:{server.server_address[1]}", root=root)
         for path in lying:
             with pytest.raises(HoldFailed) as refused:
                 client.workspace(upstream.path, sha, wait=5)
-            assert refused.value.answer.error == "WORKSPACE_FAILED", refused.value.answer
-            assert "not the store's checkout" in refused.value.answer.message, refused.value.answer
+            assert refused.value.answer.error == "NO_WRITER", refused.value.answer
+            assert "not this root's checkout" in refused.value.answer.message, refused.value.answer
         client.close()
     finally:
         server.shutdown()

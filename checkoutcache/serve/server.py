@@ -15,7 +15,8 @@ Order at start (each step for a reason):
 4. build the servers, then our logging (granian configures logging when built);
 5. record the limits in force in the root (for status anywhere), then threads,
    each apart so none waits on another: hold expiry with the tokens file's watch
-   and the reaper (no store file touched), the gc schedule, the journal follower.
+   and the reaper (no store file touched), the gc schedule, the clone queue's
+   dispatcher (serve/admission.py), the journal follower.
 
 SIGHUP: read the tokens file again (as a change to it does, seen within a
 second): new tokens in force, dropped ones valid for the overlap (service.py).
@@ -186,7 +187,7 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     # Taken after the fork: a worker server that inherited it would keep it held past our death.
     journal_lock = locks.serve_journal_owned(journal)
     service = Service(cache, config, settings, journal, policy, version)
-    pools = Pools(settings.max_waiting)
+    pools = Pools(settings.max_waiting, settings.max_waiting_per_token)
     with open(OPENAPI, "rb") as handle:
         openapi = handle.read()
     servers = []
@@ -208,6 +209,7 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     threads = [threading.Thread(target=service.keep_leases, name="cc-leases", daemon=True,
                                 kwargs={"on_tick": reaper.sweep}),
                threading.Thread(target=service.run_gc_schedule, name="cc-gc", daemon=True),
+               threading.Thread(target=service.clones.run, name="cc-clones", daemon=True, args=(service.stopping,)),
                threading.Thread(target=service.follow_journal, name="cc-journal", daemon=True)]
     service.record_limits()
     for thread in threads:

@@ -14,6 +14,7 @@ calls on its event loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ from typing import Callable
 
 import attrs
 
+from checkoutcache import signing
 from checkoutcache.answers import Answer, State
 from checkoutcache.cache import Cache, Hold, Want
 from checkoutcache.cones import Cone, parse_cone
@@ -64,6 +66,8 @@ GC_FAILURES_NOT_READY = 3
 # keep_leases beats every second; this long without a beat, /healthz says the process is stuck.
 LEASES_STALLED_AFTER = 30.0
 UNMET_LIMITS = ("max-checkouts", "max-bytes", "min-free")  # eviction.Unmet's names
+# Signed requests' nonces remembered at once (each for the signature window): a flood past it is refused.
+MAX_NONCES = 200_000
 
 
 class Waited:
@@ -109,6 +113,8 @@ class Service:
         self.resolved: dict[tuple[str, str, str], tuple[float, tuple]] = {}  # see resolve()
         self.gc_failures = 0  # scheduled runs failed in a row
         self.tokens_lock = threading.Lock()
+        self.nonces: dict[str, int] = {}  # signed requests' nonces seen within the window (first_use_of)
+        self.nonces_lock = threading.Lock()
         self.tokens_seen = file_identity(settings.token_file)
         self.gc_last_error: str | None = None
         self.gc_started_at: float | None = None  # time.monotonic() of the scheduled run in progress
@@ -120,14 +126,41 @@ class Service:
         self.metrics.clone_timeout.set(config.clone_timeout)
         for name in UNMET_LIMITS:
             self.metrics.unmet.labels(name).set(0)
+        # Every clone this serve starts goes through its fair, bounded queue (serve/admission.py).
+        from checkoutcache.clone.spawn import worker_starter
+        from checkoutcache.serve.admission import Bounds, CloneQueue
+        from checkoutcache.store.liveness import own_identity, pid_namespace
+
+        pid, pid_start = own_identity()
+        self.clones = CloneQueue(Bounds(settings.max_clones, settings.max_clones_per_token, settings.max_queued,
+                                        settings.max_queued_per_token),
+                                 worker_starter(False), {"pid": pid, "pid_start": pid_start, "pidns": pid_namespace()})
+        cache.clone_starter = self.clones.starter
+        self.new_repos: dict[str, int] = {}  # caller -> requests in progress naming a repository new here
+        self.new_repos_lock = threading.Lock()
 
     # ---------------------------------------------------------------- API
     def request(self, params: dict, grant: Grant) -> tuple[str, str, float, str, Cone]:
         """(repo, commit, wait, scope, cone) of an ensure or hold, checked against the policy."""
         repo, commit, wait, scope, cone = self.fields(params)
         self.policy.check_scope(grant, scope)
-        self.resolve(repo, commit, scope, cone)
+        self.policy.check_grant_repo(grant, self.resolve(repo, commit, scope, cone).spec)
         return repo, commit, wait, scope, cone
+
+    def first_use_of(self, nonce: str, ts: int) -> bool:
+        """Whether a signed request's nonce is new (it is then remembered for the signature
+        window): a request seen on its way is answered once, never twice."""
+        now = time.time()
+        with self.nonces_lock:
+            if nonce in self.nonces:
+                return False
+            if len(self.nonces) >= MAX_NONCES:
+                horizon = now - signing.SIGNATURE_WINDOW
+                self.nonces = {n: t for n, t in self.nonces.items() if t >= horizon}
+                if len(self.nonces) >= MAX_NONCES:  # a flood within one window: refuse, bounded
+                    return False
+            self.nonces[nonce] = ts
+            return True
 
     def fields(self, params: dict) -> tuple[str, str, float, str, Cone]:
         repo, commit = params.get("repo", ""), params.get("commit", "")
@@ -162,6 +195,7 @@ class Service:
         repo, commit, wait, scope, cone = self.fields(params)
         self.policy.check_scope(grant, scope)
         want = self.resolve(repo, commit, scope, cone)
+        self.policy.check_grant_repo(grant, want.spec)
         answer = self.cache.ready_answer(want, lock_wait=0.0)
         if answer is not None:
             self.metrics.answer(answer.state, "")
@@ -172,10 +206,35 @@ class Service:
     def ensure(self, params: dict, grant: Grant = ANONYMOUS, note: "Waited | None" = None) -> Answer:
         """note, when given, learns whether the request waited on a clone (the latency's kind)."""
         repo, commit, wait, scope, cone = self.request(params, grant)
-        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
-                                   sparse=cone)
+        with self.new_repository(repo, commit, scope, cone, grant):
+            answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
+                                       sparse=cone, caller=grant.name)
         self.answered(answer)
         return answer
+
+    @contextlib.contextmanager
+    def new_repository(self, repo: str, commit: str, scope: str, cone: Cone, grant: Grant):
+        """A request naming a repository this store has not made yet probes it first (a tarpit
+        costs the probe timeout) and makes a mirror: at most max_new_repos_per_token such
+        requests of one token at once, and max_clones in all (SERVER_BUSY beyond)."""
+        want = self.resolve(repo, commit, scope, cone)
+        if os.path.isdir(self.cache.paths.repo(want.spec.key).base):
+            yield
+            return
+        with self.new_repos_lock:
+            mine, everyone = self.new_repos.get(grant.name, 0), sum(self.new_repos.values())
+            if mine >= self.settings.max_new_repos_per_token or everyone >= max(1, self.settings.max_clones):
+                raise CheckoutCacheError("SERVER_BUSY", why=f"{mine if mine >= self.settings.max_new_repos_per_token else everyone} "
+                                                            f"requests for repositories new to this store are in "
+                                                            f"progress {'for this token' if mine else 'in all'}")
+            self.new_repos[grant.name] = mine + 1
+        try:
+            yield
+        finally:
+            with self.new_repos_lock:
+                self.new_repos[grant.name] -= 1
+                if not self.new_repos[grant.name]:
+                    del self.new_repos[grant.name]
 
     def progress_of(self, note: "Waited | None") -> Callable[[Answer], None]:
         if note is None:
@@ -228,8 +287,9 @@ class Service:
         repo, commit, wait, scope, cone = self.request(params, grant)
         with self.holds_lock:
             self.check_hold_room(grant)
-        held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
-                               sparse=cone)
+        with self.new_repository(repo, commit, scope, cone, grant):
+            held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
+                                   sparse=cone, caller=grant.name)
         self.answered(held.answer)
         if not held.held:
             return http_status(held.answer), held.answer.to_json()
@@ -280,9 +340,11 @@ class Service:
             self.holds.clear()
 
     def gc(self, params: dict, from_api: bool = True, grant: Grant = ANONYMOUS) -> dict:
-        if from_api and grant.scopes is not None:
+        if from_api and not grant.everything:
             # gc spans every scope's repositories: a token limited to some may not run it.
-            raise CheckoutCacheError("FORBIDDEN_SCOPE", scope=",".join(sorted(grant.scopes))[:64] + " (gc runs on all)")
+            raise CheckoutCacheError("FORBIDDEN_SCOPE", scope=",".join(sorted(grant.scopes or ()))[:64]
+                                     + (" (gc runs on all)" if grant.scopes is not None else
+                                        "* with its own repositories (gc runs on all)"))
         config = self.config
         if from_api:  # a caller may only tighten the operator's limits
             config = tightened(self.config, self.config.with_overrides(**{k: params.get(k) for k in GC_SETTINGS}))
@@ -317,9 +379,12 @@ class Service:
 
     def status(self, grant: Grant = ANONYMOUS) -> dict:
         report = build_status(self.cache.paths, self.config)
-        if grant.scopes is not None:  # a caller sees only the repositories of its scopes
-            report["repos"] = [r for r in report["repos"] if r["scope"] in grant.scopes]
-            report["unreachable"] = [r for r in report.get("unreachable", []) if r.get("scope") in grant.scopes]
+        if not grant.everything:  # a caller sees only the repositories of its scopes and patterns
+            def visible(r: dict) -> bool:
+                return grant.may_use(r.get("scope") or "") and grant.may_name(r.get("repo") or "")
+
+            report["repos"] = [r for r in report["repos"] if visible(r)]
+            report["unreachable"] = [r for r in report.get("unreachable", []) if visible(r)]
             visible = [c for r in report["repos"] for c in r["checkouts"] if c["ready"]]
             report["totals"].update(checkouts=len(visible), bytes=sum(c["size"] for c in visible))
             keys = {r["key"] for r in report["repos"]}
@@ -334,7 +399,7 @@ class Service:
         from checkoutcache.upkeep.status import workspace_status
 
         report = workspace_status(self.cache.paths, self.config)
-        if grant.scopes is not None:
+        if not grant.everything:
             keys = {r["key"] for r in self.status(grant)["repos"]}
             report["workspaces"] = [w for w in report["workspaces"] if w["key"] in keys]
         return report
@@ -451,6 +516,8 @@ class Service:
                            checkoutcache_oldest_clone_seconds=max(0.0, now - min(started)) if started else 0.0)
         figures["checkoutcache_ready"] = 1 if self.readiness()[0] else 0
         figures["checkoutcache_gc_running_seconds"] = round(self.gc_running_for() or 0.0, 3)
+        queue = self.clones.figures()
+        figures.update(checkoutcache_clone_slots_busy=queue["running"], checkoutcache_clones_queued=queue["queued"])
         return figures
 
     def record_limits(self) -> None:

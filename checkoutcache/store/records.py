@@ -149,7 +149,7 @@ MARKER = schema({"commit": sha, "top": list_of(text)},
                  "sparse": list_of(text)})
 CLONE = schema({"started_at": finite, "commit": sha},
                {"pid": count, "pid_start": finite, "pidns": text, "progress": mapping, "deaths": count,
-                "transport": text, "borrows": list_of(pair(key, sha))})
+                "transport": text, "borrows": list_of(pair(key, sha)), "queue": mapping})
 FAILURE = schema({"code": code, "message": text, "next": text, "attempts": count, "failed_at": finite,
                   "retry_at": finite}, {"repo": text, "scope": text})
 DEATHS = schema({"deaths": count, "at": finite}, {"commit": sha})

@@ -317,15 +317,20 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
 def drop_dead_clone_record(paths: RepoPaths, name: str) -> None:
     """Remove a dead clone's record, keeping its count of worker deaths (state/<name>.deaths.json),
     so that a worker that always dies still ends in WORKER_DIED. Caller holds the clone lock."""
+    from checkoutcache.clone.coordinator import was_queued
+
     record = records.read_json(paths.clone_record(name), records.CLONE)
     if record is not None:
         try:
             deaths = max(0, int(record.get("deaths", 0)))
         except (TypeError, ValueError):
             deaths = 0
-        # Written first: killed in between, both say the same.
-        records.write_json(paths.deaths_record(name), {"commit": commit_of(name), "deaths": deaths,
-                                                       "at": time.time()})
+        # A clone serve only queued (and then died) ran no worker: its deaths so far, not one more
+        # (the deaths record counts one death for the owner it stands for).
+        deaths -= 1 if was_queued(record) else 0
+        if deaths >= 0:  # written first: killed in between, both say the same
+            records.write_json(paths.deaths_record(name), {"commit": commit_of(name), "deaths": deaths,
+                                                           "at": time.time()})
     records.remove_quietly(paths.clone_record(name))
 
 

@@ -1,0 +1,236 @@
+"""How many clones serve runs at once, and whose go first (DESIGN invariant 18: "clones
+are bounded however many are asked for"; issue 33, "Nothing bounds concurrent clone
+workers").
+
+Every new commit asked over the API used to start a detached worker at once: 24 scopes
+of one token were 24 workers, 24 fetches and 24 mirrors, each living up to the clone
+timeout. Now serve's starts go through one CloneQueue:
+
+- at most `max_clones` workers of this serve run at once, at most
+  `max_clones_per_token` of them started for one caller (a token's name; the Unix
+  socket's callers are one caller);
+- a clone past either bound waits in its caller's queue, and the queues are served
+  round robin (the next free slot goes to the next caller with a clone waiting, not to
+  whoever asked most), so one caller's flood delays its own clones, never another's;
+- a queued clone is owned by serve itself: serve keeps the commit's clone lock (a dup
+  of the descriptor the coordinator passes; the lock passes to the worker when it
+  starts, never free in between: invariant 2) and writes the clone record naming its
+  own pid, with `progress.phase: queued` and `queue` (its place in its caller's queue,
+  how many wait, how many run): a `cloning` answer says it is queued and where, and
+  names a live owner (if serve dies, the lock goes with it and the commit is absent);
+- queues are bounded too (`max_queued`, `max_queued_per_token`): past them the
+  request is answered SERVER_BUSY, and nothing is recorded.
+
+The decisions (`next_caller`, `room_for`) are pure; the rest holds descriptors.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import select
+import threading
+import time
+from typing import Callable
+
+import attrs
+
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.store import records
+from checkoutcache.store.layout import RepoPaths
+
+# A queued clone's record, kept current this often at most while it waits (its place moves).
+RECORD_EVERY = 0.5
+
+
+@attrs.frozen
+class Bounds:
+    max_clones: int
+    max_clones_per_caller: int
+    max_queued: int
+    max_queued_per_caller: int
+
+
+def room_for(caller: str, running: dict[str, int], bounds: Bounds) -> bool:
+    """Whether a clone of caller's may start now (running: workers running per caller)."""
+    return sum(running.values()) < bounds.max_clones and running.get(caller, 0) < bounds.max_clones_per_caller
+
+
+def next_caller(order: list[str], queued: dict[str, int], running: dict[str, int], bounds: Bounds) -> str | None:
+    """The caller whose oldest queued clone starts next: the first in round-robin order with
+    a clone waiting and room under its own bound (None: none may start now)."""
+    if sum(running.values()) >= bounds.max_clones:
+        return None
+    for caller in order:
+        if queued.get(caller, 0) and running.get(caller, 0) < bounds.max_clones_per_caller:
+            return caller
+    return None
+
+
+@attrs.define
+class Waiting:
+    """A queued clone: what its worker will be started with, and serve's hold of its lock."""
+
+    caller: str
+    paths: RepoPaths
+    name: str
+    lock_fd: int  # serve's own descriptor of the commit's clone lock (a dup)
+    config: object
+    credential: object
+    deaths: int
+    cone: tuple
+    since: float
+    record: dict
+
+
+# start(paths, name, lock fd, config, credential, deaths, cone) -> the worker's pid (spawn.py's Start)
+StartWorker = Callable[..., int]
+
+
+class CloneQueue:
+    def __init__(self, bounds: Bounds, start_worker: StartWorker, own_identity: dict,
+                 on_change: Callable[[], None] | None = None):
+        """own_identity: serve's pid, start time and PID namespace (a queued clone's owner)."""
+        self.bounds = bounds
+        self.start_worker = start_worker
+        self.own = own_identity
+        self.on_change = on_change
+        self.lock = threading.Lock()
+        self.running: dict[str, list[int]] = collections.defaultdict(list)  # caller -> pidfds of its workers
+        self.waiting: dict[str, collections.deque[Waiting]] = collections.defaultdict(collections.deque)
+        self.order: list[str] = []  # round robin: the caller served last goes to the end
+        self.recorded_at = 0.0
+        self.started = 0
+
+    # ------------------------------------------------------------ the coordinator's Start
+    def starter(self, caller: str):
+        """The coordinator's Start for one caller's request (clone/coordinator.py)."""
+        def start(paths: RepoPaths, name: str, lock_fd: int, config, credential, deaths: int, cone=()) -> int:
+            return self.admit(caller, paths, name, lock_fd, config, credential, deaths, tuple(cone))
+
+        return start
+
+    def admit(self, caller: str, paths: RepoPaths, name: str, lock_fd: int, config, credential, deaths: int,
+              cone: tuple) -> int:
+        """Start the worker now (its pid), or queue the clone (serve's own pid: it owns it);
+        SERVER_BUSY past the queues' bounds (nothing kept)."""
+        with self.lock:
+            self.prune()
+            counts = self.counts()
+            if room_for(caller, counts, self.bounds) and not self.waiting.get(caller):
+                return self.launch(caller, paths, name, lock_fd, config, credential, deaths, cone)
+            queued = sum(len(q) for q in self.waiting.values())
+            mine = len(self.waiting.get(caller, ()))
+            if queued >= self.bounds.max_queued or mine >= self.bounds.max_queued_per_caller:
+                whose = "in all" if queued >= self.bounds.max_queued else "for this token"
+                raise CheckoutCacheError("SERVER_BUSY", why=f"{max(queued, mine)} clones are queued {whose} "
+                                                            f"already ({self.bounds.max_clones} run at once)")
+            record = records.read_json(paths.clone_record(name), records.CLONE) or {}
+            entry = Waiting(caller, paths, name, os.dup(lock_fd), config, credential, deaths, cone,
+                            time.monotonic(), record)
+            self.waiting[caller].append(entry)
+            if caller not in self.order:
+                self.order.append(caller)
+            self.write_records(force=True)
+        return self.own["pid"]
+
+    # ------------------------------------------------------------ bookkeeping
+    def counts(self) -> dict[str, int]:
+        return {caller: len(fds) for caller, fds in self.running.items() if fds}
+
+    def prune(self) -> None:
+        """Forget workers that ended (their pidfd is readable). Caller holds self.lock."""
+        for caller, fds in self.running.items():
+            alive = []
+            for fd in fds:
+                if select.select([fd], [], [], 0)[0]:
+                    os.close(fd)
+                else:
+                    alive.append(fd)
+            fds[:] = alive
+
+    def launch(self, caller: str, paths: RepoPaths, name: str, lock_fd: int, config, credential, deaths: int,
+               cone: tuple) -> int:
+        """Start a worker, counted for caller. Caller holds self.lock."""
+        pid = self.start_worker(paths, name, lock_fd, config, credential, deaths, cone)
+        self.started += 1
+        try:
+            self.running[caller].append(os.pidfd_open(pid))
+        except OSError:
+            pass  # it ended already: it holds no slot
+        return pid
+
+    def queued_place(self, entry: Waiting, total: int, running: int) -> dict:
+        mine = self.waiting[entry.caller]
+        return {"position": list(mine).index(entry) + 1, "queued": total, "running": running,
+                "max_clones": self.bounds.max_clones, "callers": sum(1 for q in self.waiting.values() if q)}
+
+    def write_records(self, force: bool = False) -> None:
+        """Each queued clone's record: owned by serve, with its place. Caller holds self.lock."""
+        now = time.monotonic()
+        if not force and now - self.recorded_at < RECORD_EVERY:
+            return
+        self.recorded_at = now
+        total = sum(len(q) for q in self.waiting.values())
+        running = sum(self.counts().values())
+        for queue in self.waiting.values():
+            for entry in queue:
+                record = {**entry.record, "pid": self.own["pid"], "pid_start": self.own["pid_start"],
+                          "pidns": self.own["pidns"], "progress": {"phase": "queued"},
+                          "queue": self.queued_place(entry, total, running)}
+                try:
+                    records.write_json(entry.paths.clone_record(entry.name), record)
+                except OSError:
+                    pass  # the place is what an answer shows: never the reason a clone is lost
+
+    # ------------------------------------------------------------ the dispatcher
+    def dispatch(self) -> int:
+        """Start every queued clone that may start now, round robin; how many started."""
+        started = 0
+        with self.lock:
+            self.prune()
+            while True:
+                caller = next_caller(self.order, {c: len(q) for c, q in self.waiting.items()}, self.counts(),
+                                     self.bounds)
+                if caller is None:
+                    break
+                entry = self.waiting[caller].popleft()
+                self.order.remove(caller)
+                if self.waiting[caller]:
+                    self.order.append(caller)
+                try:
+                    self.launch(caller, entry.paths, entry.name, entry.lock_fd, entry.config, entry.credential,
+                                entry.deaths, entry.cone)
+                    started += 1
+                except (OSError, CheckoutCacheError):
+                    # Not started: the commit turns absent (its record a queued owner's, never a death).
+                    records.remove_quietly(entry.paths.clone_record(entry.name))
+                finally:
+                    os.close(entry.lock_fd)  # the worker holds the lock now (or nobody does)
+            self.write_records(force=started > 0)
+        if started and self.on_change is not None:
+            self.on_change()
+        return started
+
+    def run(self, stopping: threading.Event, every: float = 0.05) -> None:
+        """The dispatcher's loop, until serve stops; then every queued clone is let go."""
+        while not stopping.wait(every):
+            if any(self.waiting.values()):
+                self.dispatch()
+        self.drop_all()
+
+    def drop_all(self) -> None:
+        """serve stops: queued clones are let go (their records removed, then their locks),
+        so each commit is absent for the next ask, with no death counted."""
+        with self.lock:
+            for queue in self.waiting.values():
+                while queue:
+                    entry = queue.popleft()
+                    records.remove_quietly(entry.paths.clone_record(entry.name))
+                    os.close(entry.lock_fd)
+            self.order.clear()
+
+    def figures(self) -> dict:
+        with self.lock:
+            self.prune()
+            return {"running": sum(self.counts().values()), "queued": sum(len(q) for q in self.waiting.values())}
