@@ -177,3 +177,98 @@ def test_a_spare_is_exact_whatever_the_attributes_did(root, daemon, tmp_path, ch
     assert "differ from what a fresh checkout of the commit writes" in text or "differ from the commit" in text, text
     shown = [rel for rel in differing if rel in text]
     assert shown, text
+
+
+LFS_BIG = b"large object content " * 120
+
+
+@pytest.mark.skipif(shutil.which("git-lfs") is None, reason="git-lfs is not installed")
+@pytest.mark.parametrize("change", ["added", "removed", "changed"])
+def test_a_spare_is_exact_whatever_filter_lfs_did(root, tmp_path, change):
+    """A pointer file whose filter=lfs comes or goes (or moves to another pattern) between the
+    spare's commit and the target: its bytes are the content where the target's attributes say
+    LFS, the pointer text where they do not; verify tells the one from the other."""
+    from .helpers.lfs import LfsUpstream, pointer
+
+    up = LfsUpstream(str(tmp_path / "lfs-upstream"))
+    up.put_object(LFS_BIG)
+    lines = {"added": (None, "*.bin filter=lfs -text"), "removed": ("*.bin filter=lfs -text", None),
+             "changed": ("*.bin filter=lfs -text", "*.dat filter=lfs -text")}[change]
+    # store/ keeps an LFS file under attributes that never change: both commits' checkouts run
+    # git-lfs (the spare fits by its LFS answer whichever way media/'s attributes went).
+    files = {"media/big.bin": pointer(LFS_BIG), "media/keep.dat": pointer(LFS_BIG), "README.md": "lfs\n",
+             "store/.gitattributes": "*.bin filter=lfs -text\n", "store/x.bin": pointer(LFS_BIG)}
+    z = commit(up.path, {**files, "media/.gitattributes": lines[0] and lines[0] + "\n"}, "Z")
+    a = commit(up.path, {"other.txt": "A\n"}, "A")
+    b = commit(up.path, {"media/.gitattributes": lines[1] and lines[1] + "\n"}, "B")
+    spare_of_an_updated_tree(root, up.path, z, a)
+    answer = wait_ready(root, up.path, b)
+    assert answer["lfs"] == "content"
+    assert "updated the spare of" in open(only_repo(root).clone_log(b)).read()
+    with open(os.path.join(answer["path"], "store", "x.bin"), "rb") as handle:
+        assert handle.read() == LFS_BIG
+    expect_big = LFS_BIG if change == "added" else pointer(LFS_BIG).encode()
+    expect_dat = LFS_BIG if change == "changed" else pointer(LFS_BIG).encode()
+    with open(os.path.join(answer["path"], "media", "big.bin"), "rb") as handle:
+        assert handle.read() == expect_big
+    with open(os.path.join(answer["path"], "media", "keep.dat"), "rb") as handle:
+        assert handle.read() == expect_dat
+    code, report, out = run_cli("verify", root=root)
+    assert code == 0 and report["broken"] == 0, out
+    # The other form of big.bin, by hand, its stat vouched for by the index: verify says which.
+    wrong = pointer(LFS_BIG).encode() if change == "added" else LFS_BIG
+    with open(os.path.join(answer["path"], "media", "big.bin"), "wb") as handle:
+        handle.write(wrong)
+    subprocess.run(["git", "-C", answer["path"], "update-index", "-q", "--refresh"], env=plain_env(str(tmp_path)),
+                   capture_output=True)
+    code, report, out = run_cli("verify", root=root)
+    (result,) = [c for c in report["checkouts"] if c["commit"] == b]
+    assert code != 0 and not result["ok"], out
+    text = " ".join(result["problems"])
+    assert "media/big.bin" in text, text
+    if change == "added":
+        assert "the LFS pointer where a fresh checkout writes the content" in text or "differ from the commit" in text
+
+
+def test_the_machines_attributes_file_never_applies(root, daemon, tmp_path):
+    """A machine's $(prefix)/etc/gitattributes (here one that says every file is CRLF) added
+    between a spare's checkout and its update, or present on one machine of two: git read it for
+    every checkout, so a fresh file of the update got CRLF beside the spare's LF ones. Neither
+    checkout reads it now (git_env: GIT_ATTR_NOSYSTEM), and both trees are plain git's."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare for a private /etc")
+    repo, url = served(daemon, "machine-attrs")
+    z = commit(repo.path, FILES, "Z")
+    a = commit(repo.path, {"plain/other.txt": "A\n"}, "A")
+    b = commit(repo.path, {"plain/new.txt": "new in B\n", "eol/a.txt": "changed in B\n"}, "B")
+    spare_of_an_updated_tree(root, url, z, a)
+    upper = tmp_path / "etc-upper"
+    script = (f"set -e; mount -t tmpfs tmpfs {upper}; mkdir {upper}/u {upper}/w; "
+              f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper}/u,workdir={upper}/w /etc; "
+              f"printf '* text eol=crlf\\n' > /etc/gitattributes; "
+              f"exec {shutil.which('python') or 'python3'} -m checkoutcache --json ensure {url} {b} --wait 60")
+    upper.mkdir()
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True,
+                          env={**os.environ, "CHECKOUTCACHE_ROOT": root})
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert not os.path.exists("/etc/gitattributes"), "the file was only ever in the private mount"
+    answer = wait_ready(root, url, b)
+    assert "updated the spare of" in open(only_repo(root).clone_log(b)).read()
+    assert tree_bytes(answer["path"]) == tree_bytes(fresh_clone(url, b, str(tmp_path / "fresh-b")))
+
+
+def test_a_spare_written_under_another_sharing_mode_is_not_used(root, daemon, tmp_path, monkeypatch):
+    """The sharing mode sets the umask files are written with (0644 one writer, 0664 peers): a
+    spare of the one-writer mode updated in the group mode kept 0644 files beside 0664 new ones.
+    Its conversion digest differs: the tree is made fresh, every file the mode's."""
+    repo, url = served(daemon, "sharing-modes")
+    z = commit(repo.path, FILES, "Z")
+    a = commit(repo.path, {"plain/other.txt": "A\n"}, "A")
+    b = commit(repo.path, {"plain/new.txt": "new in B\n"}, "B")
+    spare_of_an_updated_tree(root, url, z, a)
+    monkeypatch.setenv("CHECKOUTCACHE_SHARING", "group")
+    answer = wait_ready(root, url, b)
+    assert "updated the spare" not in open(only_repo(root).clone_log(b)).read()
+    modes = {stat.S_IMODE(os.lstat(os.path.join(d, n)).st_mode) for d, _, names in os.walk(answer["path"])
+             if "/.git" not in d + "/" for n in names}
+    assert modes == {0o664}, modes
