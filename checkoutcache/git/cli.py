@@ -938,14 +938,6 @@ class GitCliBackend:
             return [f"{len(changed)} tracked file(s) differ from the commit, e.g. {changed[0].strip()}"]
         return []
 
-    def written_differences(self, checkout_dir: str, mirror_objects: str, sha: str, cone: Cone = (),
-                            lfs_content: bool = False) -> list[str]:
-        """verify's byte check: every tracked path of checkout_dir against what a fresh checkout
-        of sha writes (git/written.py), read-only on the store."""
-        from checkoutcache.git.written import differences
-
-        return differences(self.git, checkout_dir, mirror_objects, sha, cone, lfs_content)
-
     def _stream(self, args: list[str], env: dict, on_progress: Progress, log: Log, secrets: list[str],
                 keep_fds: tuple[int, ...], stdin: bytes | None = None,
                 file_size_limit: int | None = None) -> tuple[int, str]:

@@ -44,12 +44,13 @@ def verify_checkout(paths: RepoPaths, name: str, backend: GitBackend) -> dict:
         problems.append(f"HEAD is {head[:60]!r}, not the commit")
     elif not problems:
         problems += backend.deep_problems(path, sha)
-        written = getattr(backend, "written_differences", None)
-        if not problems and written is not None:
+        if not problems and getattr(backend, "name", None) == "cli":
             # What git's status cannot see (it trusts a file whose stat its index holds): the
             # bytes, as a fresh checkout of the commit would write them with its attributes.
-            problems += written(path, paths.mirror_objects, sha, tuple(record.get("sparse") or ()),
-                                lfs_filter_of(record))
+            from checkoutcache.git.written import differences
+
+            problems += differences(backend.git, path, paths.mirror_objects, sha,
+                                    tuple(record.get("sparse") or ()), lfs_filter_of(record))
     return {"commit": sha, "name": name, "path": path, "ok": not problems, "problems": problems,
             "held": locks.checkout_held(paths.ready_marker(name))}
 
