@@ -146,7 +146,7 @@ def schema(required: dict[str, Check], optional_fields: dict[str, Check] | None 
 MARKER = schema({"commit": sha, "top": list_of(text)},
                 {"published_at": finite, "pid": count, "lfs": one_of("content", "pointers", "off"),
                  "lfs_why": text, "submodules": one_of("included", "none"), "borrows": list_of(pair(key, sha)),
-                 "sparse": list_of(text)})
+                 "sparse": list_of(text), "lfs_filter": one_of(True, False), "conversion": text})
 CLONE = schema({"started_at": finite, "commit": sha},
                {"pid": count, "pid_start": finite, "pidns": text, "progress": mapping, "deaths": count,
                 "transport": text, "borrows": list_of(pair(key, sha)), "queue": mapping})
@@ -157,7 +157,7 @@ SIZE = schema({"bytes": count}, {"use_at_measure": finite, "index": list_of(coun
 # A spare (spares/<name>.<nonce>/spare.json): what a worker needs to know to update it in place.
 SPARE = schema({"commit": sha, "name": text, "bytes": count, "index": list_of(count), "spared_at": finite},
                {"lfs": one_of("content", "pointers", "off"), "submodules": one_of("included", "none"),
-                "submodules_setting": one_of("recursive", "none"), "sparse": list_of(text)})
+                "submodules_setting": one_of("recursive", "none"), "sparse": list_of(text), "conversion": text})
 LAST_USE = schema({"at": finite})
 REPO = schema({"url": text, "scope": text}, {"is_local": one_of(True, False), "layout_version": count,
                                               "created_at": finite, "lfs": one_of("on", "off"),
