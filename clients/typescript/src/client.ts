@@ -388,7 +388,7 @@ function retryAfterOf(response: Response, body: unknown): number | undefined {
 }
 
 /** A CheckoutCacheError for a reply that is not the answer the call wants. */
-export function errorFrom(what: string, response: Response, body: unknown): CheckoutCacheError {
+function errorFrom(what: string, response: Response, body: unknown): CheckoutCacheError {
   const status = response.status;
   const retryAfter = retryAfterOf(response, body);
   if (isObject(body) && typeof body["error"] === "string") {
