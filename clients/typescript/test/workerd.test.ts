@@ -115,6 +115,9 @@ it("drives every call of the built package from inside workerd through a service
   assert.equal(out.timeout.error.code, "TIMEOUT");
   assert.equal(out.aborted.error.code, "ABORTED");
   assert.equal(out.unavailable.error.code, "UNAVAILABLE", JSON.stringify(out.unavailable));
+  assert.match(out.unavailable.error.message, /Network connection lost/);
+  assert.equal(out.unbound.error.code, "UNAVAILABLE");
+  assert.match(out.unbound.error.message, /Illegal invocation/);
   assert.equal(out.breakerFirst.error.code, "UNAVAILABLE");
   assert.equal(out.breakerRefused.error.code, "REPOSITORY_DOWN");
   assert.match(out.breakerRefused.error.next, /read-only source tools/);

@@ -52,6 +52,8 @@ async function calls(env, config) {
   // Nothing listening behind the binding: UNAVAILABLE (workerd says "Network connection lost", not a TypeError).
   const nobody = new CheckoutCache({ baseUrl, token, fetch: env.DEAD });
   out.unavailable = await outcome(nobody.health());
+  // A Fetcher's fetch taken off its object has lost its `this`: the runtime refuses the call.
+  out.unbound = await outcome(new CheckoutCache({ baseUrl, token, fetch: env.SIDECAR.fetch }).health());
   // The breaker in a tool executor: down at the first unavailable call, refused at once after.
   const breaker = new RepositoryBreaker();
   let called = 0;
