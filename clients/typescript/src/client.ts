@@ -78,6 +78,7 @@ const DEFAULT_TIMEOUT = 60;
 const SERVER_CONDITIONS = new Set(["SERVER_BUSY", "SHUTTING_DOWN"]);
 /** Refusals by the HTTP server itself, before the API: no JSON body (docs/http-api.md, Listeners). */
 const REFUSED_UNREAD = new Set([400, 413, 414, 431]);
+const MAX_TIMER_MS = 2 ** 31 - 1; // setTimeout fires at once past this (~24.8 days): a budget that long is "no budget"
 const MIN_ASK_INTERVAL_MS = 1000; // waitReady asks at most once a second, whatever the server does
 const PUBLIC = new Set(["/healthz", "/readyz", "/openapi.json"]);
 
@@ -321,7 +322,7 @@ export class CheckoutCache {
       controller.abort(new CheckoutCacheError({ code: CLIENT_CODES.TIMEOUT,
         message: `no answer within the call's budget of ${round(seconds)}s`,
         next: "the sidecar did not answer in time: treat it as unavailable for now (a longer wait asks the server to wait, not the client)" }));
-    }, Math.max(0, seconds * 1000));
+    }, Math.min(MAX_TIMER_MS, Math.max(0, seconds * 1000)));
     const onOuterAbort = () => controller.abort(outer?.reason);
     if (outer?.aborted) onOuterAbort();
     else outer?.addEventListener("abort", onOuterAbort, { once: true });

@@ -276,6 +276,15 @@ describe("budgets", () => {
     assert.equal(sent, 2);
   });
 
+  it("a budget longer than a timer can hold is not a budget of nothing", async () => {
+    const deaf = (_request: Request) => new Promise<Response>(() => undefined);
+    const patient = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: deaf });
+    const controller = new AbortController();
+    const pending = patient.ensure({ repo: w.repo, commit: w.upstream.shas[0]!, wait: "5w", signal: controller.signal });
+    setTimeout(() => controller.abort(), 200);
+    assert.equal((await thrown(pending)).code, "ABORTED"); // not TIMEOUT at once (setTimeout past 2^31 ms fires at 1 ms)
+  });
+
   it("the default budget is the wait plus the client's timeout", async () => {
     let seen: AbortSignal | undefined;
     const slowAnswer = async (request: Request) => { seen = request.signal; return new Promise<Response>(() => undefined); };
