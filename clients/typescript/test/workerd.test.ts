@@ -7,7 +7,7 @@ import { copyFileSync, mkdirSync, readdirSync, readFileSync, writeFileSync } fro
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, it } from "node:test";
-import { PACKAGE_DIR, TOKEN, freePort, waitUntil, world, type World } from "./helpers/index.js";
+import { PACKAGE_DIR, TOKEN, freePort, track, waitUntil, world, type World } from "./helpers/index.js";
 
 let w: World;
 let workerd: ChildProcess;
@@ -60,7 +60,7 @@ const worker :Workerd.Worker = (
   bindings = [ (name = "SIDECAR", service = "sidecar"), (name = "DEAD", service = "dead") ],
 );
 `);
-  workerd = spawn(join(PACKAGE_DIR, "node_modules/.bin/workerd"), ["serve", "config.capnp"], { cwd: dir, stdio: ["ignore", "pipe", "pipe"] });
+  workerd = track(spawn(join(PACKAGE_DIR, "node_modules/.bin/workerd"), ["serve", "config.capnp"], { cwd: dir, stdio: ["ignore", "pipe", "pipe"] }));
   workerd.stdout?.on("data", (chunk) => { log += chunk; });
   workerd.stderr?.on("data", (chunk) => { log += chunk; });
   workerUrl = `http://127.0.0.1:${port}`;

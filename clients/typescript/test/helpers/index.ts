@@ -38,6 +38,29 @@ export async function waitUntil<T>(predicate: () => T | Promise<T>, timeoutMs: n
   }
 }
 
+// Every process a test starts ends with the test's process, even when the runner ends it early
+// (a test past --test-timeout is cancelled without its after() hooks): SIGTERM, which serve and
+// git daemon answer by stopping cleanly.
+const children = new Set<ChildProcess>();
+
+export function track(child: ChildProcess): ChildProcess {
+  children.add(child);
+  child.once("exit", () => children.delete(child));
+  return child;
+}
+
+function endChildren(): void {
+  for (const child of children) child.kill("SIGTERM");
+}
+
+process.once("exit", endChildren);
+for (const signal of ["SIGTERM", "SIGINT", "SIGHUP"] as const) {
+  process.once(signal, () => {
+    endChildren();
+    process.exit(128 + ({ SIGHUP: 1, SIGINT: 2, SIGTERM: 15 } as const)[signal]);
+  });
+}
+
 export async function freePort(): Promise<number> {
   return new Promise((done, fail) => {
     const server = net.createServer();
@@ -108,8 +131,8 @@ export class GitDaemon {
 
   static async start(base: string): Promise<GitDaemon> {
     const port = await freePort();
-    const child = spawn("git", ["daemon", "--reuseaddr", `--base-path=${base}`, "--export-all", "--listen=127.0.0.1",
-      `--port=${port}`, base], { stdio: "ignore" });
+    const child = track(spawn("git", ["daemon", "--reuseaddr", `--base-path=${base}`, "--export-all", "--listen=127.0.0.1",
+      `--port=${port}`, base], { stdio: "ignore" }));
     const daemon = new GitDaemon(base, port, child);
     await waitUntil(async () => {
       if (child.exitCode !== null) throw new Error("git daemon exited");
@@ -224,12 +247,12 @@ export class Serve {
     const python = process.env["CHECKOUTCACHE_PYTHON"] || "python3";
     const pythonPath = [REPO_ROOT, process.env["PYTHONPATH"]].filter(Boolean).join(":");
     const log = openSync(logFile, "w");
-    const child = spawn(python, ["-m", "checkoutcache", "--root", join(dir, "root"), "serve",
+    const child = track(spawn(python, ["-m", "checkoutcache", "--root", join(dir, "root"), "serve",
       "--listen", `127.0.0.1:${port}`, "--token-file", tokenFile, "--ready-file", readyFile,
       "--gc-interval", "0", "--stop-timeout", "5s", ...(options.args ?? [])], {
       env: { ...process.env, PYTHONPATH: pythonPath, ...(options.env ?? {}) },
       stdio: ["ignore", "ignore", log],
-    });
+    }));
     closeSync(log);
     const serve = new Serve(dir, port, tokenFile, logFile, child);
     await waitUntil(() => {
