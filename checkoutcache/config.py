@@ -322,6 +322,14 @@ class Config(Settings):
                                         parse_free, "2%")
     max_age: float | None = setting(None, "CHECKOUTCACHE_MAX_AGE",
                                     "gc evicts checkouts unused for longer than this.", parse_duration, "off")
+    max_held: int = setting(16, "CHECKOUTCACHE_MAX_HELD",
+                            "Checkouts a reader's lock (an exec, a workspace, any process with the marker "
+                            "locked shared) keeps past a limit, at most: past it, the least recently used "
+                            "held ones go when a limit needs them (serve's own holds have their own bounds).",
+                            _count)
+    max_hold_age: float = setting(6 * 3600.0, "CHECKOUTCACHE_MAX_HOLD_AGE",
+                                  "A checkout a reader's lock has held this long (as gc's runs saw it) keeps "
+                                  "no protection past a limit.", parse_duration, "6h")
     max_spares: int = setting(4, "CHECKOUTCACHE_MAX_SPARES",
                               "gc keeps at most this many evicted trees per root as spares, updated in place "
                               "into a later commit's checkout (0: evicted trees are deleted).", _count)

@@ -129,6 +129,36 @@ def move_checkout_aside(paths: RepoPaths, name: str, why: str,
     return Moved(slot=slot) if slot else Moved(kept=GONE)
 
 
+def move_held_checkout_aside(paths: RepoPaths, name: str, recheck: Callable[[float], str | None]) -> Moved:
+    """Rename checkouts/<name> into trash/ though a reader's lock holds it (gc, past the bounds
+    on readers' holds: upkeep/eviction.py), so without the marker's exclusive lock. What that
+    lock gave a ready answer (invariant 4) is kept by looking twice: recheck(last_use) just
+    before the rename, and the marker's mtime after it; a use recorded between the two
+    (a ready answer touches it under its shared lock) puts the checkout back at once."""
+    marker = paths.ready_marker(name)
+    try:
+        before = tree.lstat(marker)
+    except (FileNotFoundError, NotADirectoryError):
+        return Moved(kept=GONE)
+    reason = recheck(before.st_mtime)
+    if reason is not None:
+        return Moved(kept=reason)
+    slot = to_trash(paths, paths.checkout(name), f"held-{name}")
+    if not slot:
+        return Moved(kept=GONE)
+    try:
+        after = tree.lstat(RepoPaths.ready_marker_in(slot))
+    except OSError:
+        after = before
+    if after.st_mtime_ns != before.st_mtime_ns:  # used between our look and the rename
+        try:
+            tree.rename(slot, paths.checkout(name))  # a directory never replaces a non-empty one
+            return Moved(kept="used-meanwhile")
+        except OSError:
+            pass  # another checkout of the commit was published meanwhile: this one goes
+    return Moved(slot=slot)
+
+
 @attrs.frozen
 class Unremovable:
     """Something remove_tree could not delete: its path relative to what was

@@ -169,6 +169,9 @@ alone (a rollback cannot corrupt what a newer version made).
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │   │                      were dropped since (a repack is then due at the interval);
             │   │                      lfs_pending: an LFS prune of lfs/ could not run yet.
+            │   ├── held.json          gc's own: since when each checkout held by a reader's lock has
+            │   │                      been held, as its runs saw it (a checkout seen free leaves it):
+            │   │                      past CHECKOUTCACHE_MAX_HOLD_AGE the hold no longer protects it.
             │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
             │                          root, errno name, stuck since); gone when trash/ empties.
             ├── logs/<name>.log    the checkout's clone attempts, appended: git's output, redacted,
@@ -251,7 +254,8 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
                                          download; gc's keep-ref drop,        wait, then skip)
                                          repack and LFS prune (lfs/)
     .git/checkoutcache-ready  shared     a ready answer (briefly); an exec    the answer / the
-                                         or /v1/hold (the command's run)      command
+                                         or /v1/hold (the command's run)      command (bounded:
+                                                                              max-held, max-hold-age)
                               exclusive  eviction, moving a checkout aside   one rename (never
                                                                               waits)
     locks/.health-<nonce>     exclusive  /readyz (a fresh file per probe)    a probe
@@ -793,6 +797,10 @@ class RepoPaths:
     @property
     def seed_record(self) -> str:
         return os.path.join(self.state_dir, "mirror-seed.json")
+
+    @property
+    def held_record(self) -> str:
+        return os.path.join(self.base, "state", "held.json")
 
     @property
     def unremovable_record(self) -> str:

@@ -172,6 +172,8 @@ SEED = schema({"seeded": one_of(True, False)},
 LIMITS = schema({"limits": mapping, "writer": one_of("serve", "gc"), "at": finite},
                 {"pid": count, "version": text})
 UNREMOVABLE = schema({"entries": list_of(mapping)}, {"checked_at": finite})
+# state/held.json: since when gc has seen each held checkout held (upkeep/gc.py note_held).
+HELD = schema({"since": mapping})
 
 
 def invalid(value: Any, kind: Schema) -> str | None:

@@ -76,6 +76,7 @@ from checkoutcache.store.checkouts import (
     GONE,
     is_published,
     move_checkout_aside,
+    move_held_checkout_aside,
     Removal,
     Unremovable,
     remove_tree,
@@ -130,6 +131,8 @@ class Removed:
     bytes: int = 0
     limit: str | None = None
     spare: bool = False  # an evicted checkout kept as a spare (its bytes are not freed)
+    # Evicted though a reader's lock held it: held-too-long or held-over-count (eviction.py)
+    broke_hold: str | None = None
 
 
 @attrs.frozen
@@ -444,13 +447,23 @@ def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcRe
 
 
 def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
-                   report: GcReport, spare: dict | None = None) -> tuple[str | None, Removal | None]:
+                   report: GcReport, spare: dict | None = None, held: bool = False) -> tuple[str | None, Removal | None]:
     """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed).
-    spare: its spare.json, to keep its tree as a spare instead (store/spares.py; nothing freed)."""
+    spare: its spare.json, to keep its tree as a spare instead (store/spares.py; nothing freed).
+    held: a reader's hold no longer protects it (eviction.broken_holds): moved without the
+    marker's exclusive lock (store/checkouts.py move_held_checkout_aside)."""
     def recheck(last_use: float) -> str | None:
         if time.time() - last_use <= grace:
             return USED_MEANWHILE
         return "dry-run" if dry_run else None
+
+    if held:
+        if dry_run:
+            return None, None
+        moved = move_held_checkout_aside(paths, name, recheck)
+        if moved.slot is None:
+            return moved.kept or GONE, None
+        return None, delete(paths, moved.slot, report)
 
     if spare is not None and not dry_run:
         moved = evict_to_spare(paths, name, spare, recheck)
@@ -462,6 +475,28 @@ def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
         return moved.kept or GONE, None
     checkpoint("gc-after-evict-rename")
     return None, delete(paths, moved.slot, report)
+
+
+def note_held(info: RepoInfo, now: float, dry_run: bool) -> dict[str, float]:
+    """Since when each held checkout of a repository has been held, as gc's runs saw it
+    (state/held.json, gc's own): a checkout seen held keeps its first sighting, one seen free
+    leaves the record. {name: since}. A record that cannot be read starts anew."""
+    paths = info.paths
+    try:
+        before = (records.read_json(paths.held_record, records.HELD) or {}).get("since", {})
+    except OSError:
+        before = {}
+    held = {c.name for c in info.checkouts if c.ready and c.held and not c.unreadable}
+    since = {name: float(before[name]) if records.finite(before.get(name)) else now for name in held}
+    if not dry_run and since != before:
+        try:
+            if since:
+                records.write_json(paths.held_record, {"since": since})
+            else:
+                records.remove_quietly(paths.held_record)
+        except OSError:
+            pass  # the age is then counted anew: the count bound still holds
+    return since
 
 
 def drop_spares(spares: list[tuple[RepoPaths, Spare]], report: GcReport, why: str,
@@ -661,9 +696,12 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
     return True
 
 
-def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, problems: list[dict]) -> int:
+def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, problems: list[dict],
+                     borrows: set[tuple[str, str]]) -> int:
     """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts).
-    What could not be read there goes to problems."""
+    What could not be read there goes to problems; the (key, commit) whose objects each live
+    workspace borrows, to borrows: their keep-refs stay even once the source checkout went
+    (a workspace's hold of its source is bounded like any reader's)."""
     from checkoutcache.store import workspaces
     from checkoutcache.workspaces import workspaces_dir_of
 
@@ -685,6 +723,9 @@ def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, pr
         if fact.alive:
             seen["live"] += 1
             seen["bytes"] += size_of(fact.path)
+            key, commit = fact.record.get("key"), fact.record.get("commit")
+            if key and commit:  # its git borrows that commit's objects from the mirror
+                borrows.add((key, commit))
     return seen["bytes"]
 
 
@@ -722,10 +763,13 @@ def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
 
 
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
-           used_within_grace: frozenset[tuple[str, str]] = frozenset(), record_as: str | None = None) -> GcReport:
+           used_within_grace: frozenset[tuple[str, str]] = frozenset(), record_as: str | None = None,
+           writer_holds: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
     """used_within_grace: (repository key, checkout name) pairs the caller knows were used
     within the grace window by a clock that cannot jump (serve's monotonic record
     of its own ready answers); they count as used now, whatever the markers say.
+    writer_holds: the (key, name) pairs serve holds itself (/v1/hold: bounded in number and
+    ttl there), which no bound on readers' holds breaks.
     record_as: the writer (gc, serve) whose limits these are, recorded in the root for
     status (upkeep/limits.py); None for a one-off run with limits not in force (a
     tightened gc over the API)."""
@@ -763,8 +807,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             with going_on(report, info.paths, root_paths):
                 for slot in ([] if dry_run else drop_unfinished(info.paths)):  # a killed gc's
                     remove_moved(info.paths, slot, report, Removed("spare", info.paths.key, os.path.basename(slot)))
+        workspace_borrows: set[tuple[str, str]] = set()
         try:
-            pinned_bytes = workspace_upkeep(root_paths, config, report, newer)
+            pinned_bytes = workspace_upkeep(root_paths, config, report, newer, workspace_borrows)
         except OSError as exc:  # a workspaces directory this gc may not read: said, never the run's end
             pinned_bytes = 0
             newer.append({"path": str(exc.filename), "error": errno.errorcode.get(exc.errno or 0, "OSError"),
@@ -781,8 +826,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
+        held_since = {info.key: note_held(info, now, dry_run) for info in repos if not info.refused}
         entries = [Entry(repo=info.key, name=c.name, size=c.size, held=c.held,
-                         last_used=now if (info.key, c.name) in used_within_grace else c.last_used)
+                         last_used=now if (info.key, c.name) in used_within_grace else c.last_used,
+                         held_since=held_since.get(info.key, {}).get(c.name),
+                         writer_hold=(info.key, c.name) in writer_holds)
                    for info in repos for c in info.checkouts if c.ready and c.intact and not c.unreadable]
         for info in repos:
             for c in info.checkouts:
@@ -830,6 +878,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             if not short and eviction.limit in ("max-checkouts", "max-age") and (room is None or entry.size <= room) \
                     and 2 * entry.size <= free_room:
                 spare = spare_record(by_key[entry.repo], entry.name, config)
+            if eviction.broke_hold is not None:
+                spare = None  # its holder may still work in it: never anyone's next tree
             if spare is not None:
                 # A tree a process still works in (its working directory, an open file, a mapped
                 # one) is never made a spare: whatever it writes later would land in the next
@@ -839,7 +889,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                     spare = None
             try:
                 kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.name, limits.grace, dry_run,
-                                                   report, spare)
+                                                   report, spare, held=eviction.broke_hold is not None)
             except OSError as exc:  # one checkout that cannot be moved never stops the others
                 report.unremovable.append({"repo": entry.repo, "path": os.path.relpath(
                     by_key[entry.repo].paths.checkout(entry.name), root_paths.root),
@@ -854,7 +904,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                     free_room -= 2 * entry.size
                     continue
                 freed = entry.size if removal is None else removal.freed
-                report.removed.append(Removed(eviction.reason, entry.repo, entry.name, freed, eviction.limit))
+                report.removed.append(Removed(eviction.reason, entry.repo, entry.name, freed, eviction.limit,
+                                              broke_hold=eviction.broke_hold))
+                if eviction.broke_hold is not None:
+                    log.warning("gc evicted %s of %s though a reader holds it (%s)", entry.name, entry.repo,
+                                eviction.broke_hold)
             elif kept_why != GONE:
                 report.kept.append(KeptOver(entry.repo, commit_of(entry.name), kept_why, eviction.limit, entry.name))
         report.kept += [KeptOver(k.entry.repo, commit_of(k.entry.name), k.why, k.limit, k.entry.name)
@@ -864,7 +918,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 with going_on(report, by_key[eviction.entry.repo].paths, root_paths):
                     note_last_use(by_key[eviction.entry.repo].paths, eviction.entry.last_used)
         freed = sum(r.bytes for r in report.removed if r.reason in ("lru", "age"))
-        dropped, repos_kept = drop_repositories(root_paths, limits, before, freed, now, report, keys)
+        dropped, repos_kept = drop_repositories(root_paths, limits, before, freed, now, report, keys,
+                                                {key for key, _commit in workspace_borrows})
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
@@ -876,7 +931,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             drop_spares(spares, report, "max-spares", lambda _freed: len(spares) <= config.max_spares)
         report.spares_after = len(spares)
         report.spare_bytes_after = sum(s.bytes for _, s in spares)
-        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
+        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows) \
+            | frozenset(workspace_borrows)
         repos = [info for info in repos if info.key not in dropped]
         for info in repos:
             if info.refused:
@@ -898,13 +954,14 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
 
 
 def drop_repositories(root_paths: RootPaths, limits: Limits, disk: Disk, freed: int, now: float,
-                      report: GcReport, keys: list[str] | None = None) -> tuple[dict[str, int], list[RepoKept]]:
+                      report: GcReport, keys: list[str] | None = None,
+                      workspace_keys: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, int], list[RepoKept]]:
     """Whole repositories with nothing in them, unused past repo_max_idle (or past the grace
     window while min-free is unmet): {key: bytes freed} of those removed, and those min-free
     wanted that had to stay. keys: the repositories of our layout (a newer version's are
     never touched), though every repository's borrows count."""
     everything = inventory(root_paths, sizes=NO_SIZES)
-    borrowed = borrowed_keys_of(everything)
+    borrowed = borrowed_keys_of(everything) | set(workspace_keys)  # a live workspace borrows its mirror too
     # A refused store (a symlink where one of its directories should be) is never dropped through.
     repos = [info for info in everything if (keys is None or info.key in keys) and not info.refused]
     targets = free_targets(limits, disk)
