@@ -3,7 +3,8 @@ so nothing a live process relies on goes.
 
 - a dead clone's record, its count of worker deaths kept (state/<name>.deaths.json);
 - deaths records of commits nobody asked for in DEATHS_MEMORY;
-- unreachable/<key>.failed.json a day after its retry time;
+- a commit's failure record (state/<name>.failed.json), with its clone log and lock, and
+  unreachable/<key>.failed.json, a day after their retry time (never during a back-off);
 - serve journals whose serve is gone;
 - the clone lock and log of commits with no checkout, clone, failure or deaths record.
 
@@ -126,10 +127,54 @@ def forget_finished_commits(paths: RepoPaths, report: GcRun) -> None:
         with locks.rechecked(locks.existing_clone_of(paths, name), finished) as clone_lock:
             if clone_lock is None:
                 continue  # a clone is running (or the file just went, or it is needed again)
-            drop_dead_clone_record(paths, name)
-            if tree.lexists(paths.deaths_record(name)):
-                continue  # a dead clone's record just became a deaths record: keep its lock and log
-            records.remove_quietly(paths.clone_log(name))
-            records.remove_quietly(paths.previous_clone_log(name))
-            records.remove_quietly(paths.size_record(name))
-            records.remove_quietly(paths.clone_lock(name))
+            forget_commit_files(paths, name)
+
+
+def forget_commit_files(paths: RepoPaths, name: str) -> None:
+    """What is left of a commit nothing is in any more (no checkout, failure or deaths record):
+    its dead clone's record, logs, size record and clone lock file. Caller holds the clone lock."""
+    drop_dead_clone_record(paths, name)
+    if any(tree.lexists(path) for path in (paths.checkout(name), paths.failure_record(name),
+                                           paths.deaths_record(name))):
+        return  # a checkout, a failure, or a dead clone's record just became a deaths record: kept
+    records.remove_quietly(paths.clone_log(name))
+    records.remove_quietly(paths.previous_clone_log(name))
+    records.remove_quietly(paths.size_record(name))
+    records.remove_quietly(paths.clone_lock(name))
+
+
+def failure_forgettable(path: str, now: float) -> bool:
+    """Whether a commit's failure record has been over for DEATHS_MEMORY: its retry time (the
+    end of its back-off) passed a day ago. Never during the back-off, so forgetting it never
+    changes an answer there; after it, the next ask starts a clone anyway, and what is lost
+    is the count of attempts (the next failure backs off from the start, as for a commit
+    nobody asked for in a day). A record that does not fit its schema is no back-off to an
+    asker: it goes once as old by its mtime. One that cannot be read stays."""
+    try:
+        failure = read_failure(path)
+        if failure is not None:
+            return now - failure.retry_at > DEATHS_MEMORY
+        return now - tree.lstat(path).st_mtime > DEATHS_MEMORY
+    except OSError:
+        return False
+
+
+def forget_old_failures(paths: RepoPaths, report: GcRun) -> None:
+    """Failure records (state/<name>.failed.json) a day past their retry time go, with the
+    commit's clone log and clone lock (forget_commit_files), under the clone lock: a starter
+    reads the record under that lock, so it sees the record whole or not at all. Without
+    this, each commit that does not exist leaves three files for good, which every status,
+    scrape and gc reads."""
+    if report.dry_run:
+        return
+    for name in paths.failure_record_names():
+        def old(name: str = name) -> bool:
+            return failure_forgettable(paths.failure_record(name), time.time())
+
+        if not old():
+            continue
+        with locks.rechecked(locks.clone_of(paths, name), old) as clone_lock:
+            if clone_lock is None:
+                continue  # a clone is running, or the commit failed anew meanwhile
+            records.remove_quietly(paths.failure_record(name))
+            forget_commit_files(paths, name)

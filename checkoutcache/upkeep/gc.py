@@ -40,9 +40,10 @@ overlap, the second reports that it skipped):
    commits of the remaining checkouts and of running clones, whose keep-refs
    their workers made under this same lock before downloading). A stale
    `.keep` (a killed fetch's) removed there makes the repack due; partial LFS
-   downloads an hour old go too;
+   downloads an hour old go too; then records of what is over are forgotten
+   (forget.py: deaths, failures a day past their retry time, finished commits' locks and logs);
 5. between 3 and 4, drop whole repositories with nothing in them (no
-   checkout, hold, clone, or borrower) unused past repo_max_idle, or past the
+   checkout, hold, clone, borrower, or failure within its back-off) unused past repo_max_idle, or past the
    grace window while min-free is still unmet (eviction.plan_repo_drops, pure;
    evict.drop_repository re-checks under the repository's locks), and finish
    such removals a killed gc left at the start of the run. Unmet limits are
@@ -94,6 +95,7 @@ from checkoutcache.upkeep.forget import (
     drop_dead_clone_record,
     forget_finished_commits,
     forget_old_deaths,
+    forget_old_failures,
     forget_stale_journals,
     forget_unreachable,
 )
@@ -774,6 +776,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                                 frozenset(spare.sha for paths, spare in spares if paths.key == info.key))
             with going_on(report, info.paths, root_paths):
                 forget_old_deaths(info.paths, report)
+                forget_old_failures(info.paths, report)
                 forget_finished_commits(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 record_unremovable(info.paths, report, now)
