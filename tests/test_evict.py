@@ -161,6 +161,7 @@ def test_failures_are_no_use_a_repository_with_only_old_ones_is_dropped_past_its
     assert not os.path.exists(store.base)
 
 
+@pytest.mark.slow
 def test_gc_keeps_an_idle_repository_while_a_failure_backs_off_and_evict_by_hand_does_not(root, upstream):
     """Dropping a repository forgets its failures: within a back-off the next ask would clone
     at once instead of answering the failure. gc keeps it until the retry time; `evict

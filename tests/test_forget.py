@@ -9,6 +9,8 @@ import json
 import os
 import time
 
+import pytest
+
 from checkoutcache.store import records
 from checkoutcache.upkeep.forget import DEATHS_MEMORY
 
@@ -36,6 +38,7 @@ def failed(root: str, url: str, sha: str, env: dict | None = None) -> dict:
     return answer
 
 
+@pytest.mark.slow
 def test_failure_records_go_a_day_after_their_retry_time_and_never_during_the_back_off(root, upstream):
     """Regression (issue 33): a commit that does not exist left its failure record, clone log
     and clone lock for good, even two days past its retry time; status, every scrape and gc
