@@ -564,3 +564,53 @@ def test_a_tree_a_process_still_works_in_is_never_made_a_spare(root, project, tm
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["cwd", "open-file"])
+def test_a_process_that_reaches_a_tree_by_another_path_keeps_it_from_being_a_spare(root, project, tmp_path, how):
+    """Regression (issue 33): gc looked for processes in a tree by the path strings /proc
+    shows, which are the paths as the process sees them. One in another mount namespace that
+    sees the root elsewhere (a container that mounts the volume at another path; a bind
+    mount) was not seen: its tree became a spare, and what it wrote later would have landed
+    in the next commit's tree. gc now compares identities (st_dev, st_ino, walking up `..`)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a mount namespace")
+    a, b = project.shas
+    checkout = wait_ready(root, project.path, a)["path"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    seen_as = os.path.join(str(elsewhere), os.path.relpath(checkout, root))
+    go = tmp_path / "go"
+    script = ("import os, sys, time\n"
+              "tree = sys.argv[1]\n"
+              "held = open(os.path.join(tree, 'pkg', 'm1', 'f1.txt'), 'r+')\n"
+              f"os.chdir(os.path.join(tree, 'pkg', 'm1') if {how == 'cwd'!r} else '/')\n"
+              "print('in', os.path.realpath(held.name), flush=True)\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+              "print('done', flush=True)\n")
+    worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               'mount --bind "$1" "$2" && exec "$3" -c "$4" "$5"', "sh", root, str(elsewhere),
+                               sys.executable, script, seen_as], stdout=subprocess.PIPE, text=True)
+    try:
+        line = worker.stdout.readline().split()
+        assert line[:1] == ["in"] and line[1].startswith(str(elsewhere)), line  # it sees the tree elsewhere
+        # /proc shows its paths as it sees them: none of them is a path of the store.
+        shown = [os.readlink(f"/proc/{worker.pid}/cwd")] + [
+            os.readlink(f"/proc/{worker.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{worker.pid}/fd")]
+        assert [p for p in shown if p.startswith(str(elsewhere))], shown
+        assert not [p for p in shown if p.startswith(root)], shown
+        make_idle(checkout, 3600)
+        code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+        assert code == 0, out
+        assert [r["spare"] for r in report["removed"] if r["name"] == a] == [False], report
+        assert spare_entries(root) == [] and not os.path.exists(checkout)
+        go.write_text("")
+        assert worker.stdout.read().strip().splitlines()[-1] == "done"
+        assert worker.wait(30) == 0
+    finally:
+        worker.kill()
+        worker.wait()
+    answer = wait_ready(root, project.path, b)
+    assert "updated the spare" not in open(only_repo(root).clone_log(b)).read()
+    assert_checkout_matches(answer["path"], project.path, b)

@@ -148,6 +148,9 @@ alone (a rollback cannot corrupt what a newer version made).
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
             │   ├── <name>.failed.json the last failure: code, message, attempts, retry time.
+            │   │                      Removed when a clone publishes, or by gc (with the commit's
+            │   │                      log and clone lock, under that lock) a day after its retry
+            │   │                      time: never during its back-off. No use of the repository.
             │   ├── <name>.deaths.json how many clone workers died in a row on this checkout, kept
             │   │                      when gc removes a dead clone's record (so an OOM-killed
             │   │                      worker still ends in WORKER_DIED); removed when a clone

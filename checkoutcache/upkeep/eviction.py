@@ -24,7 +24,8 @@ such a checkout would stay inside the grace window forever (gc repairs the
 marker's mtime to now, see gc.py).
 
 Whole repositories (plan_repo_drops) go only when nothing is in them: no
-checkout, no hold, no clone; then when unused past repo_max_idle, and, while
+checkout, no hold, no clone, no failure within its back-off (a failure is no
+use: its repository's last use is its checkouts'); then when unused past repo_max_idle, and, while
 min-free is still unmet after the checkouts' evictions, past the grace window
 (least recently used first). The dropper re-checks all of it under the
 repository's locks (evict.py).
@@ -223,7 +224,7 @@ class RepoEntry:
     repo: str  # the repository key
     last_used: float  # its checkouts' latest use, or the latest one evicted (state/last-use.json)
     size: int  # what dropping it frees: mirror, LFS objects, records
-    busy: str | None = None  # what keeps it whatever a limit says: checkouts, held, cloning
+    busy: str | None = None  # what keeps it whatever a limit says: checkouts, held, cloning, backing-off
 
 
 @attrs.frozen
@@ -235,7 +236,7 @@ class RepoDrop:
 @attrs.frozen
 class RepoKept:
     repo: str
-    why: str  # checkouts, held, cloning, grace
+    why: str  # checkouts, held, cloning, borrowed, backing-off, grace
 
 
 def free_targets(limits: Limits, disk: Disk | None) -> tuple[int, int] | None:

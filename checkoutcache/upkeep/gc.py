@@ -40,9 +40,10 @@ overlap, the second reports that it skipped):
    commits of the remaining checkouts and of running clones, whose keep-refs
    their workers made under this same lock before downloading). A stale
    `.keep` (a killed fetch's) removed there makes the repack due; partial LFS
-   downloads an hour old go too;
+   downloads an hour old go too; then records of what is over are forgotten
+   (forget.py: deaths, failures a day past their retry time, finished commits' locks and logs);
 5. between 3 and 4, drop whole repositories with nothing in them (no
-   checkout, hold, clone, or borrower) unused past repo_max_idle, or past the
+   checkout, hold, clone, borrower, or failure within its back-off) unused past repo_max_idle, or past the
    grace window while min-free is still unmet (eviction.plan_repo_drops, pure;
    evict.drop_repository re-checks under the repository's locks), and finish
    such removals a killed gc left at the start of the run. Unmet limits are
@@ -60,7 +61,6 @@ import errno
 import logging
 import os
 import shutil
-import stat
 import time
 from collections.abc import Callable, Iterator
 
@@ -87,12 +87,19 @@ from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inven
 from checkoutcache.store.sizes import disk_usage
 from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
 from checkoutcache.store.ready import layout_version_of
-from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.store.liveness import in_use_beneath, paths_in_use
 from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
+from checkoutcache.upkeep.forget import (
+    drop_dead_clone_record,
+    forget_finished_commits,
+    forget_old_deaths,
+    forget_old_failures,
+    forget_stale_journals,
+    forget_unreachable,
+)
 from checkoutcache.upkeep.evict import (
     borrowed_keys_of,
     drop_repository,
@@ -119,7 +126,6 @@ log = logging.getLogger(__name__)
 REPOSITORY = "repository"  # a Removed whole repository (name empty)
 
 USED_MEANWHILE = "used-meanwhile"
-DEATHS_MEMORY = 86400.0  # a commit nobody asked for a day after its last worker died starts counting anew
 STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
 
 
@@ -315,116 +321,6 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
                     continue
                 slot = moved.slot
             remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.name, checkout.size))
-
-
-def drop_dead_clone_record(paths: RepoPaths, name: str) -> None:
-    """Remove a dead clone's record, keeping its count of worker deaths (state/<name>.deaths.json),
-    so that a worker that always dies still ends in WORKER_DIED. Caller holds the clone lock."""
-    from checkoutcache.clone.coordinator import was_queued
-
-    record = records.read_json(paths.clone_record(name), records.CLONE)
-    if record is not None:
-        try:
-            deaths = max(0, int(record.get("deaths", 0)))
-        except (TypeError, ValueError):
-            deaths = 0
-        # A clone serve only queued (and then died) ran no worker: its deaths so far, not one more
-        # (the deaths record counts one death for the owner it stands for).
-        deaths -= 1 if was_queued(record) else 0
-        if deaths >= 0:  # written first: killed in between, both say the same
-            records.write_json(paths.deaths_record(name), {"commit": commit_of(name), "deaths": deaths,
-                                                           "at": time.time()})
-    records.remove_quietly(paths.clone_record(name))
-
-
-def forget_old_deaths(paths: RepoPaths, report: GcReport) -> None:
-    """Deaths records of commits nobody asked for in DEATHS_MEMORY go (under the clone lock)."""
-    if report.dry_run:
-        return
-    for name in paths.deaths_record_names():
-        def old(name: str = name) -> bool:
-            at = (records.read_json(paths.deaths_record(name), records.DEATHS) or {}).get("at", 0)
-            return not isinstance(at, (int, float)) or time.time() - at > DEATHS_MEMORY
-
-        if old():
-            with locks.rechecked(locks.clone_of(paths, name), old) as clone_lock:
-                if clone_lock is not None:
-                    records.remove_quietly(paths.deaths_record(name))
-
-
-def forget_unreachable(root_paths: RootPaths, report: GcReport, now: float) -> None:
-    """Records of repositories never reached go a day after their retry time (nobody asked since)."""
-    if report.dry_run:
-        return
-    try:
-        found = root_paths.unreachable_records()
-    except OSError:  # unreachable/ a symlink: never listed through
-        return
-    for _key, path in found:
-        failure = read_failure(path)
-        if failure is None or now - failure.retry_at > DEATHS_MEMORY:
-            records.remove_quietly(path)
-
-
-STALE_JOURNAL_AGE = 86400.0
-
-
-def forget_stale_journals(root_paths: RootPaths, report: GcReport, now: float) -> None:
-    """A serve's journal left behind: by a serve killed (SIGKILL, OOM), or written anew by a
-    worker that outlived its serve (O_APPEND|O_CREAT). A running serve holds its journal's
-    lock for its whole life, so one whose lock is free is removed, however recent (its age
-    proves nothing: serves of equal pids in other containers share this directory), and
-    removed while we hold that lock. An older version's <pid>.journal has no lock: it goes
-    once untouched for a day."""
-    if report.dry_run:
-        return
-    try:
-        journals = root_paths.serve_journals()
-    except OSError:  # serve/ a symlink: never listed through
-        return
-    for path in journals:
-        try:
-            if not RootPaths.journal_has_owner_lock(path):
-                if now - tree.lstat(path).st_mtime > STALE_JOURNAL_AGE:
-                    records.remove_quietly(path)
-                continue
-            if stat.S_ISLNK(tree.lstat(path).st_mode):
-                records.remove_quietly(path)  # never a journal: nothing to lock through it
-                continue
-            held = locks.abandoned_journal(path)
-            if held is not None:
-                with held:
-                    records.remove_quietly(path)
-        except OSError:
-            continue
-
-
-def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
-    """Drop the clone lock file and log of commits with no checkout, clone or failure.
-
-    The lock file is unlinked while we hold it; every acquirer re-checks that the
-    path still names the inode it locked (store/locks.py), so nobody is left
-    holding a lock on a file that no longer exists.
-    """
-    if report.dry_run:
-        return
-    for name in paths.clone_lock_names():
-        def finished(name: str = name) -> bool:
-            return not tree.lexists(paths.checkout(name)) and not tree.lexists(paths.failure_record(name)) \
-                and not tree.lexists(paths.deaths_record(name))
-
-        if not finished():
-            continue
-        with locks.rechecked(locks.existing_clone_of(paths, name), finished) as clone_lock:
-            if clone_lock is None:
-                continue  # a clone is running (or the file just went, or it is needed again)
-            drop_dead_clone_record(paths, name)
-            if tree.lexists(paths.deaths_record(name)):
-                continue  # a dead clone's record just became a deaths record: keep its lock and log
-            records.remove_quietly(paths.clone_log(name))
-            records.remove_quietly(paths.previous_clone_log(name))
-            records.remove_quietly(paths.size_record(name))
-            records.remove_quietly(paths.clone_lock(name))
 
 
 def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcReport) -> None:
@@ -871,7 +767,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             limits.max_bytes - pinned_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
         free_room = disk.free - 2 * spare_bytes
         evicted = set()
-        in_use: list[str] | None = None  # what processes have open, looked up once, when a tree could be spared
+        in_use = None  # what processes have open, looked up once, when a tree could be spared
         for eviction in plan.evict:
             entry = eviction.entry
             spare = None
@@ -942,6 +838,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                                 frozenset(spare.sha for paths, spare in spares if paths.key == info.key))
             with going_on(report, info.paths, root_paths):
                 forget_old_deaths(info.paths, report)
+                forget_old_failures(info.paths, report)
                 forget_finished_commits(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 record_unremovable(info.paths, report, now)
