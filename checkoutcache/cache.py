@@ -79,6 +79,9 @@ class Hold:
 
 # How long the CLI's wait for a clone polls before it watches (store/watch.py).
 POLL_FIRST = 1.0
+# A writer's ready answers for a checkout not ready in this reader's view of the root, at
+# most, before the reader says NO_WRITER (each asked after a pause, never at once).
+READY_NOT_HERE = 3
 
 
 class Cache:
@@ -175,7 +178,7 @@ class Cache:
 
         def through_writer() -> None:  # a reader (store/ready.py record_use): the writer records it
             why = record_use_by_writer(self.root, paths.checkout(name), want.spec.url, want.sha, want.spec.scope,
-                                       want.cone)
+                                       want.cone, want.spec.lfs, want.spec.submodules)
             if why:
                 import logging
 
@@ -224,7 +227,10 @@ class Cache:
 
         deadline = time.monotonic() + wait
         request = {"repo": want.spec.url, "commit": want.sha, "scope": want.spec.scope,
+                   # what makes the store's key: a writer keyed otherwise says SETTINGS_MISMATCH
+                   "lfs": self.lfs_setting(), "submodules": self.submodules_setting(),
                    **({"sparse": list(want.cone)} if want.cone else {})}
+        not_here = 0
         while True:
             left = max(0.0, deadline - time.monotonic())
             step = min(left, 1.0) if on_progress is not None else left
@@ -243,11 +249,14 @@ class Cache:
                 mine = self.ready_answer(want)
                 if mine is not None:
                     return mine
-                if time.monotonic() >= deadline:
+                not_here += 1
+                if time.monotonic() >= deadline or not_here >= READY_NOT_HERE:
                     return Answer.from_error(CheckoutCacheError(
                         "NO_WRITER", root=self.root, why=f"it answered ready at {answer.path}, which is not "
                                                          f"ready here (is it the writer of this root?)"),
                         want.sha, want.spec.url)
+                # Never at once: a writer that is not this root's answers ready for ever.
+                time.sleep(min(0.2 * 2 ** not_here, max(0.0, deadline - time.monotonic())))
                 continue
             if answer.state != State.CLONING or time.monotonic() >= deadline:
                 return answer
@@ -272,5 +281,6 @@ class Cache:
             if fd is not None:
                 want = self.request(repo, commit, scope, sparse)  # valid: it was answered ready
                 return Hold(answer, fd, lambda: record_use_by_writer(self.root, answer.path, want.spec.url, want.sha,
-                                                                     want.spec.scope, want.cone))
+                                                                     want.spec.scope, want.cone, want.spec.lfs,
+                                                                     want.spec.submodules))
             wait = max(0.0, deadline - time.monotonic())

@@ -59,6 +59,10 @@ _TABLE = [
     ErrorCode("ROOT_UNUSABLE", FAILURE,
               "the cache root {root} cannot be used: {why}",
               "pass --root (or set CHECKOUTCACHE_ROOT) to a writable local directory"),
+    ErrorCode("SETTINGS_MISMATCH", INPUT,
+              "this reader keys repositories with {setting}={ours}, the writer with {theirs}: its checkouts "
+              "are not the ones this reader would use",
+              "set {setting} in the reader as the writer has it (docs/deployment.md, one writer)", http=409),
     ErrorCode("NO_WRITER", FAILURE,
               "the cache root {root} is read-only here and its writer did not answer: {why}",
               "run `checkoutcache serve` as the store's writer and set CHECKOUTCACHE_API_URL (with "

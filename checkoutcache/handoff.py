@@ -104,14 +104,18 @@ def post(root: str, endpoint: str, body: dict, timeout: float, api_url: bool = T
     return answered
 
 
-def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse) -> str | None:
+def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse, lfs: str | None = None,
+               submodules: str | None = None) -> str | None:
     """A reader's use of the checkout at path, recorded by the writer (serve's ready answer
     touches the marker). Called while the caller holds the marker's shared lock, so the
-    writer's record comes before any eviction decision. None when recorded, else why not."""
+    writer's record comes before any eviction decision. None when recorded, else why not.
+    lfs, submodules: the reader's settings that make the store's key (a writer keyed
+    otherwise answers SETTINGS_MISMATCH, which is then why)."""
     from checkoutcache.credentials import strip_userinfo
 
     request = {"repo": strip_userinfo(repo), "commit": commit, "wait": 0, "scope": scope,
-               **({"sparse": list(sparse)} if sparse else {})}
+               **({"sparse": list(sparse)} if sparse else {}), **({"lfs": lfs} if lfs else {}),
+               **({"submodules": submodules} if submodules else {})}
     try:
         status, answer = post(root, "/v1/ensure", request, HANDOFF_SLACK)
     except NoWriter as exc:
@@ -120,6 +124,8 @@ def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse)
         return f"the writer did not answer ({type(exc).__name__})"
     if status == 200 and answer.get("state") == "ready" and same_checkout(answer.get("path"), root, path):
         return None
+    if answer.get("error") == "SETTINGS_MISMATCH":
+        return f"the writer answered {status} SETTINGS_MISMATCH: {answer.get('message')}"
     return f"the writer answered {status} {answer.get('error') or answer.get('state')}"
 
 

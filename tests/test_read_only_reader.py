@@ -53,7 +53,7 @@ def snapshot_but_markers(root: str) -> dict:
 @pytest.fixture
 def writer(tmp_path, served_upstream):
     root = str(tmp_path / "cache")
-    serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
+    serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h", "CHECKOUTCACHE_LOG_FORMAT": "json"})
     yield serve
     serve.stop()
 
@@ -215,3 +215,20 @@ def test_another_uid_outside_the_group_changes_nothing_in_the_store(served_upstr
         assert_checkout_matches(path, upstream.path, upstream.shas[0])
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_reader_keyed_otherwise_than_its_writer_is_told_so_once_and_never_loops(writer, served_upstream):
+    """Issue 33: a reader whose CHECKOUTCACHE_LFS differs from the writer's (part of the store's
+    key, not sent) was answered ready for a path it never found, and asked again at once:
+    about 850 requests a second until --wait ended, the use never recorded."""
+    repo, url = served_upstream
+    env = {**through(writer), "CHECKOUTCACHE_LFS": "off"}
+    asked = lambda: sum(1 for e in writer.json_lines() if e.get("endpoint") == "/v1/ensure")  # noqa: E731
+    before = asked()
+    code, answer, out = reader(writer.root, "--json", "ensure", url, repo.shas[0], "--wait", "30", env=env)
+    assert code == 2 and answer["error"] == "SETTINGS_MISMATCH", out
+    assert "CHECKOUTCACHE_LFS" in answer["message"] and answer["next"], answer
+    wait_until(lambda: asked() > before, 10, "the writer's access line")
+    assert asked() - before == 1, "asked once, not again and again"
+    assert not os.path.isdir(os.path.join(writer.root, "repos")) or not os.listdir(os.path.join(writer.root, "repos"))

@@ -74,7 +74,8 @@ def ready_answer(argv: list[str]) -> int | None:
     def through_writer() -> None:
         from checkoutcache.handoff import record_use
 
-        why = record_use(root_paths.root, paths.checkout(name), spec.url, commit, scope, sparse)
+        why = record_use(root_paths.root, paths.checkout(name), spec.url, commit, scope, sparse, spec.lfs,
+                         spec.submodules)
         if why:
             unrecorded.append(why)
 

@@ -147,6 +147,16 @@ class Service:
         self.policy.check_grant_repo(grant, self.resolve(repo, commit, scope, cone).spec)
         return repo, commit, wait, scope, cone
 
+    def check_key_settings(self, params: dict) -> None:
+        """A reader sends the settings that make a store's key (handoff: `lfs`, `submodules`):
+        one keyed otherwise would be answered ready for a path it never finds, and ask again.
+        SETTINGS_MISMATCH says so once."""
+        for field, setting, ours in (("lfs", "CHECKOUTCACHE_LFS", self.cache.lfs_setting()),
+                                     ("submodules", "CHECKOUTCACHE_SUBMODULES", self.cache.submodules_setting())):
+            theirs = params.get(field)
+            if theirs is not None and theirs != ours:
+                raise CheckoutCacheError("SETTINGS_MISMATCH", setting=setting, ours=str(theirs)[:20], theirs=ours)
+
     def first_use_of(self, nonce: str, ts: int) -> bool:
         """Whether a signed request's nonce is new (it is then remembered for the signature
         window): a request seen on its way is answered once, never twice."""
@@ -163,6 +173,7 @@ class Service:
             return True
 
     def fields(self, params: dict) -> tuple[str, str, float, str, Cone]:
+        self.check_key_settings(params)
         repo, commit = params.get("repo", ""), params.get("commit", "")
         scope = params.get("scope", DEFAULT_SCOPE)
         if not all(isinstance(v, str) for v in (repo, commit, scope)):
