@@ -17,7 +17,8 @@ timeout. Now serve's starts go through one CloneQueue:
   starts, never free in between: invariant 2) and writes the clone record naming its
   own pid, with `progress.phase: queued` and `queue` (its place in its caller's queue,
   how many wait, how many run): a `cloning` answer says it is queued and where, and
-  names a live owner (if serve dies, the lock goes with it and the commit is absent);
+  names a live owner (if serve dies, the lock goes with it and the commit is absent); the
+  record is rewritten only when that place moves (every write wakes the repository's waiters);
 - queues are bounded too (`max_queued`, `max_queued_per_token`): past them the
   request is answered SERVER_BUSY, and nothing is recorded.
 
@@ -38,10 +39,6 @@ import attrs
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store import records
 from checkoutcache.store.layout import RepoPaths
-
-# A queued clone's record, kept current this often at most while it waits (its place moves).
-RECORD_EVERY = 0.5
-
 
 @attrs.frozen
 class Bounds:
@@ -99,7 +96,6 @@ class CloneQueue:
         self.running: dict[str, list[int]] = collections.defaultdict(list)  # caller -> pidfds of its workers
         self.waiting: dict[str, collections.deque[Waiting]] = collections.defaultdict(collections.deque)
         self.order: list[str] = []  # round robin: the caller served last goes to the end
-        self.recorded_at = 0.0
         self.started = 0
 
     # ------------------------------------------------------------ the coordinator's Start
@@ -131,7 +127,7 @@ class CloneQueue:
             self.waiting[caller].append(entry)
             if caller not in self.order:
                 self.order.append(caller)
-            self.write_records(force=True)
+            self.write_records()
         return self.own["pid"]
 
     # ------------------------------------------------------------ bookkeeping
@@ -160,26 +156,21 @@ class CloneQueue:
             pass  # it ended already: it holds no slot
         return pid
 
-    def queued_place(self, entry: Waiting, total: int, running: int) -> dict:
-        mine = self.waiting[entry.caller]
-        return {"position": list(mine).index(entry) + 1, "queued": total, "running": running,
-                "max_clones": self.bounds.max_clones, "callers": sum(1 for q in self.waiting.values() if q)}
-
-    def write_records(self, force: bool = False) -> None:
-        """Each queued clone's record: owned by serve, with its place. Caller holds self.lock."""
-        now = time.monotonic()
-        if not force and now - self.recorded_at < RECORD_EVERY:
-            return
-        self.recorded_at = now
-        total = sum(len(q) for q in self.waiting.values())
-        running = sum(self.counts().values())
+    def write_records(self) -> None:
+        """Each queued clone's record: owned by serve, with its place in its caller's queue,
+        rewritten only when that place moved (each write wakes every waiter of the repository:
+        store/watch.py). Caller holds self.lock."""
         for queue in self.waiting.values():
-            for entry in queue:
+            for position, entry in enumerate(queue, 1):
+                place = {"position": position, "max_clones": self.bounds.max_clones,
+                         "max_clones_per_token": self.bounds.max_clones_per_caller}
+                if entry.record.get("queue") == place:
+                    continue
                 record = {**entry.record, "pid": self.own["pid"], "pid_start": self.own["pid_start"],
-                          "pidns": self.own["pidns"], "progress": {"phase": "queued"},
-                          "queue": self.queued_place(entry, total, running)}
+                          "pidns": self.own["pidns"], "progress": {"phase": "queued"}, "queue": place}
                 try:
                     records.write_json(entry.paths.clone_record(entry.name), record)
+                    entry.record = record
                 except OSError:
                     pass  # the place is what an answer shows: never the reason a clone is lost
 
@@ -207,7 +198,8 @@ class CloneQueue:
                     records.remove_quietly(entry.paths.clone_record(entry.name))
                 finally:
                     os.close(entry.lock_fd)  # the worker holds the lock now (or nobody does)
-            self.write_records(force=started > 0)
+            if started:
+                self.write_records()
         if started and self.on_change is not None:
             self.on_change()
         return started
