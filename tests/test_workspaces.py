@@ -92,6 +92,7 @@ def start_owner() -> subprocess.Popen:
     return subprocess.Popen(["sleep", "1000"])
 
 
+@pytest.mark.slow
 def test_a_workspace_lives_as_long_as_its_owner_and_goes_when_it_is_killed(root, upstream):
     sha = upstream.shas[0]
     owner = start_owner()
@@ -121,6 +122,7 @@ def test_a_workspace_lives_as_long_as_its_owner_and_goes_when_it_is_killed(root,
     assert workspaces_of(root) == []
 
 
+@pytest.mark.slow
 def test_workspace_remove_asks_the_keeper_and_bad_paths_are_refused(root, upstream, tmp_path):
     sha = upstream.shas[0]
     owner = start_owner()
@@ -154,6 +156,7 @@ def test_a_bad_owner_or_directory_is_bad_argument_and_writes_nothing(root, upstr
     assert workspaces_of(root) == [] and not os.path.exists("relative")
 
 
+@pytest.mark.slow
 def test_a_killed_keeper_leaves_a_dead_workspace_the_next_workspace_call_reaps(root, upstream):
     sha = upstream.shas[0]
     owner = start_owner()
@@ -188,6 +191,7 @@ time.sleep(1000)
 """
 
 
+@pytest.mark.slow
 def test_a_library_owner_killed_by_sigkill_leaves_a_workspace_gc_reaps(root, upstream):
     sha = upstream.shas[0]
     proc = subprocess.Popen([sys.executable, "-c", LIBRARY_OWNER, root, upstream.path, sha],
@@ -207,6 +211,7 @@ def test_a_library_owner_killed_by_sigkill_leaves_a_workspace_gc_reaps(root, ups
     assert not os.path.exists(path) and workspaces_of(root) == []
 
 
+@pytest.mark.slow
 def test_gc_counts_live_workspaces_against_max_bytes_and_evicts_checkouts_for_them(root, upstream, monkeypatch):
     first, second = upstream.shas[0], upstream.shas[1]
     paths = {sha: wait_ready(root, upstream.path, sha)["path"] for sha in (first, second)}
@@ -305,6 +310,7 @@ def test_exec_writable_through_a_read_only_mount_writes_only_the_readers_own_dir
     assert snapshot_but_markers(writer.root) == before
 
 
+@pytest.mark.slow
 def test_a_killed_exec_writable_leaves_the_workspace_to_its_command_then_gc_reaps_it(root, upstream, tmp_path):
     """The command inherits the workspace's owner lock: SIGKILL of `exec --writable` leaves the
     workspace exactly as long as its command runs; then it is dead and gc reaps it."""

@@ -26,7 +26,7 @@ import attrs
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store import locks, records, tree
 from checkoutcache.store.layout import RepoPaths, commit_of, entries
-from checkoutcache.store.ready import looks_intact, top_names
+from checkoutcache.store.ready import SHARED_LOCK_WAIT, looks_intact, top_names
 from checkoutcache.testhooks import checkpoint
 
 HELD = "held"
@@ -59,7 +59,13 @@ def publish(paths: RepoPaths, built: str, name: str, extra: dict | None = None) 
     if tree.lexists(target):
         if is_published(paths, name):
             return False
+        # Askers looking at the damaged checkout take its marker's shared lock for a moment each
+        # (ready_record): only a lock held past that is a running command's.
+        deadline = time.monotonic() + SHARED_LOCK_WAIT
         moved = move_checkout_aside(paths, name, "replaced", clone_lock_held=True)
+        while moved.kept == HELD and time.monotonic() < deadline:
+            time.sleep(0.02)
+            moved = move_checkout_aside(paths, name, "replaced", clone_lock_held=True)
         if moved.kept == HELD:
             raise CheckoutCacheError("CLONE_FAILED", detail="a damaged checkout of this commit is held by a "
                                                             "running command; it is replaced once that ends")
