@@ -219,6 +219,21 @@ export class GatedProxy {
   }
 }
 
+// ------------------------------------------------------------ python
+
+/** The Python that runs serve, with this repository's code first on its path (as the Python tests run). */
+export function pythonCommand(): { python: string; env: NodeJS.ProcessEnv } {
+  const python = process.env["CHECKOUTCACHE_PYTHON"] || "python3";
+  const pythonPath = [REPO_ROOT, process.env["PYTHONPATH"]].filter(Boolean).join(":");
+  return { python, env: { ...process.env, PYTHONPATH: pythonPath } };
+}
+
+/** Run a Python program of this repository's code with `input` as JSON on its stdin; its stdout as JSON. */
+export function python(program: string, input: unknown): unknown {
+  const { python, env } = pythonCommand();
+  return JSON.parse(execFileSync(python, ["-c", program], { env, input: JSON.stringify(input), encoding: "utf8" }));
+}
+
 // ------------------------------------------------------------ serve
 
 export interface ServeOptions {
@@ -227,6 +242,8 @@ export interface ServeOptions {
   env?: Record<string, string>;
   /** The token file's text (default: TOKEN with every scope, SCOPED with team-a). */
   tokens?: string;
+  /** The port to listen on (default a free one): a serve back where an earlier one listened. */
+  port?: number;
 }
 
 /** A real `checkoutcache serve` on 127.0.0.1, from this repository's code (PYTHONPATH). */
@@ -239,18 +256,18 @@ export class Serve {
   }
 
   static async start(dir: string, options: ServeOptions = {}): Promise<Serve> {
-    const port = await freePort();
+    const port = options.port ?? await freePort();
     const tokenFile = join(dir, `tokens-${port}`);
     writeFileSync(tokenFile, options.tokens ?? `${TOKEN}\n${SCOPED} team-a\n`);
     const readyFile = join(dir, `ready-${port}`);
     const logFile = join(dir, `serve-${port}.log`);
-    const python = process.env["CHECKOUTCACHE_PYTHON"] || "python3";
-    const pythonPath = [REPO_ROOT, process.env["PYTHONPATH"]].filter(Boolean).join(":");
+    rmSync(readyFile, { force: true }); // an earlier serve's on this port: serve writes it, never removes it
+    const { python, env } = pythonCommand();
     const log = openSync(logFile, "w");
     const child = track(spawn(python, ["-m", "checkoutcache", "--root", join(dir, "root"), "serve",
       "--listen", `127.0.0.1:${port}`, "--token-file", tokenFile, "--ready-file", readyFile,
       "--gc-interval", "0", "--stop-timeout", "5s", ...(options.args ?? [])], {
-      env: { ...process.env, PYTHONPATH: pythonPath, ...(options.env ?? {}) },
+      env: { ...env, ...(options.env ?? {}) },
       stdio: ["ignore", "ignore", log],
     }));
     closeSync(log);
