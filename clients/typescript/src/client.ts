@@ -190,7 +190,9 @@ export class CheckoutCache {
         const now = Date.now();
         const retryAfter = typeof answer["retry_after"] === "number" ? answer["retry_after"] * 1000 : 0;
         const pause = Math.max(retryAfter, MIN_ASK_INTERVAL_MS - (now - asked), 0);
-        if (now >= deadline || (answer.state === "failed" && now + pause >= deadline)) return answer;
+        // After a failed answer, an ask with less than a second left could only start the retry (and
+        // answer cloning), never see it end: the failed answer is the better last word.
+        if (now >= deadline || (answer.state === "failed" && now + pause + MIN_ASK_INTERVAL_MS > deadline)) return answer;
         if (answer.state === "failed" && !retryAfter) return answer; // nothing says a later ask would do better
         await sleep(Math.min(pause, deadline - now), sig);
       }

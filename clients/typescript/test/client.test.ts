@@ -90,6 +90,22 @@ describe("checkouts", () => {
     assert.ok(recorder.calls.every((c) => c.status === 503));
   });
 
+  it("waitReady returns a failed answer rather than ask again with less than a second left (that ask could only start the retry)", async () => {
+    // A server that answers failed (retry after 1 s) and then cloning: the retry it would start.
+    const answers: string[] = [];
+    const canned = async (request: Request) => {
+      const body = JSON.parse(await request.text()) as { commit: string };
+      const failed = answers.length === 0;
+      answers.push(failed ? "failed" : "cloning");
+      return Response.json(failed ? { state: "failed", error: "UNKNOWN_COMMIT", message: "not there", next: "retried later", retry_after: 1, commit: body.commit }
+        : { state: "cloning", commit: body.commit, progress: {} }, { status: failed ? 503 : 202 });
+    };
+    const answer = await new CheckoutCache({ baseUrl: w.serve.baseUrl, fetch: canned })
+      .waitReady({ repo: w.repo, commit: "4123456789abcdef0123456789abcdef01234567", wait: 1.5 });
+    assert.equal(answer.state, "failed", JSON.stringify(answers));
+    assert.deepEqual(answers, ["failed"]);
+  });
+
   it("throws bad input as CheckoutCacheError with the code, next step and 400, and makes nothing", async () => {
     const bad = await thrown(client.ensure({ repo: w.repo, commit: "not-a-commit" }));
     assert.equal(bad.code, "BAD_COMMIT");
