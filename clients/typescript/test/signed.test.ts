@@ -3,14 +3,11 @@
 // only when it proves it comes from the token's holder; and a squatter on the API's port while
 // serve is down gets no token and cannot answer `ready` with a path of its own.
 import assert from "node:assert/strict";
-import { createHash, createHmac } from "node:crypto";
-import http from "node:http";
-import type { AddressInfo, Socket } from "node:net";
 import { rmSync } from "node:fs";
 import { after, before, describe, it } from "node:test";
 import { CheckoutCache, CheckoutCacheError, RepositoryBreaker } from "@checkoutcache/client";
 import { PROOF_HEADER, TokenKey } from "@checkoutcache/client/signing";
-import { Serve, TOKEN, recordingFetch, tempDir, world, type World } from "./helpers/index.js";
+import { Serve, Squatter, TOKEN, recordingFetch, tempDir, world, type World } from "./helpers/index.js";
 
 let w: World;
 let client: CheckoutCache;
@@ -163,47 +160,6 @@ describe("the client uses no answer that is not proved", () => {
     assert.equal(called, 0);
   });
 });
-
-/** A process on the API's port while serve is down: it answers every request `ready` with a path of its own. */
-class Squatter {
-  readonly received: Buffer[] = [];
-  private readonly sockets = new Set<Socket>();
-  private constructor(private readonly server: http.Server) {}
-
-  static async start(port: number, path: string): Promise<Squatter> {
-    const server = http.createServer();
-    const squatter = new Squatter(server);
-    server.on("connection", (socket) => {
-      squatter.sockets.add(socket);
-      socket.on("close", () => squatter.sockets.delete(socket));
-      socket.on("data", (chunk: Buffer) => squatter.received.push(chunk)); // the bytes as they came
-    });
-    server.on("request", (request, response) => {
-      request.resume();
-      request.on("end", () => {
-        const body = JSON.stringify({ state: "ready", repo: "anything", commit: "0".repeat(40), path });
-        // A proof as one without the token can make it: the right string, under a guessed key.
-        const mac = /mac=([0-9a-f]{64})/.exec(request.headers.authorization ?? "")?.[1] ?? "";
-        const digest = createHash("sha256").update(body).digest("hex");
-        const proof = createHmac("sha256", "a-guessed-token-0000").update(`checkoutcache-answer-v1\n${mac}\n200\n${digest}`).digest("hex");
-        response.writeHead(200, { "content-type": "application/json", [PROOF_HEADER]: proof });
-        response.end(body);
-      });
-    });
-    await new Promise<void>((done, fail) => { server.once("error", fail); server.listen(port, "127.0.0.1", done); });
-    assert.equal((server.address() as AddressInfo).port, port);
-    return squatter;
-  }
-
-  bytes(): string {
-    return Buffer.concat(this.received).toString("latin1");
-  }
-
-  async close(): Promise<void> {
-    for (const socket of this.sockets) socket.destroy();
-    await new Promise<void>((done) => this.server.close(() => done()));
-  }
-}
 
 describe("a squatter on the API's port while serve is down", () => {
   it("gets no token and its ready path is refused (NOT_THE_WRITER); a bearer client would give both away", async () => {

@@ -4,6 +4,8 @@
 // for as long as a test needs (tests/helpers/gate.py), so nothing waits on a time.
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, closeSync } from "node:fs";
+import { createHash, createHmac } from "node:crypto";
+import http from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -376,6 +378,52 @@ export async function world(name: string, options: ServeOptions = {}): Promise<W
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * A process on the API's port while serve is down (port 0: any free one): it answers every request
+ * `ready` with a path of its own, and keeps every byte it received.
+ */
+export class Squatter {
+  readonly received: Buffer[] = [];
+  port = 0;
+  private readonly sockets = new Set<net.Socket>();
+  private constructor(private readonly server: http.Server) {}
+
+  static async start(port: number, path: string): Promise<Squatter> {
+    const server = http.createServer();
+    const squatter = new Squatter(server);
+    server.on("connection", (socket) => {
+      squatter.sockets.add(socket);
+      socket.on("close", () => squatter.sockets.delete(socket));
+      socket.on("data", (chunk: Buffer) => squatter.received.push(chunk)); // the bytes as they came
+    });
+    server.on("request", (request, response) => {
+      request.resume();
+      request.on("end", () => {
+        const body = JSON.stringify({ state: "ready", repo: "anything", commit: "0".repeat(40), path });
+        // A proof as one without the token can make it: the right string, under a guessed key.
+        const mac = /mac=([0-9a-f]{64})/.exec(request.headers.authorization ?? "")?.[1] ?? "";
+        const digest = createHash("sha256").update(body).digest("hex");
+        const proof = createHmac("sha256", "a-guessed-token-0000").update(`checkoutcache-answer-v1\n${mac}\n200\n${digest}`).digest("hex");
+        response.writeHead(200, { "content-type": "application/json", "x-checkoutcache-proof": proof });
+        response.end(body);
+      });
+    });
+    await new Promise<void>((done, fail) => { server.once("error", fail); server.listen(port, "127.0.0.1", done); });
+    const address = server.address();
+    squatter.port = typeof address === "object" && address ? address.port : 0;
+    return squatter;
+  }
+
+  bytes(): string {
+    return Buffer.concat(this.received).toString("latin1");
+  }
+
+  async close(): Promise<void> {
+    for (const socket of this.sockets) socket.destroy();
+    await new Promise<void>((done) => this.server.close(() => done()));
+  }
 }
 
 /** A fetch that records what it sends and may change what comes back (an injected fetch). */
