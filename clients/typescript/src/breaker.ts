@@ -6,8 +6,8 @@
 // calling `fn`, with a next step that sends the review to its read-only source tools.
 //
 // Rules (each has a test in test/breaker.test.ts):
-// - a repository goes down when a call reports the sidecar unavailable (UNAVAILABLE, TIMEOUT,
-//   SERVER_BUSY, SHUTTING_DOWN, INTERNAL_ERROR or any other 5xx), when its checkout could not be
+// - a repository goes down when a call reports the sidecar unavailable (UNAVAILABLE, NOT_THE_WRITER,
+//   TIMEOUT, SERVER_BUSY, SHUTTING_DOWN, INTERNAL_ERROR or any other 5xx), when its checkout could not be
 //   started (a failed answer; the repository refused or unusable: 401, 403, BAD_REPO,
 //   UNSAFE_TRANSPORT, NOT_A_REPOSITORY), or after `missedWaits` (2) missed waits (a call that
 //   ended with the checkout still cloning);
@@ -40,8 +40,10 @@ export interface RepositoryState {
 /** The breaker's verdict on one outcome of `fn`. */
 export type Outcome = "success" | "missed" | "down" | "neutral";
 
-const UNAVAILABLE_CODES = new Set<string>([CLIENT_CODES.UNAVAILABLE, CLIENT_CODES.TIMEOUT, "SERVER_BUSY", "SHUTTING_DOWN",
-  "INTERNAL_ERROR"]);
+// NOT_THE_WRITER: what answered could not prove it is the sidecar (a squatter on its address while
+// serve is down): the sidecar is not there for this turn.
+const UNAVAILABLE_CODES = new Set<string>([CLIENT_CODES.UNAVAILABLE, CLIENT_CODES.NOT_THE_WRITER, CLIENT_CODES.TIMEOUT,
+  "SERVER_BUSY", "SHUTTING_DOWN", "INTERNAL_ERROR"]);
 /** Input errors that say this repository's checkout cannot be started (not the call's other arguments). */
 const REPOSITORY_REFUSED = new Set(["BAD_REPO", "UNSAFE_TRANSPORT", "NOT_A_REPOSITORY", "FORBIDDEN_REPOSITORY"]);
 

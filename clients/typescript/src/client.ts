@@ -10,12 +10,17 @@
 // - Every call has a budget: its wait plus `timeout` (60 s) unless the caller gives `budget` or an
 //   AbortSignal; when it runs out the call throws TIMEOUT at once, whatever the fetch underneath
 //   does with the abort (a fetch that ignores its signal cannot make a call hang).
-// - The token (a string or a function, asked at each request) is sent only to endpoints that need
-//   it, so a rotated token is used from the next request on.
+// - The token (a string or a function, asked at each request, so a rotated token is used from the
+//   next request on) never crosses the wire by default: each request is signed (src/signing.ts,
+//   checkoutcache/signing.py), public endpoints included, and an answer (but a 401) that does not
+//   prove it comes from the token's holder throws NOT_THE_WRITER with nothing of it used: while
+//   serve is down, whatever binds its address learns no token and cannot answer `ready` with a
+//   path of its own. With auth "bearer" the token is sent, only to endpoints that need it.
 // - Answers keep every field the server sent, the ones the document does not name yet included.
 import createClient from "openapi-fetch";
 import { CheckoutCacheError, CLIENT_CODES } from "./errors.js";
 import { durationSeconds } from "./durations.js";
+import { PROOF_HEADER, TokenKey } from "./signing.js";
 import type { paths } from "./generated/openapi.js";
 import type {
   Answer, CloningAnswer, Duration, EnsureRequest, FailedAnswer, GcReport, GcRequest, Health, HeldAnswer,
@@ -30,11 +35,24 @@ export interface Fetcher {
   fetch(input: Request): Promise<Response>;
 }
 
+/**
+ * How a request proves the caller holds the token: "signed" (an HMAC of the request; the answer
+ * must prove it comes from the token's holder) or "bearer" (`Authorization: Bearer <token>`).
+ */
+export type Auth = "signed" | "bearer";
+
 export interface CheckoutCacheOptions {
   /** Where serve answers, e.g. http://127.0.0.1:8787 (with an injected fetch: the URL it is given). */
   baseUrl: string;
-  /** The bearer token, or a function returning it (or a promise of it), asked at each request. */
+  /** The API token, or a function returning it (or a promise of it), asked at each request. */
   token?: TokenSource | undefined;
+  /**
+   * "signed" (the default with a token): the token never crosses the wire, every request is signed
+   * and every answer but a 401 must carry serve's proof (else NOT_THE_WRITER). "bearer": the token
+   * is sent as it is, for a proxy that must see a bearer token, or where nothing but serve can hold
+   * the address (a platform's own connection to its container).
+   */
+  auth?: Auth | undefined;
   /**
    * The fetch to send requests with: a function, or an object whose fetch method is called as its
    * method (pass `container.getTcpPort(8787)` itself, or `(r) => port.fetch(r)`: a Worker's
@@ -84,12 +102,20 @@ const PUBLIC = new Set(["/healthz", "/readyz", "/openapi.json"]);
 
 type Api = ReturnType<typeof createClient<paths>>;
 type Reply = { data?: unknown; error?: unknown; response: Response };
+/** What one request is sent with: its headers and the fetch that sends it (the signing one, when signed). */
+type Transport = { headers: Record<string, string>; fetch: FetchLike };
+/** Statuses whose Response must have no body. */
+const NULL_BODY = new Set([101, 204, 205, 304]);
 
 export class CheckoutCache {
   readonly baseUrl: string;
   readonly timeout: number;
+  /** How requests carry the token ("signed" or "bearer"), undefined without one. */
+  readonly auth: Auth | undefined;
   private readonly token: TokenSource | undefined;
   private readonly api: Api;
+  private readonly send: FetchLike;
+  private key: TokenKey | undefined; // the last token's, reused while the token function gives the same
 
   constructor(options: CheckoutCacheOptions) {
     if (!options || typeof options.baseUrl !== "string" || !/^https?:\/\//i.test(options.baseUrl)) {
@@ -100,6 +126,13 @@ export class CheckoutCache {
     this.baseUrl = options.baseUrl.replace(/\/+$/, "");
     this.timeout = timeout;
     this.token = options.token;
+    if (options.auth !== undefined && options.auth !== "signed" && options.auth !== "bearer") {
+      throw new TypeError(`CheckoutCache: auth must be "signed" or "bearer", got ${JSON.stringify(options.auth)}`);
+    }
+    if (options.auth !== undefined && options.token === undefined) {
+      throw new TypeError(`CheckoutCache: auth ${JSON.stringify(options.auth)} needs a token`);
+    }
+    this.auth = options.token === undefined ? undefined : options.auth ?? "signed";
     const injected = options.fetch;
     if (injected !== undefined && typeof injected !== "function" && typeof injected?.fetch !== "function") {
       throw new TypeError("CheckoutCache: fetch must be a function or an object with a fetch method");
@@ -107,6 +140,7 @@ export class CheckoutCache {
     const send: FetchLike = typeof injected === "function" ? (request) => injected(request)
       : injected ? (request) => injected.fetch(request)
       : (request) => globalThis.fetch(request); // looked up at each request, never captured
+    this.send = send;
     this.api = createClient<paths>({ baseUrl: this.baseUrl, fetch: send });
   }
 
@@ -156,7 +190,9 @@ export class CheckoutCache {
         const now = Date.now();
         const retryAfter = typeof answer["retry_after"] === "number" ? answer["retry_after"] * 1000 : 0;
         const pause = Math.max(retryAfter, MIN_ASK_INTERVAL_MS - (now - asked), 0);
-        if (now >= deadline || (answer.state === "failed" && now + pause >= deadline)) return answer;
+        // After a failed answer, an ask with less than a second left could only start the retry (and
+        // answer cloning), never see it end: the failed answer is the better last word.
+        if (now >= deadline || (answer.state === "failed" && now + pause + MIN_ASK_INTERVAL_MS > deadline)) return answer;
         if (answer.state === "failed" && !retryAfter) return answer; // nothing says a later ask would do better
         await sleep(Math.min(pause, deadline - now), sig);
       }
@@ -168,7 +204,7 @@ export class CheckoutCache {
     const { signal, budget, ...request } = options;
     return this.call(budgetFor(budget, request.wait, this.timeout), signal, async (sig) => {
       const { status, body, response } = await this.exchange("/v1/hold", sig,
-        (headers) => this.api.POST("/v1/hold", { body: request, signal: sig, headers }));
+        (transport) => this.api.POST("/v1/hold", { body: request, signal: sig, ...transport }));
       if (status === 200 && isObject(body) && body["state"] === "ready" && typeof body["hold"] === "string") {
         return this.held(body as HeldAnswer);
       }
@@ -186,7 +222,7 @@ export class CheckoutCache {
     const id = typeof hold === "string" ? hold : hold.hold;
     return this.call(options.budget ?? this.timeout, options.signal, async (sig) => {
       const { status, body, response } = await this.exchange("/v1/release", sig,
-        (headers) => this.api.POST("/v1/release", { body: { hold: id }, signal: sig, headers }));
+        (transport) => this.api.POST("/v1/release", { body: { hold: id }, signal: sig, ...transport }));
       if (status === 200 && isObject(body) && body["released"] === true) return true as const;
       throw errorFrom("POST /v1/release", response, body);
     });
@@ -196,40 +232,40 @@ export class CheckoutCache {
 
   /** GET /v1/status: what the root holds (a token sees its own scopes only). */
   async status(options: CallOptions = {}): Promise<StatusReport> {
-    return this.json("/v1/status", options, (sig, headers) => this.api.GET("/v1/status", { signal: sig, headers })) as Promise<StatusReport>;
+    return this.json("/v1/status", options, (sig, transport) => this.api.GET("/v1/status", { signal: sig, ...transport })) as Promise<StatusReport>;
   }
 
   /** GET /v1/workspaces: the workspaces directory as the sidecar sees it. */
   async workspaces(options: CallOptions = {}): Promise<WorkspacesReport> {
-    return this.json("/v1/workspaces", options, (sig, headers) => this.api.GET("/v1/workspaces", { signal: sig, headers })) as Promise<WorkspacesReport>;
+    return this.json("/v1/workspaces", options, (sig, transport) => this.api.GET("/v1/workspaces", { signal: sig, ...transport })) as Promise<WorkspacesReport>;
   }
 
   /** POST /v1/gc: one gc run with the limits given (they can only tighten the operator's). */
   async gc(options: GcOptions = {}): Promise<GcReport> {
     const { signal, budget, ...limits } = options;
-    return this.json("/v1/gc", { signal, budget }, (sig, headers) => this.api.POST("/v1/gc", { body: limits, signal: sig, headers })) as Promise<GcReport>;
+    return this.json("/v1/gc", { signal, budget }, (sig, transport) => this.api.POST("/v1/gc", { body: limits, signal: sig, ...transport })) as Promise<GcReport>;
   }
 
   /** GET /healthz: whether the process answers (no token). */
   async health(options: CallOptions = {}): Promise<Health> {
-    return this.probe("/healthz", options, (sig) => this.api.GET("/healthz", { signal: sig })) as Promise<Health>;
+    return this.probe("/healthz", options, (sig, transport) => this.api.GET("/healthz", { signal: sig, ...transport })) as Promise<Health>;
   }
 
   /** GET /readyz: whether the root is usable; `ok: false` with the checks saying why (no token). */
   async ready(options: CallOptions = {}): Promise<Readiness> {
-    return this.probe("/readyz", options, (sig) => this.api.GET("/readyz", { signal: sig })) as Promise<Readiness>;
+    return this.probe("/readyz", options, (sig, transport) => this.api.GET("/readyz", { signal: sig, ...transport })) as Promise<Readiness>;
   }
 
   /** GET /openapi.json: the OpenAPI document this server answers by (no token). */
   async openapi(options: CallOptions = {}): Promise<Record<string, unknown>> {
-    return this.json("/openapi.json", options, (sig) => this.api.GET("/openapi.json", { signal: sig })) as Promise<Record<string, unknown>>;
+    return this.json("/openapi.json", options, (sig, transport) => this.api.GET("/openapi.json", { signal: sig, ...transport })) as Promise<Record<string, unknown>>;
   }
 
   /** GET /metrics: the Prometheus text exposition. */
   async metrics(options: CallOptions = {}): Promise<string> {
     return this.call(options.budget ?? this.timeout, options.signal, async (sig) => {
       const { status, body, response } = await this.exchange("/metrics", sig,
-        (headers) => this.api.GET("/metrics", { signal: sig, headers, parseAs: "text" }));
+        (transport) => this.api.GET("/metrics", { signal: sig, ...transport, parseAs: "text" }));
       const type = response.headers.get("content-type") ?? "";
       if (status === 200 && typeof body === "string" && type.startsWith("text/plain")) return body;
       throw errorFrom("GET /metrics", response, typeof body === "string" ? parseJson(body) : body);
@@ -240,7 +276,7 @@ export class CheckoutCache {
 
   private async ensureOnce(request: EnsureRequest, signal: AbortSignal): Promise<Answer> {
     const { status, body, response } = await this.exchange("/v1/ensure", signal,
-      (headers) => this.api.POST("/v1/ensure", { body: request, signal, headers }));
+      (transport) => this.api.POST("/v1/ensure", { body: request, signal, ...transport }));
     if (isObject(body)) {
       const state = body["state"];
       if ((status === 200 && state === "ready") || (status === 202 && state === "cloning")) return body as Answer;
@@ -266,18 +302,18 @@ export class CheckoutCache {
     return Object.assign({}, answer, { release }) as Hold;
   }
 
-  private async json(path: string, options: CallOptions, send: (signal: AbortSignal, headers: Record<string, string>) => Promise<Reply>): Promise<unknown> {
+  private async json(path: string, options: CallOptions, send: (signal: AbortSignal, transport: Transport) => Promise<Reply>): Promise<unknown> {
     return this.call(options.budget ?? this.timeout, options.signal, async (sig) => {
-      const { status, body, response } = await this.exchange(path, sig, (headers) => send(sig, headers));
+      const { status, body, response } = await this.exchange(path, sig, (transport) => send(sig, transport));
       if (status === 200 && isObject(body) && isJson(response)) return body;
       throw errorFrom(path, response, body);
     });
   }
 
   /** /healthz and /readyz answer their report with 200 and with 503 (not ready): both are data. */
-  private async probe(path: string, options: CallOptions, send: (signal: AbortSignal) => Promise<Reply>): Promise<unknown> {
+  private async probe(path: string, options: CallOptions, send: (signal: AbortSignal, transport: Transport) => Promise<Reply>): Promise<unknown> {
     return this.call(options.budget ?? this.timeout, options.signal, async (sig) => {
-      const { status, body, response } = await this.exchange(path, sig, () => send(sig));
+      const { status, body, response } = await this.exchange(path, sig, (transport) => send(sig, transport));
       if ((status === 200 || status === 503) && isObject(body) && typeof body["ok"] === "boolean" && !("error" in body)) return body;
       throw errorFrom(path, response, body);
     });
@@ -286,14 +322,15 @@ export class CheckoutCache {
   /**
    * One request: the token asked for (the caller's function: what it throws is its own), then
    * the exchange, where whatever fails (the fetch rejects, the connection drops mid-body, a body
-   * that is not JSON) is UNAVAILABLE, whichever runtime's error type it came as.
+   * that is not JSON) is UNAVAILABLE, whichever runtime's error type it came as, and an unproven
+   * answer to a signed request is NOT_THE_WRITER.
    */
-  private async exchange(path: string, signal: AbortSignal, send: (headers: Record<string, string>) => Promise<Reply>):
+  private async exchange(path: string, signal: AbortSignal, send: (transport: Transport) => Promise<Reply>):
       Promise<{ status: number; body: unknown; response: Response }> {
-    const headers = await this.auth(path);
+    const transport = await this.transport(path);
     let reply: Reply;
     try {
-      reply = await send(headers);
+      reply = await send(transport);
     } catch (error) {
       if (error instanceof CheckoutCacheError || signal.aborted) throw error; // an abort: call() says which
       throw unavailable(path, error);
@@ -301,13 +338,45 @@ export class CheckoutCache {
     return { status: reply.response.status, body: bodyOf(reply), response: reply.response };
   }
 
-  private async auth(path: string): Promise<Record<string, string>> {
-    if (PUBLIC.has(path) || this.token === undefined) return {};
+  private async transport(path: string): Promise<Transport> {
+    if (this.token === undefined || (this.auth === "bearer" && PUBLIC.has(path))) return { headers: {}, fetch: this.send };
     const token = typeof this.token === "function" ? await this.token() : this.token;
     if (typeof token !== "string" || !token) {
       throw new TypeError("CheckoutCache: the token function must return a non-empty string");
     }
-    return { Authorization: `Bearer ${token}` };
+    if (this.auth === "bearer") return { headers: { Authorization: `Bearer ${token}` }, fetch: this.send };
+    if (this.key?.token !== token) this.key = new TokenKey(token);
+    const key = this.key;
+    return { headers: {}, fetch: (request) => this.signed(request, key) };
+  }
+
+  /**
+   * Send one request signed, as it stands (its method, its target as sent, its exact body bytes),
+   * and give back its answer only once the answer proves it comes from the token's holder (a 401
+   * proves nothing, and tells nothing a squatter could use). A redirect is not followed: it is
+   * an answer like any other, unproven unless serve made it.
+   */
+  private async signed(request: Request, key: TokenKey): Promise<Response> {
+    const body = new Uint8Array(await request.arrayBuffer());
+    const url = new URL(request.url);
+    const { authorization, mac } = await key.sign(request.method, url.pathname + url.search, body);
+    const headers = new Headers(request.headers);
+    headers.set("Authorization", authorization);
+    const response = await this.send(new Request(request.url, {
+      method: request.method, headers, body: request.method === "GET" || request.method === "HEAD" ? null : body,
+      signal: request.signal, redirect: "manual",
+    }));
+    const answer = new Uint8Array(await response.arrayBuffer());
+    if (response.status !== 401 && !(await key.proves(mac, response.status, answer, response.headers.get(PROOF_HEADER)))) {
+      throw new CheckoutCacheError({ code: CLIENT_CODES.NOT_THE_WRITER,
+        message: `${request.method} ${url.pathname}: the answer (HTTP ${response.status}) does not prove it comes from the holder `
+          + "of the token: not the sidecar; nothing of it is used",
+        next: "the sidecar could not prove it holds the token: a process squatting its address (serve down or restarting)? "
+          + "Treat the sidecar as unavailable for now; if it persists, check that serve runs at baseUrl with this token "
+          + "(serve's 403 for a Host or Origin it refuses, and its public endpoints asked with a token it does not hold, carry no proof)" });
+    }
+    return new Response(NULL_BODY.has(response.status) ? null : answer,
+      { status: response.status, statusText: response.statusText, headers: response.headers });
   }
 
   /**

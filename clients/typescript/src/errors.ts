@@ -7,6 +7,11 @@ import type { CloningAnswer, FailedAnswer } from "./types.js";
 export const CLIENT_CODES = {
   /** The sidecar could not be reached, or what answered is not the API (a proxy's page, no JSON). */
   UNAVAILABLE: "UNAVAILABLE",
+  /**
+   * A signed request's answer (any status but 401) did not prove it comes from the holder of the
+   * token: not the sidecar (a process squatting its address?), so nothing of it is used.
+   */
+  NOT_THE_WRITER: "NOT_THE_WRITER",
   /** The call's budget passed (its wait plus the client's timeout, or the caller's AbortSignal.timeout). */
   TIMEOUT: "TIMEOUT",
   /** The caller's AbortSignal was aborted (not by a timeout). */

@@ -1,7 +1,7 @@
 // @checkoutcache/client: the sidecar's HTTP API (docs/http-api.md) for Workers and Node.
 export { CheckoutCache } from "./client.js";
 export type {
-  CallOptions, CheckoutCacheOptions, EnsureOptions, Fetcher, FetchLike, GcOptions, Hold, HoldOptions, TokenSource, WaitReadyOptions,
+  Auth, CallOptions, CheckoutCacheOptions, EnsureOptions, Fetcher, FetchLike, GcOptions, Hold, HoldOptions, TokenSource, WaitReadyOptions,
 } from "./client.js";
 export { CheckoutCacheError, CLIENT_CODES, isCheckoutCacheError } from "./errors.js";
 export type { CheckoutCacheErrorInit, ClientCode } from "./errors.js";

@@ -90,6 +90,22 @@ describe("checkouts", () => {
     assert.ok(recorder.calls.every((c) => c.status === 503));
   });
 
+  it("waitReady returns a failed answer rather than ask again with less than a second left (that ask could only start the retry)", async () => {
+    // A server that answers failed (retry after 1 s) and then cloning: the retry it would start.
+    const answers: string[] = [];
+    const canned = async (request: Request) => {
+      const body = JSON.parse(await request.text()) as { commit: string };
+      const failed = answers.length === 0;
+      answers.push(failed ? "failed" : "cloning");
+      return Response.json(failed ? { state: "failed", error: "UNKNOWN_COMMIT", message: "not there", next: "retried later", retry_after: 1, commit: body.commit }
+        : { state: "cloning", commit: body.commit, progress: {} }, { status: failed ? 503 : 202 });
+    };
+    const answer = await new CheckoutCache({ baseUrl: w.serve.baseUrl, fetch: canned })
+      .waitReady({ repo: w.repo, commit: "4123456789abcdef0123456789abcdef01234567", wait: 1.5 });
+    assert.equal(answer.state, "failed", JSON.stringify(answers));
+    assert.deepEqual(answers, ["failed"]);
+  });
+
   it("throws bad input as CheckoutCacheError with the code, next step and 400, and makes nothing", async () => {
     const bad = await thrown(client.ensure({ repo: w.repo, commit: "not-a-commit" }));
     assert.equal(bad.code, "BAD_COMMIT");
@@ -113,7 +129,8 @@ describe("checkouts", () => {
     const sha = w.upstream.shas[0]!;
     const base = w.upstream.shas[1]!;
     const recorder = recordingFetch((json) => json["state"] === "ready" ? { ...json, history: "complete", merge_base: base } : json);
-    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: recorder.fetch });
+    // bearer: an answer rewritten on its way proves nothing, and a signed client refuses it (signed.test.ts)
+    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth: "bearer", fetch: recorder.fetch });
     const answer = await watched.ensure({ repo: w.repo, commit: sha, wait: 60, history: "full", base });
     const sent = JSON.parse(recorder.calls.at(-1)!.body!);
     assert.equal(sent.history, "full");
@@ -132,7 +149,7 @@ describe("checkouts", () => {
     const sha = w.fresh();
     w.proxy.shut();
     const recorder = recordingFetch((json) => json["state"] === "cloning" ? { ...json, queue: { position: 2, of: 3 } } : json);
-    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: recorder.fetch });
+    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth: "bearer", fetch: recorder.fetch });
     const answer = await watched.ensure({ repo: w.gatedRepo, commit: sha });
     assert.equal(answer.state, "cloning");
     assert.deepEqual(answer["queue"], { position: 2, of: 3 });
@@ -157,21 +174,38 @@ describe("tokens and the injected fetch", () => {
     assert.equal((await thrown(none.status())).status, 401);
   });
 
-  it("sends every request through the injected fetch, the token only where it is needed", async () => {
-    const recorder = recordingFetch();
-    let asked = 0;
-    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: () => { asked++; return TOKEN; }, fetch: recorder.fetch });
-    await watched.ensure({ repo: w.repo, commit: w.upstream.shas[0]! });
-    await watched.status();
-    await watched.health();
-    await watched.ready();
-    await watched.openapi();
-    await watched.metrics();
-    const paths = recorder.calls.map((c) => `${c.method} ${new URL(c.url).pathname}`);
-    assert.deepEqual(paths, ["POST /v1/ensure", "GET /v1/status", "GET /healthz", "GET /readyz", "GET /openapi.json", "GET /metrics"]);
-    const withToken = recorder.calls.filter((c) => c.authorization === `Bearer ${TOKEN}`).map((c) => new URL(c.url).pathname);
+  it("sends every request through the injected fetch: signed, the token never in it; bearer, only where it is needed", async () => {
+    const every = ["POST /v1/ensure", "GET /v1/status", "GET /healthz", "GET /readyz", "GET /openapi.json", "GET /metrics"];
+    const drive = async (auth: "signed" | "bearer" | undefined) => {
+      const recorder = recordingFetch();
+      let asked = 0;
+      const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: () => { asked++; return TOKEN; }, auth, fetch: recorder.fetch });
+      await watched.ensure({ repo: w.repo, commit: w.upstream.shas[0]! });
+      await watched.status();
+      await watched.health();
+      await watched.ready();
+      await watched.openapi();
+      await watched.metrics();
+      assert.deepEqual(recorder.calls.map((c) => `${c.method} ${new URL(c.url).pathname}`), every);
+      return { calls: recorder.calls, asked, client: watched };
+    };
+    const signed = await drive(undefined); // the default with a token
+    assert.equal(signed.client.auth, "signed");
+    assert.equal(signed.calls.length, every.length);
+    for (const call of signed.calls) {
+      assert.match(call.authorization ?? "", /^CheckoutCache-HMAC key=token-[0-9a-f]{12}, ts=\d+, nonce=[0-9a-f]{32}, body=[0-9a-f]{64}, mac=[0-9a-f]{64}$/);
+      assert.ok(!JSON.stringify(call).includes(TOKEN), "the token is in no request");
+    }
+    assert.equal(signed.asked, every.length); // public endpoints are signed too: the token is asked at each request
+    const bearer = await drive("bearer");
+    assert.equal(bearer.client.auth, "bearer");
+    const withToken = bearer.calls.filter((c) => c.authorization === `Bearer ${TOKEN}`).map((c) => new URL(c.url).pathname);
     assert.deepEqual(withToken, ["/v1/ensure", "/v1/status", "/metrics"]);
-    assert.equal(asked, 3); // asked at each request that needs it
+    assert.ok(bearer.calls.every((c) => c.authorization === null || c.authorization === `Bearer ${TOKEN}`));
+    assert.equal(bearer.asked, 3); // asked at each request that needs it
+    assert.equal(new CheckoutCache({ baseUrl: w.serve.baseUrl }).auth, undefined);
+    assert.throws(() => new CheckoutCache({ baseUrl: w.serve.baseUrl, auth: "signed" }), /needs a token/);
+    assert.throws(() => new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth: "hmac" as "signed" }), /auth must be/);
   });
 
   it("is refused by serve when a fetch adds an Origin header (FORBIDDEN_ORIGIN, 403)", async () => {
@@ -180,10 +214,15 @@ describe("tokens and the injected fetch", () => {
       headers.set("Origin", "https://example.invalid");
       return fetch(new Request(request, { headers }));
     };
-    const refused = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: browserish });
+    const refused = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth: "bearer", fetch: browserish });
     const error = await thrown(refused.status());
     assert.equal(error.code, "FORBIDDEN_ORIGIN");
     assert.equal(error.status, 403);
+    // serve refuses an Origin before it reads the signature, so that 403 carries no proof: a signed
+    // client cannot tell it from a squatter's answer, and uses nothing of it.
+    const signed = await thrown(new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: browserish }).status());
+    assert.equal(signed.code, "NOT_THE_WRITER");
+    assert.equal(signed.status, undefined);
   });
 
   it("throws UNAVAILABLE when nothing listens, and for an answer that is not the API's", async () => {
@@ -193,10 +232,12 @@ describe("tokens and the injected fetch", () => {
     assert.equal(error.code, "UNAVAILABLE");
     assert.equal(error.status, undefined);
     const proxyPage = async () => new Response("<html>502 Bad Gateway</html>", { status: 502, headers: { "content-type": "text/html" } });
-    const behind = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: proxyPage });
+    const behind = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth: "bearer", fetch: proxyPage });
     const page = await thrown(behind.ensure({ repo: w.repo, commit: w.upstream.shas[0]! }));
     assert.equal(page.code, "UNAVAILABLE");
     assert.equal(page.status, 502);
+    const signedBehind = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: proxyPage });
+    assert.equal((await thrown(signedBehind.ensure({ repo: w.repo, commit: w.upstream.shas[0]! }))).code, "NOT_THE_WRITER"); // unproven
     const notJson = async () => new Response("ok", { status: 200, headers: { "content-type": "text/plain" } });
     assert.equal((await thrown(new CheckoutCache({ baseUrl: w.serve.baseUrl, fetch: notJson }).status())).code, "UNAVAILABLE");
   });

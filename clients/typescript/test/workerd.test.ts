@@ -1,15 +1,17 @@
 // The client in the Workers runtime itself: workerd (the `workerd` package ships its binary) runs
 // test/workerd/worker.js with the built dist/ as its modules, and reaches the real serve only
-// through a service binding, as a Worker reaches its container's port.
+// through a service binding, as a Worker reaches its container's port: signed (workerd's
+// WebCrypto), and with auth "bearer".
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
 import { copyFileSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, it } from "node:test";
-import { PACKAGE_DIR, TOKEN, freePort, track, waitUntil, world, type World } from "./helpers/index.js";
+import { PACKAGE_DIR, Squatter, TOKEN, freePort, track, waitUntil, world, type World } from "./helpers/index.js";
 
 let w: World;
+let squatter: Squatter;
 let workerd: ChildProcess;
 let workerUrl: string;
 let log = "";
@@ -43,12 +45,14 @@ before(async () => {
   const modules = lay(dir);
   const port = await freePort();
   const dead = await freePort();
+  squatter = await Squatter.start(0, "/tmp/the-squatters-tree");
   writeFileSync(join(dir, "config.capnp"), `using Workerd = import "/workerd/workerd.capnp";
 const config :Workerd.Config = (
   services = [
     (name = "main", worker = .worker),
     (name = "sidecar", external = (address = "127.0.0.1:${w.serve.port}", http = ())),
     (name = "dead", external = (address = "127.0.0.1:${dead}", http = ())),
+    (name = "squatter", external = (address = "127.0.0.1:${squatter.port}", http = ())),
   ],
   sockets = [ (name = "http", address = "127.0.0.1:${port}", http = (), service = "main") ],
 );
@@ -57,7 +61,7 @@ const worker :Workerd.Worker = (
     ${modules.join(",\n    ")},
   ],
   compatibilityDate = "2024-09-23",
-  bindings = [ (name = "SIDECAR", service = "sidecar"), (name = "DEAD", service = "dead") ],
+  bindings = [ (name = "SIDECAR", service = "sidecar"), (name = "DEAD", service = "dead"), (name = "SQUATTER", service = "squatter") ],
 );
 `);
   workerd = track(spawn(join(PACKAGE_DIR, "node_modules/.bin/workerd"), ["serve", "config.capnp"], { cwd: dir, stdio: ["ignore", "pipe", "pipe"] }));
@@ -75,6 +79,7 @@ after(async () => {
     workerd.kill("SIGTERM");
     await new Promise((done) => workerd.once("exit", done));
   }
+  await squatter?.close();
   await w?.close();
 });
 
@@ -85,9 +90,12 @@ async function scenario(name: string, config: Record<string, unknown>): Promise<
   return body;
 }
 
-it("drives every call of the built package from inside workerd through a service binding", async () => {
+for (const auth of [undefined, "bearer"] as const) {
+it(`drives every call of the built package from inside workerd through a service binding (auth ${auth ?? "signed, the default"})`, async () => {
   const missing = "3123456789abcdef0123456789abcdef01234567";
-  const out = await scenario("calls", { repo: w.repo, sha: w.upstream.shas[0], missing });
+  const before = squatter.received.length;
+  const out = await scenario("calls", { repo: w.repo, sha: w.upstream.shas[0], missing, auth });
+  assert.equal(out.auth, auth ?? "signed");
   assert.equal(out.ready.value.state, "ready", JSON.stringify(out.ready));
   assert.equal(out.ready.value.commit, w.upstream.shas[0]);
   assert.match(readFileSync(join(out.ready.value.path, "README.md"), "utf8"), /version 0/);
@@ -125,7 +133,25 @@ it("drives every call of the built package from inside workerd through a service
   assert.equal(out.breakerFailed.value.state, "failed");
   assert.equal(out.breakerFailedDown.down, true);
   assert.equal(out.nextTurn.value.state, "ready");
+  const toSquatter = Buffer.concat(squatter.received.slice(before)).toString("latin1");
+  assert.match(toSquatter, /^POST \/v1\/ensure HTTP\/1\.1\r\n/, "the squatter was asked");
+  if (auth === "bearer") {
+    assert.deepEqual(out.sent.schemes, ["Bearer", null]); // public endpoints without it
+    assert.equal(out.sent.tokenSent, true);
+    assert.equal(out.stripped.value.state, "ready"); // nothing to prove: taken as it came
+    assert.equal(out.squatter.value.path, "/tmp/the-squatters-tree"); // believed...
+    assert.ok(toSquatter.includes(`Bearer ${TOKEN}`)); // ...and handed the token
+  } else {
+    assert.deepEqual(out.sent.schemes, ["CheckoutCache-HMAC"]); // every request, public ones included
+    assert.equal(out.sent.count, 13); // ensure x3, hold, release x2, status, workspaces, gc, healthz, readyz, openapi, metrics
+    assert.equal(out.sent.tokenSent, false);
+    assert.equal(out.stripped.error.code, "NOT_THE_WRITER");
+    assert.equal(out.squatter.error.code, "NOT_THE_WRITER");
+    assert.equal(out.squatter.error.status, null);
+    assert.ok(!toSquatter.includes(TOKEN), "the token never reached the squatter");
+  }
 });
+}
 
 it("waits for a clone from inside workerd, with progress, until ready", async () => {
   const sha = w.fresh();

@@ -200,7 +200,7 @@ export interface components {
         Error: {
             commit?: string | null;
             /** @enum {string} */
-            error: "BAD_ARGUMENT" | "BAD_COMMIT" | "BAD_REPO" | "BAD_SCOPE" | "BUNDLE_FAILED" | "BUNDLE_STORE_FAILED" | "CLONE_FAILED" | "DISK_FULL" | "FORBIDDEN_ORIGIN" | "FORBIDDEN_REPOSITORY" | "FORBIDDEN_SCOPE" | "INTERNAL_ERROR" | "IN_USE" | "LFS_FAILED" | "METHOD_NOT_ALLOWED" | "NEWER_LAYOUT" | "NOT_A_COMMIT" | "NOT_A_REPOSITORY" | "NOT_FOUND" | "NO_WRITER" | "PAYLOAD_TOO_LARGE" | "ROOT_UNUSABLE" | "SERVER_BUSY" | "SHUTTING_DOWN" | "SUBMODULE_FAILED" | "TIMEOUT" | "TOO_MANY_HOLDS" | "UNAUTHORIZED" | "UNKNOWN_COMMIT" | "UNKNOWN_HOLD" | "UNKNOWN_WORKSPACE" | "UNREACHABLE" | "UNSAFE_TRANSPORT" | "WORKER_DIED" | "WORKER_START_FAILED" | "WORKSPACES_UNUSABLE" | "WORKSPACE_FAILED" | "WORKSPACE_OWNED";
+            error: "BAD_ARGUMENT" | "BAD_COMMIT" | "BAD_REPO" | "BAD_SCOPE" | "BUNDLE_FAILED" | "BUNDLE_STORE_FAILED" | "CLONE_FAILED" | "DISK_FULL" | "FORBIDDEN_ENDPOINT" | "FORBIDDEN_ORIGIN" | "FORBIDDEN_REPOSITORY" | "FORBIDDEN_SCOPE" | "INTERNAL_ERROR" | "IN_USE" | "LFS_FAILED" | "METHOD_NOT_ALLOWED" | "NEWER_LAYOUT" | "NOT_A_COMMIT" | "NOT_A_REPOSITORY" | "NOT_FOUND" | "NO_WRITER" | "PAYLOAD_TOO_LARGE" | "ROOT_UNUSABLE" | "SERVER_BUSY" | "SETTINGS_MISMATCH" | "SHUTTING_DOWN" | "SUBMODULE_FAILED" | "TIMEOUT" | "TOO_MANY_HOLDS" | "UNAUTHORIZED" | "UNKNOWN_COMMIT" | "UNKNOWN_HOLD" | "UNKNOWN_WORKSPACE" | "UNREACHABLE" | "UNSAFE_TRANSPORT" | "WORKER_DIED" | "WORKER_START_FAILED" | "WORKSPACES_UNUSABLE" | "WORKSPACE_FAILED" | "WORKSPACE_OWNED";
             message: string;
             next: string;
             repo?: string | null;
@@ -314,7 +314,7 @@ export interface operations {
                     "application/json": components["schemas"]["Health"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -361,7 +361,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -371,7 +371,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -435,7 +435,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -445,7 +445,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -502,7 +502,7 @@ export interface operations {
                     "application/json": Record<string, unknown>;
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -540,7 +540,7 @@ export interface operations {
                     "application/json": components["schemas"]["Readiness"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -577,6 +577,8 @@ export interface operations {
                 wait?: string;
                 scope?: string;
                 sparse?: string[];
+                lfs?: "on" | "off";
+                submodules?: "recursive" | "none";
             };
             header?: never;
             path?: never;
@@ -611,7 +613,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -621,7 +623,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -632,6 +634,15 @@ export interface operations {
             };
             /** @description Another method on this path, or a path that is not one of these (NOT_FOUND) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description SETTINGS_MISMATCH: the caller keys repositories with other settings than the server */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -686,6 +697,11 @@ export interface operations {
                 "application/json": {
                     /** @description a full 40-hex commit id */
                     commit: string;
+                    /**
+                     * @description the caller's CHECKOUTCACHE_LFS (part of a store's key): one the server does not share is 409 SETTINGS_MISMATCH, never a ready answer for a path the caller will not find
+                     * @enum {string}
+                     */
+                    lfs?: "on" | "off";
                     /** @description an https://, ssh:// or git:// URL, or user@host:path; local paths only where the operator allows */
                     repo: string;
                     /**
@@ -695,6 +711,11 @@ export interface operations {
                     scope?: string;
                     /** @description a sparse checkout in cone mode: these directories of the tree whole, and the files directly in the root and in their ancestors (git sparse-checkout --cone); relative paths inside the repository, no '.', '..' or '.git' component. Omitted or empty: the whole tree. Each cone is a checkout of its own, shared by every request for the same cone. */
                     sparse?: string[];
+                    /**
+                     * @description the caller's CHECKOUTCACHE_SUBMODULES, as lfs
+                     * @enum {string}
+                     */
+                    submodules?: "recursive" | "none";
                     /** @description seconds (or 15m, 1h) to wait for a clone; capped by --max-wait */
                     wait?: number | string;
                 };
@@ -728,7 +749,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -738,7 +759,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -749,6 +770,15 @@ export interface operations {
             };
             /** @description Another method on this path, or a path that is not one of these (NOT_FOUND) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description SETTINGS_MISMATCH: the caller keys repositories with other settings than the server */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -817,7 +847,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -827,7 +857,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -878,6 +908,11 @@ export interface operations {
                 "application/json": {
                     /** @description a full 40-hex commit id */
                     commit: string;
+                    /**
+                     * @description the caller's CHECKOUTCACHE_LFS (part of a store's key): one the server does not share is 409 SETTINGS_MISMATCH, never a ready answer for a path the caller will not find
+                     * @enum {string}
+                     */
+                    lfs?: "on" | "off";
                     /** @description an https://, ssh:// or git:// URL, or user@host:path; local paths only where the operator allows */
                     repo: string;
                     /**
@@ -887,6 +922,11 @@ export interface operations {
                     scope?: string;
                     /** @description a sparse checkout in cone mode: these directories of the tree whole, and the files directly in the root and in their ancestors (git sparse-checkout --cone); relative paths inside the repository, no '.', '..' or '.git' component. Omitted or empty: the whole tree. Each cone is a checkout of its own, shared by every request for the same cone. */
                     sparse?: string[];
+                    /**
+                     * @description the caller's CHECKOUTCACHE_SUBMODULES, as lfs
+                     * @enum {string}
+                     */
+                    submodules?: "recursive" | "none";
                     /** @description the hold's lease (default 1h, at most 24h) */
                     ttl?: number | string;
                     /** @description seconds (or 15m, 1h) to wait for a clone; capped by --max-wait */
@@ -922,7 +962,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -932,7 +972,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -943,6 +983,15 @@ export interface operations {
             };
             /** @description Another method on this path, or a path that is not one of these (NOT_FOUND) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description SETTINGS_MISMATCH: the caller keys repositories with other settings than the server */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1017,7 +1066,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -1027,7 +1076,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1093,7 +1142,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -1103,7 +1152,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1169,7 +1218,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description No valid bearer token (UNAUTHORIZED) */
+            /** @description No valid token, bearer or signed (UNAUTHORIZED; a signed request replayed, or its body not the one signed, too) */
             401: {
                 headers: {
                     "WWW-Authenticate"?: string;
@@ -1179,7 +1228,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE) */
+            /** @description Refused by the policy (FORBIDDEN_ORIGIN, FORBIDDEN_REPOSITORY, FORBIDDEN_SCOPE, FORBIDDEN_ENDPOINT: a token whose can= does not list the endpoint) */
             403: {
                 headers: {
                     [name: string]: unknown;

@@ -4,6 +4,8 @@
 // for as long as a test needs (tests/helpers/gate.py), so nothing waits on a time.
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, closeSync } from "node:fs";
+import { createHash, createHmac } from "node:crypto";
+import http from "node:http";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -219,6 +221,21 @@ export class GatedProxy {
   }
 }
 
+// ------------------------------------------------------------ python
+
+/** The Python that runs serve, with this repository's code first on its path (as the Python tests run). */
+export function pythonCommand(): { python: string; env: NodeJS.ProcessEnv } {
+  const python = process.env["CHECKOUTCACHE_PYTHON"] || "python3";
+  const pythonPath = [REPO_ROOT, process.env["PYTHONPATH"]].filter(Boolean).join(":");
+  return { python, env: { ...process.env, PYTHONPATH: pythonPath } };
+}
+
+/** Run a Python program of this repository's code with `input` as JSON on its stdin; its stdout as JSON. */
+export function python(program: string, input: unknown): unknown {
+  const { python, env } = pythonCommand();
+  return JSON.parse(execFileSync(python, ["-c", program], { env, input: JSON.stringify(input), encoding: "utf8" }));
+}
+
 // ------------------------------------------------------------ serve
 
 export interface ServeOptions {
@@ -227,6 +244,8 @@ export interface ServeOptions {
   env?: Record<string, string>;
   /** The token file's text (default: TOKEN with every scope, SCOPED with team-a). */
   tokens?: string;
+  /** The port to listen on (default a free one): a serve back where an earlier one listened. */
+  port?: number;
 }
 
 /** A real `checkoutcache serve` on 127.0.0.1, from this repository's code (PYTHONPATH). */
@@ -239,18 +258,18 @@ export class Serve {
   }
 
   static async start(dir: string, options: ServeOptions = {}): Promise<Serve> {
-    const port = await freePort();
+    const port = options.port ?? await freePort();
     const tokenFile = join(dir, `tokens-${port}`);
     writeFileSync(tokenFile, options.tokens ?? `${TOKEN}\n${SCOPED} team-a\n`);
     const readyFile = join(dir, `ready-${port}`);
     const logFile = join(dir, `serve-${port}.log`);
-    const python = process.env["CHECKOUTCACHE_PYTHON"] || "python3";
-    const pythonPath = [REPO_ROOT, process.env["PYTHONPATH"]].filter(Boolean).join(":");
+    rmSync(readyFile, { force: true }); // an earlier serve's on this port: serve writes it, never removes it
+    const { python, env } = pythonCommand();
     const log = openSync(logFile, "w");
     const child = track(spawn(python, ["-m", "checkoutcache", "--root", join(dir, "root"), "serve",
       "--listen", `127.0.0.1:${port}`, "--token-file", tokenFile, "--ready-file", readyFile,
       "--gc-interval", "0", "--stop-timeout", "5s", ...(options.args ?? [])], {
-      env: { ...process.env, PYTHONPATH: pythonPath, ...(options.env ?? {}) },
+      env: { ...env, ...(options.env ?? {}) },
       stdio: ["ignore", "ignore", log],
     }));
     closeSync(log);
@@ -359,6 +378,52 @@ export async function world(name: string, options: ServeOptions = {}): Promise<W
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * A process on the API's port while serve is down (port 0: any free one): it answers every request
+ * `ready` with a path of its own, and keeps every byte it received.
+ */
+export class Squatter {
+  readonly received: Buffer[] = [];
+  port = 0;
+  private readonly sockets = new Set<net.Socket>();
+  private constructor(private readonly server: http.Server) {}
+
+  static async start(port: number, path: string): Promise<Squatter> {
+    const server = http.createServer();
+    const squatter = new Squatter(server);
+    server.on("connection", (socket) => {
+      squatter.sockets.add(socket);
+      socket.on("close", () => squatter.sockets.delete(socket));
+      socket.on("data", (chunk: Buffer) => squatter.received.push(chunk)); // the bytes as they came
+    });
+    server.on("request", (request, response) => {
+      request.resume();
+      request.on("end", () => {
+        const body = JSON.stringify({ state: "ready", repo: "anything", commit: "0".repeat(40), path });
+        // A proof as one without the token can make it: the right string, under a guessed key.
+        const mac = /mac=([0-9a-f]{64})/.exec(request.headers.authorization ?? "")?.[1] ?? "";
+        const digest = createHash("sha256").update(body).digest("hex");
+        const proof = createHmac("sha256", "a-guessed-token-0000").update(`checkoutcache-answer-v1\n${mac}\n200\n${digest}`).digest("hex");
+        response.writeHead(200, { "content-type": "application/json", "x-checkoutcache-proof": proof });
+        response.end(body);
+      });
+    });
+    await new Promise<void>((done, fail) => { server.once("error", fail); server.listen(port, "127.0.0.1", done); });
+    const address = server.address();
+    squatter.port = typeof address === "object" && address ? address.port : 0;
+    return squatter;
+  }
+
+  bytes(): string {
+    return Buffer.concat(this.received).toString("latin1");
+  }
+
+  async close(): Promise<void> {
+    for (const socket of this.sockets) socket.destroy();
+    await new Promise<void>((done) => this.server.close(() => done()));
+  }
 }
 
 /** A fetch that records what it sends and may change what comes back (an injected fetch). */

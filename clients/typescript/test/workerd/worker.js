@@ -1,7 +1,8 @@
 // A Worker that drives the built package (dist/, loaded as modules of this worker) against a real
 // serve, reached only through a service binding (env.SIDECAR: an external service to serve's
-// port, as a Worker reaches its container through container.getTcpPort(8787)). It answers what
-// each call gave; test/workerd.test.ts asserts on it.
+// port, as a Worker reaches its container through container.getTcpPort(8787)), with the auth the
+// test names (signed by default, on workerd's WebCrypto; or bearer). env.SQUATTER reaches a
+// process that is not serve. It answers what each call gave; test/workerd.test.ts asserts on it.
 import { CheckoutCache, CheckoutCacheError, RepositoryBreaker } from "./index.js";
 
 async function outcome(promise) {
@@ -18,18 +19,22 @@ async function outcome(promise) {
 }
 
 async function calls(env, config) {
-  const { baseUrl, token, repo, sha, missing } = config;
+  const { baseUrl, token, auth, repo, sha, missing } = config;
+  const sent = []; // the Authorization of each request the first client sent
   // The three forms of an injected fetch: an arrow, a bound method, the Fetcher itself.
-  const client = new CheckoutCache({ baseUrl, token, fetch: (request) => env.SIDECAR.fetch(request) });
-  const bound = new CheckoutCache({ baseUrl, token, fetch: env.SIDECAR.fetch.bind(env.SIDECAR) });
-  const fetcher = new CheckoutCache({ baseUrl, token: async () => token, fetch: env.SIDECAR });
-  const out = {};
+  const client = new CheckoutCache({ baseUrl, token, auth, fetch: (request) => {
+    sent.push(request.headers.get("authorization"));
+    return env.SIDECAR.fetch(request);
+  } });
+  const bound = new CheckoutCache({ baseUrl, token, auth, fetch: env.SIDECAR.fetch.bind(env.SIDECAR) });
+  const fetcher = new CheckoutCache({ baseUrl, token: async () => token, auth, fetch: env.SIDECAR });
+  const out = { auth: client.auth };
   out.ready = await outcome(client.ensure({ repo, commit: sha, wait: 60 }));
   out.readyAgain = await outcome(bound.ensure({ repo, commit: sha }));
   out.fetcherForm = await outcome(fetcher.status());
   out.failed = await outcome(client.ensure({ repo, commit: missing, wait: 60 }));
   out.badInput = await outcome(client.ensure({ repo, commit: "not-a-commit" }));
-  out.wrongToken = await outcome(new CheckoutCache({ baseUrl, token: "not-the-token-at-all-000", fetch: env.SIDECAR }).status());
+  out.wrongToken = await outcome(new CheckoutCache({ baseUrl, token: "not-the-token-at-all-000", auth, fetch: env.SIDECAR }).status());
   const held = await client.hold({ repo, commit: sha, wait: 60, ttl: 600 });
   out.hold = { hold: held.hold, path: held.path, expires_in: held.expires_in, state: held.state };
   out.release = await outcome(held.release());
@@ -42,18 +47,29 @@ async function calls(env, config) {
   out.readyz = await outcome(client.ready());
   out.openapi = await outcome(client.openapi().then((doc) => ({ openapi: doc.openapi, paths: Object.keys(doc.paths) })));
   out.metrics = await outcome(client.metrics().then((text) => text.split("\n").filter((l) => l.startsWith("checkoutcache_holds ")).join("")));
+  out.sent = { count: sent.length, schemes: [...new Set(sent.map((a) => a?.split(" ")[0] ?? null))],
+    tokenSent: sent.some((a) => a?.includes(token)) };
+  // An answer stripped of its proof on the way, and a process that is not serve answering ready.
+  const stripping = new CheckoutCache({ baseUrl, token, auth, fetch: async (request) => {
+    const response = await env.SIDECAR.fetch(request);
+    const headers = new Headers(response.headers);
+    headers.delete("x-checkoutcache-proof");
+    return new Response(response.body, { status: response.status, headers });
+  } });
+  out.stripped = await outcome(stripping.ensure({ repo, commit: sha }));
+  out.squatter = await outcome(new CheckoutCache({ baseUrl, token, auth, fetch: env.SQUATTER }).ensure({ repo, commit: sha }));
   // Budgets: a fetch that never answers, and the caller's abort.
-  const deaf = new CheckoutCache({ baseUrl, token, fetch: () => new Promise(() => undefined), timeout: 0.3 });
+  const deaf = new CheckoutCache({ baseUrl, token, auth, fetch: () => new Promise(() => undefined), timeout: 0.3 });
   out.timeout = await outcome(deaf.status());
   const controller = new AbortController();
-  const pending = new CheckoutCache({ baseUrl, token, fetch: () => new Promise(() => undefined) }).status({ signal: controller.signal });
+  const pending = new CheckoutCache({ baseUrl, token, auth, fetch: () => new Promise(() => undefined) }).status({ signal: controller.signal });
   controller.abort();
   out.aborted = await outcome(pending);
   // Nothing listening behind the binding: UNAVAILABLE (workerd says "Network connection lost", not a TypeError).
-  const nobody = new CheckoutCache({ baseUrl, token, fetch: env.DEAD });
+  const nobody = new CheckoutCache({ baseUrl, token, auth, fetch: env.DEAD });
   out.unavailable = await outcome(nobody.health());
   // A Fetcher's fetch taken off its object has lost its `this`: the runtime refuses the call.
-  out.unbound = await outcome(new CheckoutCache({ baseUrl, token, fetch: env.SIDECAR.fetch }).health());
+  out.unbound = await outcome(new CheckoutCache({ baseUrl, token, auth, fetch: env.SIDECAR.fetch }).health());
   // The breaker in a tool executor: down at the first unavailable call, refused at once after.
   const breaker = new RepositoryBreaker();
   let called = 0;
@@ -69,8 +85,8 @@ async function calls(env, config) {
 }
 
 async function waitForIt(env, config) {
-  const { baseUrl, token, repo, sha } = config;
-  const client = new CheckoutCache({ baseUrl, token, fetch: env.SIDECAR });
+  const { baseUrl, token, auth, repo, sha } = config;
+  const client = new CheckoutCache({ baseUrl, token, auth, fetch: env.SIDECAR });
   const progress = [];
   const first = await outcome(client.ensure({ repo, commit: sha }));
   const answer = await outcome(client.waitReady({ repo, commit: sha, wait: 120, every: 0.3, onProgress: (a) => progress.push(a.state) }));
