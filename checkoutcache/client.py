@@ -439,10 +439,10 @@ class Client:
             headers["Content-Type"] = "application/json"
         token = self.token or (token_from_file(self.token_file) if self.token_file else None)
         mac = None
-        if token:  # signed: the token itself never leaves this process (signing.py)
-            headers["Authorization"], mac = signing.sign_request(token, method, path, data or b"")
         with self._lock:
             for attempt in (1, 2):  # a kept-alive connection the server closed: one fresh try
+                if token:  # signed anew for each try (a nonce is answered once): the token never leaves us
+                    headers["Authorization"], mac = signing.sign_request(token, method, path, data or b"")
                 if self._conn is None:
                     self._conn = self._connect(float(wait))
                 try:

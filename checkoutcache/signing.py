@@ -23,8 +23,8 @@ On the wire:
 
 TARGET is the request target as sent (path, and `?query` when there is one); the token
 name is `token-` and the first 12 hex digits of the token's sha256, as logs name it.
-Bearer tokens stay accepted (curl, the TypeScript client in a Worker, where the platform
-owns the connection); this package's own callers sign.
+Bearer tokens stay accepted (curl, a proxy that must see one); this package's own callers
+sign, the TypeScript client (clients/typescript) too, by default.
 
 Standard library only, and not hashlib where `_sha256` is there: hashlib loads OpenSSL
 (about 5 ms), and a read-only reader's ready answer signs its hand-off to the writer.
