@@ -265,8 +265,19 @@ class Api:
             return error_reply(CheckoutCacheError("SHUTTING_DOWN"), [("retry-after", RETRY_AFTER)])
 
     def admit(self, scope, request: Request) -> Grant:
-        """Origin, Host and token checks: who is asking, before any work."""
+        """Origin, Host and token checks: who is asking, before any work. A signed request's
+        signature is looked at first, so that every answer to it, a refusal included, carries
+        the proof its caller checks (signing.py); a bad signature counts only where a token
+        is needed."""
         headers = scope.headers
+        authorization = headers.get("authorization")
+        signed: Grant | None = None
+        refused: CheckoutCacheError | None = None
+        if authorization and authorization.startswith(signing.SCHEME + " ") and not self.listener.health_only:
+            try:
+                signed = self.signed(scope, authorization[len(signing.SCHEME) + 1:], request)
+            except CheckoutCacheError as exc:
+                refused = exc
         if headers.get("origin") is not None:
             request.why = "origin"
             self.service.metrics.refused.labels("origin").inc()
@@ -278,19 +289,13 @@ class Api:
                 request.why = "host"
                 self.service.metrics.refused.labels("host").inc()
                 raise CheckoutCacheError("FORBIDDEN_ORIGIN", why=f"Host {host[:80]!r}")
-        authorization = headers.get("authorization")
         if scope.path in PUBLIC or self.listener.health_only:
-            if authorization and authorization.startswith(signing.SCHEME + " ") and not self.listener.health_only:
-                try:  # no token needed, but a signed caller gets its answer proved like any other
-                    self.signed(scope, authorization[len(signing.SCHEME) + 1:], request)
-                except CheckoutCacheError:
-                    pass
-            return PUBLIC_GRANT
+            return PUBLIC_GRANT  # no token needed (a signed caller's answer is proved all the same)
         try:
-            if authorization and authorization.startswith(signing.SCHEME + " "):
-                grant = self.signed(scope, authorization[len(signing.SCHEME) + 1:], request)
-            else:
-                grant = self.service.policy.authenticate(authorization, self.listener.tcp)
+            if refused is not None:
+                raise refused
+            grant = signed if signed is not None else self.service.policy.authenticate(authorization,
+                                                                                        self.listener.tcp)
         except CheckoutCacheError:
             request.why = "token"
             self.service.metrics.refused.labels("token").inc()

@@ -218,11 +218,10 @@ describe("tokens and the injected fetch", () => {
     const error = await thrown(refused.status());
     assert.equal(error.code, "FORBIDDEN_ORIGIN");
     assert.equal(error.status, 403);
-    // serve refuses an Origin before it reads the signature, so that 403 carries no proof: a signed
-    // client cannot tell it from a squatter's answer, and uses nothing of it.
+    // serve reads a signature before it refuses an Origin, so that 403 carries its proof too.
     const signed = await thrown(new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: browserish }).status());
-    assert.equal(signed.code, "NOT_THE_WRITER");
-    assert.equal(signed.status, undefined);
+    assert.equal(signed.code, "FORBIDDEN_ORIGIN");
+    assert.equal(signed.status, 403);
   });
 
   it("throws UNAVAILABLE when nothing listens, and for an answer that is not the API's", async () => {
