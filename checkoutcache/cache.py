@@ -234,6 +234,7 @@ class Cache:
         while True:
             left = max(0.0, deadline - time.monotonic())
             step = min(left, 1.0) if on_progress is not None else left
+            asked = time.monotonic()
             try:
                 _, body = post(self.root, "/v1/ensure", {**request, "wait": round(step, 3)}, step + HANDOFF_SLACK)
             except NoWriter as exc:
@@ -262,6 +263,11 @@ class Cache:
                 return answer
             if on_progress is not None:
                 on_progress(answer)
+            # A writer answers `cloning` when the wait it was given ends (or at its own cap): one
+            # that answers sooner is asked again only after a pause, never in a loop.
+            early = min(step, 1.0) - (time.monotonic() - asked)
+            if early > 0:
+                time.sleep(min(early, max(0.0, deadline - time.monotonic())))
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
              on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None,

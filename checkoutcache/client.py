@@ -46,7 +46,7 @@ import attrs
 from checkoutcache import signing
 from checkoutcache.answers import Answer, State
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.handoff import TOKEN_FILE_VAR, TOKEN_VAR, token_from_file
+from checkoutcache.handoff import TOKEN_FILE_VAR, TOKEN_VAR, token_from_file, unauthorized
 
 Duration = float | int | str
 
@@ -462,6 +462,8 @@ class Client:
                         raise NotTheWriter(f"{method} {path}: the answer (HTTP {response.status}) does not prove "
                                            f"it comes from the holder of the token: not the sidecar (a process "
                                            f"squatting its address?); nothing of it is used")
+                    if mac is not None and response.status == 401:  # unproven by design: its body is not used
+                        return 401, "application/json", json.dumps(unauthorized()).encode()
                     return response.status, response.getheader("Content-Type", ""), payload
                 except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
                         http.client.BadStatusLine) as exc:

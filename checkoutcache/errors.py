@@ -62,7 +62,8 @@ _TABLE = [
     ErrorCode("SETTINGS_MISMATCH", INPUT,
               "this reader keys repositories with {setting}={ours}, the writer with {theirs}: its checkouts "
               "are not the ones this reader would use",
-              "set {setting} in the reader as the writer has it (docs/deployment.md, one writer)", http=409),
+              "set CHECKOUTCACHE_LFS and CHECKOUTCACHE_SUBMODULES in the reader as the writer has them "
+              "(docs/deployment.md, one writer)", http=409),
     ErrorCode("NO_WRITER", FAILURE,
               "the cache root {root} is read-only here and its writer did not answer: {why}",
               "run `checkoutcache serve` as the store's writer and set CHECKOUTCACHE_API_URL (with "

@@ -50,9 +50,11 @@ def token_from_file(path: str) -> str | None:
             text = handle.read(1 << 16).decode("utf-8", "replace")
     except OSError:
         return None
-    for line in text.splitlines():
-        words = line.split("#", 1)[0].split()
-        if words:
+    for line in text.removeprefix("\ufeff").splitlines():
+        # A comment starts at the line's start or after a blank only, as serve reads the file
+        # (serve/policy.py token_words): a word that starts with '#' begins it.
+        words = line.split()
+        if words and not words[0].startswith("#"):
             return words[0]
     return None
 
@@ -262,5 +264,17 @@ def _exchange(conn, request: Signed, timeout: float, where: str, why: list[str])
     if not request.proven(status, headers, body_bytes):
         why.append(f"{where} did not prove it holds the token (not the writer; a squatter on its address?)")
         return None
+    if status == 401 and request.token is not None:
+        # The one answer serve cannot prove: nothing of its body is used (a squatter's words),
+        # it is UNAUTHORIZED as this side's own table says it.
+        return 401, unauthorized()
     answer = json.loads(body_bytes)
     return status, answer if isinstance(answer, dict) else {}
+
+
+def unauthorized() -> dict:
+    """UNAUTHORIZED as the error table says it (errors.py): what an unproven 401 stands for."""
+    from checkoutcache.errors import describe
+
+    message, next_step = describe("UNAUTHORIZED")
+    return {"state": "failed", "error": "UNAUTHORIZED", "message": message, "next": next_step}

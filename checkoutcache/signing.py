@@ -10,7 +10,7 @@ request under the token; serve answers with an HMAC of its answer bound to that 
 
 - a squatter learns no token: only one request's MAC, good for that very request (its
   method, target and body) to the real serve within SIGNATURE_WINDOW, and only once
-  (serve keeps the nonces it has seen);
+  (serve keeps the nonces it has seen, per token: serve/policy.py NonceBook);
 - the caller takes no answer the token's holder did not make: without the token a
   squatter cannot make the proof (handoff.py and client.py refuse such an answer).
 
@@ -48,8 +48,11 @@ except ImportError:  # pragma: no cover - depends on the Python build
 
 SCHEME = "CheckoutCache-HMAC"
 PROOF_HEADER = "x-checkoutcache-proof"
-# How far a request's time may be from serve's (the same pod's clock, a restart, a slow hand-off).
-SIGNATURE_WINDOW = 300.0
+# How old a signed request may be when serve reads it (the same host's clock; a caller signs as
+# it sends), and how far ahead of serve's clock its time may be. Each nonce is remembered for as
+# long as its signature could be taken (serve/policy.py NonceBook): the narrower, the fewer.
+SIGNATURE_WINDOW = 60.0
+SIGNATURE_AHEAD = 5.0
 _BLOCK = 64
 _FIELD = r"\s*([a-z]+)=([A-Za-z0-9_.-]{1,128})\s*"  # compiled by re's cache where parsed (serve), never at import
 

@@ -126,14 +126,16 @@ class Squatter:
     """What binds the API's port while serve is down: it keeps every byte it is sent and
     answers `ready` with a path of its own choosing."""
 
-    def __init__(self, port: int, path: str, sha: str):
+    def __init__(self, port: int, path: str, sha: str, status: bytes = b"200 OK", body: dict | None = None):
+        self.status = status
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", port))
         self.sock.listen(16)
         self.received = b""
         self.lock = threading.Lock()
-        self.answer = json.dumps({"state": "ready", "path": path, "commit": sha, "hold": "h", "repo": "x"}).encode()
+        self.answer = json.dumps(body or {"state": "ready", "path": path, "commit": sha, "hold": "h",
+                                          "repo": "x"}).encode()
         answer_each(self.sock, self.reply)
 
     def reply(self, conn: socket.socket) -> None:
@@ -149,12 +151,16 @@ class Squatter:
                 body += chunk
             with self.lock:
                 self.received += head + b"\r\n\r\n" + body
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            conn.sendall(b"HTTP/1.1 " + self.status + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
                          b"Content-Length: %d\r\n\r\n" % len(self.answer) + self.answer)
         except OSError:
             pass
 
     def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept loop: the port is free at once
+        except OSError:
+            pass
         self.sock.close()
 
 
@@ -222,3 +228,75 @@ def test_a_signed_request_is_answered_once_and_only_for_the_body_it_signed(root,
     finally:
         serve.stop()
 
+
+
+def test_one_tokens_flood_of_valid_signatures_fills_its_own_nonce_book_only():
+    """Review finding: 200,000 valid signed requests of the review's token (each dated 290 s
+    ahead, inside the window) filled serve's one nonce cache: every signed request of every
+    token was 401 for about ten minutes, and each one rebuilt the cache on the event loop."""
+    from checkoutcache.serve.policy import NonceBook
+
+    book = NonceBook(per_token=3, total=5, keep_for=60.0)
+    assert [book.first_use("flood", f"n{i}", 100.0) for i in range(5)] == [True, True, True, False, False]
+    assert book.first_use("honest", "h1", 100.0) and book.first_use("honest", "h2", 100.0)
+    assert not book.first_use("honest", "h1", 101.0), "a replay"
+    assert not book.first_use("other", "o1", 101.0), "the whole book is bounded too"
+    assert book.first_use("flood", "n9", 161.0), "a nonce is kept only as long as its signature could be taken"
+    assert book.first_use("other", "o1", 161.0)
+
+
+@pytest.mark.slow
+def test_a_signature_dated_ahead_of_serves_clock_is_refused(root, tmp_path, upstream):
+    import http.client
+    import time
+
+    serve = Serve(root, tmp_path, "--allow-local")
+    try:
+        for ahead, expected in ((30, 401), (0, 200)):
+            body = json.dumps({"repo": upstream.path, "commit": upstream.shas[0], "wait": 60}).encode()
+            value, _ = signing.sign_request(TOKEN, "POST", "/v1/ensure", body, now=time.time() + ahead)
+            conn = http.client.HTTPConnection("127.0.0.1", serve.port, timeout=90)
+            conn.request("POST", "/v1/ensure", body=body, headers={"Authorization": value})
+            assert conn.getresponse().status == expected, ahead
+            conn.close()
+    finally:
+        serve.stop()
+
+
+@pytest.mark.slow
+def test_a_squatters_401_is_unauthorized_in_our_words_and_never_asked_in_a_loop(tmp_path, served_upstream):
+    """Review finding: a 401 (the one answer serve cannot prove) was taken as it came: a
+    `cloning` body made the reader's `ensure --wait 5` ask about 2,000 times, a `failed` body was
+    printed in the squatter's words (its `next` a command to run)."""
+    repo, url = served_upstream
+    root = str(tmp_path / "cache")
+    port = free_port()
+    serve = Serve(root, tmp_path, listen=f"127.0.0.1:{port}")
+    wait_ready(root, url, repo.shas[0])
+    serve.stop()
+    env = {"CHECKOUTCACHE_API_URL": f"http://127.0.0.1:{port}", "CHECKOUTCACHE_API_TOKEN": TOKEN}
+    for body in ({"state": "cloning", "progress": {"phase": "fetching"}},
+                 {"state": "failed", "error": "NOT_FOUND", "message": "gone", "next": "run: curl x | sh"}):
+        squatter = Squatter(port, "", "", status=b"401 Unauthorized", body=body)
+        try:
+            code, answer, out = reader(root, "--json", "ensure", url, repo.shas[1], "--wait", "5", env=env)
+            assert answer["error"] == "UNAUTHORIZED" and "curl" not in out, out
+            client = Client.from_env({**env, "CHECKOUTCACHE_ROOT": root})
+            assert client.ensure(url, repo.shas[1]).error == "UNAUTHORIZED"
+            client.close()
+            assert squatter.received.count(b"POST ") <= 3, squatter.received.count(b"POST ")
+        finally:
+            squatter.close()
+
+
+def test_a_hash_in_a_token_is_refused_not_read_as_a_comment():
+    """Review finding: `TOKEN#1 default can=ensure,hold` was read as the token `TOKEN` with
+    every scope and endpoint (the line cut at '#'), by serve and by the review's client alike."""
+    from checkoutcache.errors import CheckoutCacheError
+    from checkoutcache.serve.policy import parse_tokens
+
+    with pytest.raises(CheckoutCacheError) as refused:
+        parse_tokens("review-token-0123456789#1 default can=ensure,hold\n", "tokens")
+    assert "'#'" in refused.value.message
+    ((token, grant),) = parse_tokens("\ufeffreview-token-0123456789 default can=ensure # the review's\n", "tokens")
+    assert token == "review-token-0123456789" and grant.can == {"ensure"}

@@ -319,7 +319,7 @@ class Api:
             raise CheckoutCacheError("UNAUTHORIZED")
         target = scope.path + (f"?{scope.query_string}" if scope.query_string else "")
         token, grant = self.service.policy.verify_signature(signature, scope.method, target, time.time())
-        if not self.service.first_use_of(signature.nonce, signature.ts):
+        if not self.service.first_use_of(grant.name, signature.nonce):
             raise CheckoutCacheError("UNAUTHORIZED")  # a replay: that request was answered already
         if scope.method != "POST" and signature.body != signing.EMPTY_BODY:
             raise CheckoutCacheError("UNAUTHORIZED")

@@ -25,9 +25,11 @@ The CLI is not subject to any of this: it runs with its caller's own rights.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import hmac
 import os
+import re
 import time
 
 import attrs
@@ -127,7 +129,7 @@ class ApiPolicy:
         """(the token, its grant) of a signed request (signing.py), or UNAUTHORIZED: its key names
         a token in force, its time is within the window, its mac is that token's. The caller
         refuses a nonce it has seen and checks the body against the signed digest."""
-        if abs(wall_now - signature.ts) > signing.SIGNATURE_WINDOW:
+        if not -signing.SIGNATURE_WINDOW <= signature.ts - wall_now <= signing.SIGNATURE_AHEAD:
             raise CheckoutCacheError("UNAUTHORIZED")
         for token, grant in self.valid_tokens(now):
             if grant.name == signature.key and signing.signed_by(token, signature, method, target):
@@ -182,20 +184,68 @@ class ApiPolicy:
             raise CheckoutCacheError("FORBIDDEN_SCOPE", scope=scope[:64])
 
 
+def token_words(line: str) -> list[str]:
+    """A tokens-file line's words, its comment cut: `#` starts one at the line's start or after
+    a blank only (handoff.token_from_file reads the review's file the same way)."""
+    return re.split(r"(?:^|\s)#", line, maxsplit=1)[0].split()
+
+
+class NonceBook:
+    """The nonces of signed requests taken, per token, each remembered for as long as its
+    signature could still be taken (the window and the lead allowed): a request is answered
+    once. A token's book is bounded (per_token) and so is the whole (total): a flood of one
+    token's own valid signatures fills its own book only, and then only its requests are
+    refused. O(1) per request (a deque in arrival order, pruned from its front): it runs on
+    the event loop. Not thread-safe by itself: the caller serialises (serve's event loop)."""
+
+    def __init__(self, per_token: int, total: int, keep_for: float):
+        self.per_token, self.total, self.keep_for = per_token, total, keep_for
+        self.books: dict[str, tuple[set[str], collections.deque]] = {}
+        self.count = 0
+
+    def first_use(self, token: str, nonce: str, now: float) -> bool:
+        """Whether the nonce is new for this token (it is then remembered); False for a replay,
+        or when the token's book (or the whole) is full."""
+        seen, order = self.books.setdefault(token, (set(), collections.deque()))
+        while order and order[0][0] <= now:
+            seen.discard(order.popleft()[1])
+            self.count -= 1
+        if nonce in seen or len(order) >= self.per_token or self.count >= self.total and not self.prune(now):
+            return False
+        seen.add(nonce)
+        order.append((now + self.keep_for, nonce))
+        self.count += 1
+        return True
+
+    def prune(self, now: float) -> bool:
+        """Drop every book's expired nonces (when the whole is full: amortised by the entries it
+        frees); whether there is room now."""
+        for token in list(self.books):
+            seen, order = self.books[token]
+            while order and order[0][0] <= now:
+                seen.discard(order.popleft()[1])
+                self.count -= 1
+            if not order:
+                del self.books[token]
+        return self.count < self.total
+
+
 def parse_tokens(text: str, source: str) -> tuple[tuple[str, Grant], ...]:
     """A tokens file: one `TOKEN [SCOPE,SCOPE...] [can=CAPABILITY,...] [repos=PATTERN,...]`
     per line. No scopes, or `*`: every scope; no `can=`: every endpoint; no `repos=`: every
     repository the sidecar allows. Blank lines and `#` comments are skipped. A line this
     does not read whole is BAD_ARGUMENT naming the line (never a token taken for more)."""
     tokens = []
-    for number, line in enumerate(text.splitlines(), 1):
-        words = line.split("#", 1)[0].split() if not line.strip().startswith("#") else []
+    for number, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+        words = token_words(line)
         if not words:
             continue
         where = f"{source} line {number}"
         token, options = words[0], words[1:]
         if len(token) < 16:
             raise CheckoutCacheError("BAD_ARGUMENT", what=f"{where}: a token must be at least 16 characters")
+        if "#" in token:  # read another way by whoever cuts comments otherwise: never a token
+            raise CheckoutCacheError("BAD_ARGUMENT", what=f"{where}: a token may not hold '#'")
         # The scopes: every word before the first key=value (as the one-field form read them: "a, b").
         plain = 0
         while plain < len(options) and "=" not in options[plain]:

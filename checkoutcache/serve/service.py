@@ -36,7 +36,7 @@ from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CODES, CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE
 from checkoutcache.serve.metrics import SEED_OUTCOMES, SEED_REASONS, Metrics
-from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, load_tokens, tightened
+from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, NonceBook, load_tokens, tightened
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_root
 from checkoutcache.store.inventory import inventory
@@ -66,8 +66,10 @@ GC_FAILURES_NOT_READY = 3
 # keep_leases beats every second; this long without a beat, /healthz says the process is stuck.
 LEASES_STALLED_AFTER = 30.0
 UNMET_LIMITS = ("max-checkouts", "max-bytes", "min-free")  # eviction.Unmet's names
-# Signed requests' nonces remembered at once (each for the signature window): a flood past it is refused.
-MAX_NONCES = 200_000
+# Signed requests' nonces remembered at once (each for the signature window), per token and in
+# all: a token past its own bound (about 800 requests a second for a minute) is refused alone.
+MAX_NONCES_PER_TOKEN = 50_000
+MAX_NONCES = 400_000
 
 
 class Waited:
@@ -113,7 +115,9 @@ class Service:
         self.resolved: dict[tuple[str, str, str], tuple[float, tuple]] = {}  # see resolve()
         self.gc_failures = 0  # scheduled runs failed in a row
         self.tokens_lock = threading.Lock()
-        self.nonces: dict[str, int] = {}  # signed requests' nonces seen within the window (first_use_of)
+        # Signed requests' nonces taken, per token (first_use_of).
+        self.nonces = NonceBook(MAX_NONCES_PER_TOKEN, MAX_NONCES,
+                                signing.SIGNATURE_WINDOW + signing.SIGNATURE_AHEAD + 1.0)
         self.nonces_lock = threading.Lock()
         self.tokens_seen = file_identity(settings.token_file)
         self.gc_last_error: str | None = None
@@ -157,20 +161,11 @@ class Service:
             if theirs is not None and theirs != ours:
                 raise CheckoutCacheError("SETTINGS_MISMATCH", setting=setting, ours=str(theirs)[:20], theirs=ours)
 
-    def first_use_of(self, nonce: str, ts: int) -> bool:
-        """Whether a signed request's nonce is new (it is then remembered for the signature
-        window): a request seen on its way is answered once, never twice."""
-        now = time.time()
+    def first_use_of(self, token: str, nonce: str) -> bool:
+        """Whether a signed request's nonce is new for its token (policy.NonceBook): a request
+        seen on its way is answered once, never twice."""
         with self.nonces_lock:
-            if nonce in self.nonces:
-                return False
-            if len(self.nonces) >= MAX_NONCES:
-                horizon = now - signing.SIGNATURE_WINDOW
-                self.nonces = {n: t for n, t in self.nonces.items() if t >= horizon}
-                if len(self.nonces) >= MAX_NONCES:  # a flood within one window: refuse, bounded
-                    return False
-            self.nonces[nonce] = ts
-            return True
+            return self.nonces.first_use(token, nonce, time.monotonic())
 
     def fields(self, params: dict) -> tuple[str, str, float, str, Cone]:
         self.check_key_settings(params)
