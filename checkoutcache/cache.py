@@ -46,20 +46,41 @@ class Want(NamedTuple):
 class Hold:
     """A ready checkout held against eviction (the marker's shared lock) until
     released; releasing records the end of the use. `held` is False when the
-    checkout could not be made ready: see `answer`."""
+    checkout could not be made ready: see `answer`.
 
-    def __init__(self, answer: Answer, fd: int | None, on_unrecorded: Callable[[], object] | None = None):
+    A bare shared lock protects within gc's bounds on readers' locks (max-held,
+    max-hold-age); a hold is registered too, so that gc keeps it whatever those say
+    (DESIGN invariant 4): the writer's in <root>/holds/ (store/holds.py), a read-only
+    reader's as a hold of the writer's (/v1/hold, renewed while it lasts: WriterHold)."""
+
+    def __init__(self, answer: Answer, fd: int | None, on_unrecorded: Callable[[], object] | None = None,
+                 registration=None):
         self.answer = answer
         self._fd = fd
         self._on_unrecorded = on_unrecorded  # a reader's: the writer records the end of the use
+        self._registration = registration  # store/holds.Registration or a WriterHold, if registered
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
+    @property
+    def registered(self) -> bool:
+        return self._registration is not None
+
     def descriptors(self) -> tuple[int, ...]:
         """What a child process must inherit to hold the checkout as long as it runs."""
-        return (self._fd,) if self._fd is not None else ()
+        if self._fd is None:
+            return ()
+        extra = getattr(self._registration, "fd", -1)
+        return (self._fd, extra) if extra >= 0 else (self._fd,)
+
+    def unregister(self) -> None:
+        """Keep the marker's lock, drop the registration (a workspace once copied: its source
+        is then held like any reader's)."""
+        if self._registration is not None:
+            registration, self._registration = self._registration, None
+            registration.release()
 
     def release(self) -> None:
         if self._fd is not None:
@@ -68,6 +89,7 @@ class Hold:
                 if not record_use(fd) and self._on_unrecorded is not None:
                     self._on_unrecorded()
             finally:
+                self.unregister()
                 os.close(fd)
 
     def __enter__(self) -> "Hold":
@@ -176,7 +198,7 @@ class Cache:
             return Answer.from_error(CheckoutCacheError("NEWER_LAYOUT", repo=want.spec.url, found=newer,
                                                         known=LAYOUT_VERSION))
 
-        def through_writer() -> None:  # a reader (store/ready.py record_use): the writer records it
+        def through_writer() -> bool:  # a reader (store/ready.py record_use): the writer records it
             why = record_use_by_writer(self.root, paths.checkout(name), want.spec.url, want.sha, want.spec.scope,
                                        want.cone, want.spec.lfs, want.spec.submodules)
             if why:
@@ -184,6 +206,7 @@ class Cache:
 
                 logging.getLogger("checkoutcache").warning("this use of %s was not recorded: %s",
                                                            paths.checkout(name), why)
+            return not getattr(why, "not_ready", False)
 
         try:
             record = ready_record(paths.ready_marker(name), lock_wait, on_unrecorded=through_writer)
@@ -269,6 +292,22 @@ class Cache:
             if early > 0:
                 time.sleep(min(early, max(0.0, deadline - time.monotonic())))
 
+    def register_hold(self, want: Want):
+        """The registration of a hold of want's checkout (see Hold), or None where none could be
+        made (no writer to ask: the shared lock alone then protects, within its bounds)."""
+        if not self.is_reader():
+            from checkoutcache.store import holds
+
+            try:
+                return holds.register(self.paths, want.spec.key, want.name)
+            except OSError:
+                return None
+        from checkoutcache.handoff import WriterHold
+
+        return WriterHold.start(self.root, {"repo": want.spec.url, "commit": want.sha, "scope": want.spec.scope,
+                                            "lfs": want.spec.lfs, "submodules": want.spec.submodules,
+                                            **({"sparse": list(want.cone)} if want.cone else {})})
+
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
              on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None,
              caller: str = "") -> Hold:
@@ -288,5 +327,6 @@ class Cache:
                 want = self.request(repo, commit, scope, sparse)  # valid: it was answered ready
                 return Hold(answer, fd, lambda: record_use_by_writer(self.root, answer.path, want.spec.url, want.sha,
                                                                      want.spec.scope, want.cone, want.spec.lfs,
-                                                                     want.spec.submodules))
+                                                                     want.spec.submodules),
+                            registration=self.register_hold(want))
             wait = max(0.0, deadline - time.monotonic())

@@ -110,7 +110,8 @@ def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse,
                submodules: str | None = None) -> str | None:
     """A reader's use of the checkout at path, recorded by the writer (serve's ready answer
     touches the marker). Called while the caller holds the marker's shared lock, so the
-    writer's record comes before any eviction decision. None when recorded, else why not.
+    writer's record comes before any eviction decision. None when recorded, else why not
+    (Unrecorded: its not_ready says the writer answered the checkout is not ready).
     lfs, submodules: the reader's settings that make the store's key (a writer keyed
     otherwise answers SETTINGS_MISMATCH, which is then why)."""
     from checkoutcache.credentials import strip_userinfo
@@ -121,14 +122,28 @@ def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse,
     try:
         status, answer = post(root, "/v1/ensure", request, HANDOFF_SLACK)
     except NoWriter as exc:
-        return f"no writer answered ({exc})"
+        return Unrecorded(f"no writer answered ({exc})")
     except Exception as exc:  # a writer that failed mid-answer: the checkout is still ready
-        return f"the writer did not answer ({type(exc).__name__})"
+        return Unrecorded(f"the writer did not answer ({type(exc).__name__})")
     if status == 200 and answer.get("state") == "ready" and same_checkout(answer.get("path"), root, path):
         return None
     if answer.get("error") == "SETTINGS_MISMATCH":
-        return f"the writer answered {status} SETTINGS_MISMATCH: {answer.get('message')}"
-    return f"the writer answered {status} {answer.get('error') or answer.get('state')}"
+        return Unrecorded(f"the writer answered {status} SETTINGS_MISMATCH: {answer.get('message')}")
+    # The writer itself (proved) says the checkout is not ready: gc is moving it away.
+    return Unrecorded(f"the writer answered {status} {answer.get('error') or answer.get('state')}",
+                      not_ready=answer.get("state") == "cloning")
+
+
+class Unrecorded(str):
+    """Why a reader's use was not recorded; not_ready: because the writer answered that the
+    checkout is not ready (then it is not answered ready: store/ready.py)."""
+
+    not_ready = False
+
+    def __new__(cls, why: str, not_ready: bool = False):
+        made = super().__new__(cls, why)
+        made.not_ready = not_ready
+        return made
 
 
 def same_checkout(answered: object, root: str, path: str) -> bool:
@@ -278,3 +293,55 @@ def unauthorized() -> dict:
 
     message, next_step = describe("UNAUTHORIZED")
     return {"state": "failed", "error": "UNAUTHORIZED", "message": message, "next": next_step}
+
+
+class WriterHold:
+    """A read-only reader's hold registered with the writer: a /v1/hold of serve's (which
+    serve registers in <root>/holds/), taken anew before its ttl ends for as long as this
+    lasts, then released. If the writer cannot be reached the hold goes on unregistered (the
+    reader's shared lock alone protects it, within gc's bounds on readers' locks)."""
+
+    TTL = 600.0
+
+    def __init__(self, root: str, request: dict, hold_id: str):
+        import threading
+
+        self.root, self.request, self.hold_id = root, request, hold_id
+        self.fd = -1  # nothing for a child to inherit: the writer holds it
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.renew, name="cc-writer-hold", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, root: str, request: dict) -> "WriterHold | None":
+        hold_id = cls.ask(root, request)
+        return cls(root, request, hold_id) if hold_id else None
+
+    @classmethod
+    def ask(cls, root: str, request: dict) -> str | None:
+        try:
+            status, answer = post(root, "/v1/hold", {**request, "wait": 0, "ttl": cls.TTL}, HANDOFF_SLACK)
+        except Exception:  # no writer, or one that failed: unregistered
+            return None
+        hold_id = answer.get("hold")
+        return hold_id if status == 200 and isinstance(hold_id, str) else None
+
+    def renew(self) -> None:
+        while not self.stopped.wait(self.TTL / 3):
+            fresh = self.ask(self.root, self.request)
+            if fresh:  # the new one first: never a moment unregistered
+                self.drop(self.hold_id)
+                self.hold_id = fresh
+
+    def drop(self, hold_id: str | None) -> None:
+        if hold_id:
+            try:
+                post(self.root, "/v1/release", {"hold": hold_id}, HANDOFF_SLACK)
+            except Exception:
+                pass  # its ttl ends it
+
+    def release(self) -> None:
+        self.stopped.set()
+        self.drop(self.hold_id)
+        self.hold_id = None
+

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 
@@ -152,3 +153,60 @@ def test_a_workspace_keeps_its_objects_when_its_sources_hold_is_broken(root, ups
     finally:
         workspace.kill()
         workspace.wait()
+
+
+def test_a_running_exec_keeps_its_checkout_however_many_readers_lock_others(root, upstream):
+    """Review finding: an exec was one more shared lock to the bound on readers' locks: a review
+    that locked 16 more recently used checkouts made gc evict the exec's tree under its command.
+    An exec's hold is registered (store/holds.py) and no bound on readers breaks it."""
+    paths = checkouts(root, upstream, upstream.shas[:3])
+    exec_proc = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "exec", upstream.path,
+                                  upstream.shas[0], "--", "sh", "-c", "echo running; sleep 600"],
+                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pinner = pin([marker(p) for p in paths[1:]])  # more recently used, and locked by a reader
+    try:
+        assert exec_proc.stdout.readline().strip() == "running"
+        make_idle(paths[0], 7200)  # the exec's is the least recently used of all
+        report = gc(root, CHECKOUTCACHE_MAX_HELD="0", CHECKOUTCACHE_MAX_HOLD_AGE="0s")
+        assert [k["name"] for k in report["kept_over_limit"] if k["why"] == "held"] == [upstream.shas[0]], report
+        assert sorted(r["name"] for r in report["removed"] if r["broke_hold"]) == sorted(upstream.shas[1:]), report
+        assert os.path.isdir(paths[0]) and exec_proc.poll() is None
+    finally:
+        os.killpg(exec_proc.pid, signal.SIGKILL)  # the wrapper and its command: nothing released
+        exec_proc.wait()
+        pinner.kill()
+        pinner.wait()
+    assert exec_proc.returncode == -signal.SIGKILL
+    # The exec gone, its registration is a dead holder's: gc removes it, and the checkout may go.
+    report = gc(root)
+    assert [r["name"] for r in report["removed"] if r["reason"] == "lru"] == [upstream.shas[0]], report
+    assert os.listdir(os.path.join(root, "holds")) == []
+
+
+def test_a_ready_answer_that_a_forced_move_overtakes_is_not_ready(root, upstream):
+    """Review finding: a reader's ready answer took the marker's shared lock, handed the use to
+    the writer, and answered ready; gc past the bounds moved the checkout meanwhile (it no longer
+    waits for the exclusive lock), and the path answered was gone."""
+    from checkoutcache.store import checkouts as store_checkouts
+    from checkoutcache.store.layout import RootPaths
+    from checkoutcache.store.ready import ready_record
+
+    (path,) = checkouts(root, upstream, upstream.shas[:1])
+    key = os.path.basename(os.path.dirname(os.path.dirname(path)))
+    repo_paths = RootPaths(root).repo(key)
+
+    def gc_moves_it_meanwhile() -> bool:  # what the writer's gc did while the use was handed over
+        moved = store_checkouts.move_held_checkout_aside(repo_paths, upstream.shas[0], lambda _last_use: None)
+        assert moved.slot is not None
+        return True
+
+    # In this process (the writer's uid) the use would be recorded by the touch: make it a reader's.
+    import checkoutcache.store.ready as ready
+
+    real = ready.record_use
+    ready.record_use = lambda fd: False
+    try:
+        assert ready_record(marker(path), on_unrecorded=gc_moves_it_meanwhile) is None
+        assert ready_record(marker(path), on_unrecorded=lambda: True) is None  # gone now: no marker there
+    finally:
+        ready.record_use = real

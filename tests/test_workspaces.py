@@ -35,7 +35,8 @@ def store_state(root: str) -> dict:
     read-only mount refuses it, test_exec_writable_through_a_read_only_mount...)."""
     state = {}
     for entry in walk(root):
-        if entry.rel.endswith("checkoutcache-ready") or "/locks/" in entry.rel or entry.rel.startswith("workspaces"):
+        if entry.rel.endswith("checkoutcache-ready") or "/locks/" in entry.rel or entry.rel.startswith("workspaces") \
+                or entry.rel.startswith("holds"):  # a hold registered while the copy is made (store/holds.py)
             continue
         info = os.lstat(entry.path)
         freshened = "/mirror.git/objects/pack/" in entry.rel and entry.rel.endswith(".pack")

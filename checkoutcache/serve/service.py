@@ -320,13 +320,6 @@ class Service:
             raise CheckoutCacheError("TOO_MANY_HOLDS", held=mine, limit=self.settings.max_holds_per_token,
                                      whose="per token")
 
-    def held_checkouts(self) -> frozenset[tuple[str, str]]:
-        """(repository key, checkout name) of every checkout this serve holds (/v1/hold)."""
-        with self.holds_lock:
-            paths = [h.hold.answer.path for h in self.holds.values() if h.hold.answer.path]
-        # <root>/repos/<key>/checkouts/<name> (layout.py)
-        return frozenset((os.path.basename(os.path.dirname(os.path.dirname(p))), os.path.basename(p)) for p in paths)
-
     def release(self, params: dict, grant: Grant = ANONYMOUS) -> tuple[int, dict]:
         hold_id = params.get("hold")
         with self.holds_lock:
@@ -369,7 +362,7 @@ class Service:
             # The scheduled run enforces the limits in force (recorded for status); one over
             # the API may have tightened them for once (not recorded).
             report = run_gc(self.cache.paths, config, dry_run=dry_run, used_within_grace=self.used_within_grace(),
-                            record_as=None if from_api else "serve", writer_holds=self.held_checkouts())
+                            record_as=None if from_api else "serve")
         except Exception:
             self.metrics.gc_runs.labels("error").inc()
             raise

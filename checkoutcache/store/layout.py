@@ -20,6 +20,13 @@ alone (a rollback cannot corrupt what a newer version made).
     │                              who wrote it (serve at start, gc at each run) and when:
     │                              written whole (temp file + rename); `status` reads it, never
     │                              writes it, so a read-only reader shows the writer's limits.
+    ├── holds/
+    │   └── <pid>-<nonce>.hold     a registered hold (store/holds.py): {key, name, pid, at}, the
+    │                              checkout an exec, a workspace copy or serve's /v1/hold of the
+    │                              writer holds, locked exclusive by its holder for the hold's life
+    │                              (made as .new-<pid>-<nonce>, then renamed). gc keeps what these
+    │                              hold whatever its bounds on readers' locks; one whose lock is
+    │                              free is a dead holder's, removed by gc. Written by the writer only.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
     │   └── .health-<nonce>        a probe file /readyz locks, writes and removes at once
@@ -261,6 +268,8 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
                                                                               max-held, max-hold-age)
                               exclusive  eviction, moving a checkout aside   one rename (never
                                                                               waits)
+    holds/<pid>-<nonce>.hold  exclusive  its holder (an exec's command too)   the hold
+                              (try)      gc (a free one is removed)           a look
     locks/.health-<nonce>     exclusive  /readyz (a fresh file per probe)    a probe
     serve/<pid>-<nonce>.journal exclusive its serve; gc (never waits)        the serve's life
 
@@ -544,6 +553,13 @@ class RootPaths:
         """Where the image's serve listens (CHECKOUTCACHE_UNIX_SOCKET's default there), and
         where the CLI looks for a serve of this root to hand a new commit to."""
         return os.path.join(self.root, "checkoutcache.sock")
+
+    @property
+    def holds_dir(self) -> str:
+        return os.path.join(self.root, "holds")
+
+    def hold_record(self, pid: int, nonce: str) -> str:
+        return os.path.join(self.root, "holds", f"{pid}-{nonce}.hold")
 
     @property
     def limits_record(self) -> str:

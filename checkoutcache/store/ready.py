@@ -159,7 +159,9 @@ def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT,
     wait: how long to wait for the evictor's exclusive lock (0: not at all).
     on_unrecorded: called, with the shared lock still held, when this process may not record
     the use itself; so the writer's record of it comes before any eviction decision
-    (invariant 4: the evictor cannot take the exclusive lock until we let go)."""
+    (invariant 4: the evictor cannot take the exclusive lock until we let go). It returns
+    False when the writer answered that the checkout is not ready (it is moving away): the
+    answer is then None."""
     fd = open_marker_shared(marker, wait)
     if fd is None:
         return None
@@ -167,8 +169,17 @@ def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT,
         record = marker_record(fd)
         if not looks_intact(os.path.dirname(os.path.dirname(marker)), record):
             return None
-        if not record_use(fd) and on_unrecorded is not None:
-            on_unrecorded()
+        if not record_use(fd) and on_unrecorded is not None and on_unrecorded() is False:
+            return None  # the writer, asked to record the use, says it is not ready: never answered so
+        # Looked at once more after the use was recorded: past the bounds on readers' holds gc may
+        # move a held checkout without the exclusive lock (store/checkouts.py
+        # move_held_checkout_aside); a use recorded before this look makes it put the checkout
+        # back, and a move before it is seen here.
+        try:
+            if not os.path.samestat(os.fstat(fd), os.stat(marker)):
+                return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         return record
     finally:
         os.close(fd)

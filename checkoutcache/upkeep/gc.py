@@ -71,7 +71,7 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git import mirror
 from checkoutcache.git.backend import BUNDLE_REFS
 from checkoutcache.git.transport import pick_backend
-from checkoutcache.store import locks, records, tree
+from checkoutcache.store import holds, locks, records, tree
 from checkoutcache.store.checkouts import (
     GONE,
     is_published,
@@ -659,13 +659,10 @@ def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
 
 
 def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
-           used_within_grace: frozenset[tuple[str, str]] = frozenset(), record_as: str | None = None,
-           writer_holds: frozenset[tuple[str, str]] = frozenset()) -> GcReport:
+           used_within_grace: frozenset[tuple[str, str]] = frozenset(), record_as: str | None = None) -> GcReport:
     """used_within_grace: (repository key, checkout name) pairs the caller knows were used
     within the grace window by a clock that cannot jump (serve's monotonic record
     of its own ready answers); they count as used now, whatever the markers say.
-    writer_holds: the (key, name) pairs serve holds itself (/v1/hold: bounded in number and
-    ttl there), which no bound on readers' holds breaks.
     record_as: the writer (gc, serve) whose limits these are, recorded in the root for
     status (upkeep/limits.py); None for a one-off run with limits not in force (a
     tightened gc over the API)."""
@@ -723,6 +720,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         limits = Limits.from_config(config)
         now = time.time()
         held_since = {info.key: note_held(info, now, dry_run) for info in repos if not info.refused}
+        # Registered holds (store/holds.py: an exec's, a workspace copy's, serve's /v1/hold, of the
+        # writer alone): no bound on readers' locks breaks them.
+        writer_holds = holds.registered(root_paths, dry_run=dry_run)
         entries = [Entry(repo=info.key, name=c.name, size=c.size, held=c.held,
                          last_used=now if (info.key, c.name) in used_within_grace else c.last_used,
                          held_since=held_since.get(info.key, {}).get(c.name),
