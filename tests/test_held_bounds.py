@@ -131,28 +131,32 @@ def test_an_exec_within_the_bounds_and_serves_own_holds_keep_their_protection(ro
 
 
 def test_a_workspace_keeps_its_objects_when_its_sources_hold_is_broken(root, upstream, tmp_path):
-    sha = upstream.shas[-1]
-    (source,) = checkouts(root, upstream, [sha])
+    sha, other = upstream.shas[-1], upstream.shas[0]
+    source, newer = checkouts(root, upstream, [sha, other])
     workspace = subprocess.Popen([sys.executable, "-m", "checkoutcache", "--root", root, "workspace", "create",
                                   "--path", "--owner-pid", str(os.getpid()), upstream.path, sha],
                                  stdout=subprocess.PIPE, text=True)
     made = workspace.stdout.readline().strip()
     assert os.path.isdir(made), made
+    pinner = pin([marker(newer)])  # a more recently used checkout, locked by a reader
     try:
         make_idle(source, 7200)
-        report = gc(root, CHECKOUTCACHE_MAX_HELD="0", CHECKOUTCACHE_MIRROR_GC_INTERVAL="0s")
+        # One reader's lock kept (the more recent one): the workspace's source goes, its pin stays.
+        report = gc(root, CHECKOUTCACHE_MAX_HELD="1", CHECKOUTCACHE_MIRROR_GC_INTERVAL="0s")
         assert [r["name"] for r in report["removed"] if r["broke_hold"]] == [sha], report
         assert not os.path.exists(source)
         # The mirror kept the commit for the workspace (its keep-ref, through the repack).
         (key,) = os.listdir(os.path.join(root, "repos"))
         mirror = os.path.join(root, "repos", key, "mirror.git")
-        assert git("for-each-ref", "--format=%(refname)", "refs/keep/", cwd=mirror).split() == [f"refs/keep/{sha}"]
+        assert f"refs/keep/{sha}" in git("for-each-ref", "--format=%(refname)", "refs/keep/", cwd=mirror).split()
         assert git("rev-parse", "HEAD", cwd=made) == sha
         assert git("status", "--porcelain", cwd=made) == ""
         git("fsck", "--connectivity-only", cwd=made)
     finally:
         workspace.kill()
         workspace.wait()
+        pinner.kill()
+        pinner.wait()
 
 
 def test_a_running_exec_keeps_its_checkout_however_many_readers_lock_others(root, upstream):
@@ -210,3 +214,35 @@ def test_a_ready_answer_that_a_forced_move_overtakes_is_not_ready(root, upstream
         assert ready_record(marker(path), on_unrecorded=lambda: True) is None  # gone now: no marker there
     finally:
         ready.record_use = real
+
+
+def test_a_fake_workspace_pins_nothing(root, upstream, tmp_path):
+    """Review finding: a review made `ws-<pid>-<nonce>/owner.json` naming any repository and
+    commit of the store and held its owner.lock: gc kept that repository (past its idle limit)
+    and its commit's objects for as long as the lock was held. A workspace pins only what its
+    git really borrows (its alternates), within the bounds on readers' locks."""
+    import json
+
+    sha = upstream.shas[0]
+    (path,) = checkouts(root, upstream, [sha])
+    key = os.path.basename(os.path.dirname(os.path.dirname(path)))
+    workspaces = tmp_path / "workspaces"
+    fake = workspaces / "ws-1-0123456789ab"
+    (fake / "tree" / ".git").mkdir(parents=True)
+    (fake / "owner.json").write_text(json.dumps({"pid": 1, "start_time": 1.0, "root": root, "key": key, "commit": sha,
+                                                 "name": sha, "created_at": 1.0}))
+    (fake / "owner.lock").write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", PIN.replace("LOCK_SH", "LOCK_EX"), str(fake / "owner.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "pinned"
+        env = {"CHECKOUTCACHE_WORKSPACES": str(workspaces), "CHECKOUTCACHE_REPO_MAX_IDLE": "1s",
+               "CHECKOUTCACHE_GRACE": "1s"}
+        first = gc(root, **env)
+        assert first["workspaces"]["live"] == 1, first["workspaces"]
+        second = gc(root, **env)
+        assert [r["reason"] for r in first["removed"] + second["removed"]].count("repository") == 1, (first, second)
+        assert not os.path.exists(os.path.join(root, "repos", key))
+    finally:
+        holder.kill()
+        holder.wait()

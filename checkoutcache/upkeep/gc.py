@@ -373,21 +373,28 @@ def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
     return None, delete(paths, moved.slot, report)
 
 
-def note_held(info: RepoInfo, now: float, dry_run: bool) -> dict[str, float]:
+def note_held(info: RepoInfo, now: float, dry_run: bool, workspaces: set[str] = frozenset(),
+              workspaces_since: dict[str, float] | None = None) -> dict[str, float]:
     """Since when each held checkout of a repository has been held, as gc's runs saw it
     (state/held.json, gc's own): a checkout seen held keeps its first sighting, one seen free
-    leaves the record. {name: since}. A record that cannot be read starts anew."""
+    leaves the record. {name: since}. A record that cannot be read starts anew. workspaces:
+    the live workspaces pinning this repository, whose first sightings go the same way (into
+    workspaces_since)."""
     paths = info.paths
     try:
-        before = (records.read_json(paths.held_record, records.HELD) or {}).get("since", {})
+        record = records.read_json(paths.held_record, records.HELD) or {}
     except OSError:
-        before = {}
+        record = {}
+    before, pinned = record.get("since", {}), record.get("workspaces") if isinstance(record.get("workspaces"), dict) else {}
     held = {c.name for c in info.checkouts if c.ready and c.held and not c.unreadable}
     since = {name: float(before[name]) if records.finite(before.get(name)) else now for name in held}
-    if not dry_run and since != before:
+    pins = {name: float(pinned[name]) if records.finite(pinned.get(name)) else now for name in workspaces}
+    if workspaces_since is not None:
+        workspaces_since.update(pins)
+    if not dry_run and (since != before or pins != pinned):
         try:
-            if since:
-                records.write_json(paths.held_record, {"since": since})
+            if since or pins:
+                records.write_json(paths.held_record, {"since": since, **({"workspaces": pins} if pins else {})})
             else:
                 records.remove_quietly(paths.held_record)
         except OSError:
@@ -593,11 +600,12 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
 
 
 def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, problems: list[dict],
-                     borrows: set[tuple[str, str]]) -> int:
+                     borrows: set[tuple[str, str, str]]) -> int:
     """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts).
-    What could not be read there goes to problems; the (key, commit) whose objects each live
-    workspace borrows, to borrows: their keep-refs stay even once the source checkout went
-    (a workspace's hold of its source is bounded like any reader's)."""
+    What could not be read there goes to problems; the (key, commit, workspace) whose objects
+    each live workspace borrows, to borrows: their keep-refs stay even once the source checkout
+    went (a workspace's hold of its source is bounded like any reader's; so are these pins:
+    bounded_pins)."""
     from checkoutcache.store import workspaces
     from checkoutcache.workspaces import workspaces_dir_of
 
@@ -620,9 +628,34 @@ def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, pr
             seen["live"] += 1
             seen["bytes"] += size_of(fact.path)
             key, commit = fact.record.get("key"), fact.record.get("commit")
-            if key and commit:  # its git borrows that commit's objects from the mirror
-                borrows.add((key, commit))
+            if key and commit and borrows_from(fact, key):  # its git borrows that commit's objects
+                borrows.add((key, commit, fact.name))
     return seen["bytes"]
+
+
+def borrows_from(fact, key: str) -> bool:
+    """Whether a live workspace's git really borrows from repository KEY's mirror: its tree's
+    .git/objects/info/alternates names that mirror's objects (an owner.json alone is the
+    review's word: it could name any repository to pin it)."""
+    alternates = os.path.join(fact.tree, ".git", "objects", "info", "alternates")
+    try:
+        fd = tree.open_file(alternates, os.O_RDONLY)  # never blocks, never a FIFO's or a link's
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as handle:
+        lines = handle.read(1 << 14).decode("utf-8", "replace").splitlines()
+    return any(line.rstrip("/").endswith(f"/repos/{key}/mirror.git/objects") for line in lines)
+
+
+def bounded_pins(pins: set[tuple[str, str, str]], since: dict[str, float], config: Config,
+                 now: float) -> set[tuple[str, str]]:
+    """Of live workspaces' pins (key, commit, workspace), those gc keeps: bounded as readers'
+    locks are (max-held, the most recently seen first; max-hold-age, as gc's runs saw them:
+    since, workspace -> first sighting), since a review makes them as it likes."""
+    kept = [(key, commit, name) for key, commit, name in pins
+            if now - since.get(name, now) <= config.max_hold_age]
+    kept.sort(key=lambda pin: -since.get(pin[2], now))
+    return {(key, commit) for key, commit, _name in kept[:config.max_held]}
 
 
 def spares_of(info, report: GcReport | None) -> list:
@@ -700,9 +733,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             with going_on(report, info.paths, root_paths):
                 for slot in ([] if dry_run else drop_unfinished(info.paths)):  # a killed gc's
                     remove_moved(info.paths, slot, report, Removed("spare", info.paths.key, os.path.basename(slot)))
-        workspace_borrows: set[tuple[str, str]] = set()
+        workspace_pins: set[tuple[str, str, str]] = set()
         try:
-            pinned_bytes = workspace_upkeep(root_paths, config, report, newer, workspace_borrows)
+            pinned_bytes = workspace_upkeep(root_paths, config, report, newer, workspace_pins)
         except OSError as exc:  # a workspaces directory this gc may not read: said, never the run's end
             pinned_bytes = 0
             newer.append({"path": str(exc.filename), "error": errno.errorcode.get(exc.errno or 0, "OSError"),
@@ -719,7 +752,13 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
-        held_since = {info.key: note_held(info, now, dry_run) for info in repos if not info.refused}
+        pins_of = collections.defaultdict(set)
+        for key, _commit, name in workspace_pins:
+            pins_of[key].add(name)
+        seen_since: dict[str, float] = {}
+        held_since = {info.key: note_held(info, now, dry_run, pins_of.get(info.key, set()), seen_since)
+                      for info in repos if not info.refused}
+        workspace_borrows = bounded_pins({p for p in workspace_pins if p[0] in held_since}, seen_since, config, now)
         # Registered holds (store/holds.py: an exec's, a workspace copy's, serve's /v1/hold, of the
         # writer alone): no bound on readers' locks breaks them.
         writer_holds = holds.registered(root_paths, dry_run=dry_run)
