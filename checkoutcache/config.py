@@ -99,6 +99,11 @@ def _patterns(value: Any) -> tuple[str, ...]:
     return tuple(p.strip() for p in str(value).split(",") if p.strip())
 
 
+def _patterns_or_none(value: Any) -> tuple[str, ...]:
+    """Patterns, or none at all ("none": how to_env writes an empty list)."""
+    return () if isinstance(value, str) and value.strip() == "none" else _patterns(value)
+
+
 def _transport(value: str) -> str:
     if value not in ("auto", "cli", "pygit2"):
         raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not auto, cli or pygit2")
@@ -366,6 +371,11 @@ class Config(Settings):
     submodules: str = setting("recursive", "CHECKOUTCACHE_SUBMODULES",
                               "Check out every submodule's work tree, nested ones too (recursive), or none. "
                               "Checkouts made under each setting are kept apart.", parse_submodules)
+    submodule_repos: tuple[str, ...] = setting((), "CHECKOUTCACHE_SUBMODULE_TOKEN_REPOS",
+                                               "Repositories a submodule must match too, besides serve's "
+                                               "allow-list: serve sets it for the clones a token with repos= "
+                                               "started (shell patterns, comma-separated).", _patterns_or_none,
+                                               "none", render=",".join, many=True)
     max_submodules: int = setting(100, "CHECKOUTCACHE_MAX_SUBMODULES",
                                   "A commit whose submodules (all levels) need more checkouts fails with "
                                   "SUBMODULE_FAILED.", _count)

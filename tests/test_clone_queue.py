@@ -137,3 +137,91 @@ def test_clones_queued_when_serve_is_killed_are_absent_not_dead(root, tmp_path, 
             assert status == 200 and ready["state"] == "ready", ready
     finally:
         again.stop()
+
+
+def test_a_clone_queued_for_one_token_starts_for_another_that_has_room(root, tmp_path, repositories):
+    """Review finding: token B, with free slots, asked a commit token A had queued: it waited
+    behind A's whole queue (30 s against 12 s for B's own new commit)."""
+    flood, flood_url, _honest, _honest_url, gate = repositories
+    serve = Serve(root, tmp_path, "--max-clones", "3", "--max-clones-per-token", "1", "--gc-interval", "0",
+                  tokens=f"{FLOOD}\n{HONEST}\n")
+    serve_pid = serve.serve_pid()
+    try:
+        assert ask(serve, FLOOD, flood_url, flood.shas[0], wait=60)[0] == 200
+        slots_free(serve, FLOOD)
+        gate.shut()
+        answers = [ask(serve, FLOOD, flood_url, sha)[1] for sha in flood.shas[1:4]]
+        assert [a.get("pid") == serve_pid for a in answers] == [False, True, True], answers
+        status, mine = ask(serve, HONEST, flood_url, flood.shas[3])  # A's last queued one
+        assert status == 202 and mine["pid"] != serve_pid and "queue" not in mine, mine
+        status, still = ask(serve, FLOOD, flood_url, flood.shas[2])
+        assert still["queue"]["position"] == 1, still  # A's queue moved up: its last left it
+        gate.open()
+        for sha in flood.shas[1:4]:
+            assert ask(serve, FLOOD, flood_url, sha, wait=120)[1]["state"] == "ready"
+    finally:
+        gate.open()
+        serve.stop()
+
+
+def test_new_repositories_count_while_probed_and_a_refused_one_leaves_nothing(root, tmp_path, repositories):
+    """Review findings: max-new-repos-per-token counted a request for its whole wait (an honest
+    token's third new repository was SERVER_BUSY while the first two cloned), and a SERVER_BUSY
+    answer for a new repository left its store behind (repo.json, directories, a clone lock)."""
+    flood, flood_url, honest, honest_url, gate = repositories
+    serve = Serve(root, tmp_path, "--max-new-repos-per-token", "1", "--max-clones", "2",
+                  "--max-clones-per-token", "1", "--max-queued-per-token", "1", "--gc-interval", "0",
+                  tokens=f"{FLOOD}\n")
+    try:
+        gate.shut()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(ask, serve, FLOOD, flood_url, flood.shas[0], 120)  # new, its probe held at the gate
+            wait_until(lambda: gate.held >= 1, 30, "the first repository's probe")
+            status, busy = ask(serve, FLOOD, honest_url, honest.shas[0])  # a second new one while it probes
+            assert status == 503 and busy["error"] == "SERVER_BUSY", busy
+            gate.open()
+            assert slow.result(timeout=120)[0] == 200
+        status, answer = ask(serve, FLOOD, honest_url, honest.shas[0], wait=120)  # probed: counted no longer
+        assert status == 200, answer
+        slots_free(serve, FLOOD)
+        # The token's queue full: a new repository is refused before anything is written for it.
+        gate.shut()
+        answers = [ask(serve, FLOOD, flood_url, sha)[0] for sha in flood.shas[1:3]]  # one runs, one queued
+        assert answers == [202, 202], answers
+        before = sorted(os.listdir(os.path.join(root, "repos")))
+        other = honest_url.rsplit("/", 1)[0] + "/flood"  # the same repository by another address: new here
+        status, busy = ask(serve, FLOOD, other, flood.shas[0])
+        assert status == 503 and busy["error"] == "SERVER_BUSY", busy
+        assert sorted(os.listdir(os.path.join(root, "repos"))) == before, "nothing recorded for it"
+    finally:
+        gate.open()
+        serve.stop()
+
+
+@pytest.mark.faults
+def test_a_restarted_serve_counts_the_workers_its_killed_predecessor_left(root, tmp_path, repositories):
+    """Review finding: serve SIGKILLed, its worker lives on; the next serve did not count it, so
+    with --max-clones 1 two clones ran at once (and each restart of a crash loop added more)."""
+    flood, flood_url, _honest, _honest_url, gate = repositories
+    limits = ("--max-clones", "1", "--gc-interval", "0")
+    serve = Serve(root, tmp_path, *limits, tokens=f"{FLOOD}\n")
+    try:
+        assert ask(serve, FLOOD, flood_url, flood.shas[0], wait=60)[0] == 200
+        slots_free(serve, FLOOD)
+        gate.shut()
+        status, running = ask(serve, FLOOD, flood_url, flood.shas[1])
+        assert status == 202 and running["pid"] != serve.serve_pid(), running
+        wait_until(lambda: gate.held >= 1, 30, "its fetch held at the gate")
+        os.kill(serve.serve_pid(), signal.SIGKILL)
+        serve.proc.wait(30)
+        assert serve.proc.returncode == -signal.SIGKILL
+        again = Serve(root, tmp_path, *limits, tokens=f"{FLOOD}\n")
+        try:
+            status, queued = ask(again, FLOOD, flood_url, flood.shas[2])
+            assert status == 202 and queued["pid"] == again.serve_pid() and queued["queue"]["position"] == 1, queued
+            gate.open()
+            assert ask(again, FLOOD, flood_url, flood.shas[2], wait=120)[1]["state"] == "ready"
+        finally:
+            again.stop()
+    finally:
+        gate.open()

@@ -300,3 +300,53 @@ def test_a_hash_in_a_token_is_refused_not_read_as_a_comment():
     assert "'#'" in refused.value.message
     ((token, grant),) = parse_tokens("\ufeffreview-token-0123456789 default can=ensure # the review's\n", "tokens")
     assert token == "review-token-0123456789" and grant.can == {"ensure"}
+
+
+def test_a_second_serve_on_an_address_one_answers_at_refuses_to_start(root, tmp_path):
+    """Review finding: two serves of one uid could listen on one TCP port at once, each with
+    its own holds and nonces (a release reaching the other answered UNKNOWN_HOLD)."""
+    serve = Serve(root, tmp_path)
+    try:
+        code, _, out = run_cli("serve", "--listen", f"127.0.0.1:{serve.port}", "--token-file",
+                               str(tmp_path / f"tokens-{serve.port}"), root=root, timeout=60)
+        assert code == 2 and "another server is listening" in out, out
+    finally:
+        serve.stop()
+
+
+@pytest.mark.slow
+def test_a_tokens_repositories_bound_its_submodules_too(root, tmp_path, daemon):
+    """Review finding: a token limited to r1* was refused r2, but an r1 commit whose .gitmodules
+    names r2 came back ready with r2's tree in it; with no sidecar allow-list, a submodule naming
+    any TCP service of the pod made the writer connect there."""
+    from .test_submodules import served, with_submodule
+
+    sub, sub_url = served(daemon, "grants-sub")
+    top, top_url = served(daemon, "grants-top")
+    other, other_url = served(daemon, "grants-other")
+    for repo in (sub, top, other):
+        repo.standard_history(1)
+    sha = with_submodule(top, "vendor/lib", sub_url, sub.shas[-1])
+    later = with_submodule(top, "vendor/lib2", sub_url, sub.shas[-1], message="the same repository again")
+    service = Listener()
+    forged = with_submodule(other, "vendor/other", f"git://127.0.0.1:{service.port}/internal", sub.shas[-1],
+                            message="a submodule at the pod's own service")
+    limited = "limited-" + "l" * 24
+    serve = Serve(root, tmp_path, tokens=f"{TOKEN}\n{limited} default can=ensure,hold repos={top_url},{other_url}\n")
+    try:
+        status, answer = serve.request("POST", "/v1/ensure", {"repo": top_url, "commit": later, "wait": 120},
+                                       token=limited)
+        assert status == 503 and answer["error"] == "SUBMODULE_FAILED" and "token" in answer["message"], answer
+        status, answer = serve.request("POST", "/v1/ensure", {"repo": other_url, "commit": forged, "wait": 120},
+                                       token=limited)
+        assert answer["state"] == "failed" and service.received == [], (answer, service.received)
+        # Made whole for a token that may (its submodule included), it is never answered to one that may not.
+        status, answer = serve.request("POST", "/v1/ensure", {"repo": top_url, "commit": sha, "wait": 120})
+        assert status == 200 and answer["submodules"] == "included", answer
+        status, answer = serve.request("POST", "/v1/ensure", {"repo": top_url, "commit": sha}, token=limited)
+        assert status == 403 and answer["error"] == "FORBIDDEN_REPOSITORY", answer
+        status, answer = serve.request("POST", "/v1/hold", {"repo": top_url, "commit": sha}, token=limited)
+        assert status == 403 and answer["error"] == "FORBIDDEN_REPOSITORY", answer
+    finally:
+        serve.stop()
+        service.close()

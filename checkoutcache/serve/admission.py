@@ -99,9 +99,13 @@ class CloneQueue:
         self.started = 0
 
     # ------------------------------------------------------------ the coordinator's Start
-    def starter(self, caller: str):
-        """The coordinator's Start for one caller's request (clone/coordinator.py)."""
+    def starter(self, caller: str, repos: tuple[str, ...] = ()):
+        """The coordinator's Start for one caller's request (clone/coordinator.py). repos: the
+        caller's own repository patterns (a token's repos=): its clone's submodules must match
+        them too (config.submodule_repos)."""
         def start(paths: RepoPaths, name: str, lock_fd: int, config, credential, deaths: int, cone=()) -> int:
+            if repos:
+                config = attrs.evolve(config, submodule_repos=tuple(repos))
             return self.admit(caller, paths, name, lock_fd, config, credential, deaths, tuple(cone))
 
         return start
@@ -130,6 +134,46 @@ class CloneQueue:
             self.write_records()
         return self.own["pid"]
 
+    def adopt(self, pids: list[int], caller: str = "earlier serve") -> None:
+        """Workers an earlier serve of this root started (killed, its workers live on, ours now by
+        the subreaper): they take slots until they end, so a crash loop never runs more than
+        max_clones at once."""
+        with self.lock:
+            for pid in pids:
+                try:
+                    self.running[caller].append(os.pidfd_open(pid))
+                except OSError:
+                    continue  # gone already
+
+    def could_take(self, caller: str) -> bool:
+        """Whether a new clone of caller's would be started or queued now (not SERVER_BUSY)."""
+        with self.lock:
+            self.prune()
+            if room_for(caller, self.counts(), self.bounds) and not self.waiting.get(caller):
+                return True
+            queued = sum(len(q) for q in self.waiting.values())
+            return queued < self.bounds.max_queued and len(self.waiting.get(caller, ())) < \
+                self.bounds.max_queued_per_caller
+
+    def interest(self, caller: str, paths: RepoPaths, name: str) -> bool:
+        """Another caller asks for a clone that waits in someone's queue: it starts now, counted
+        as that caller's, when that caller has room (a commit one token queued is never cloned
+        at that token's pace for another). Whether it started."""
+        with self.lock:
+            self.prune()
+            if self.waiting.get(caller) or not room_for(caller, self.counts(), self.bounds):
+                return False
+            for owner, queue in self.waiting.items():
+                for entry in queue:
+                    if entry.paths.key == paths.key and entry.name == name and owner != caller:
+                        queue.remove(entry)
+                        if not queue and owner in self.order:
+                            self.order.remove(owner)
+                        self.launch_queued(caller, entry)
+                        self.write_records()
+                        return True
+        return False
+
     # ------------------------------------------------------------ bookkeeping
     def counts(self) -> dict[str, int]:
         return {caller: len(fds) for caller, fds in self.running.items() if fds}
@@ -144,6 +188,25 @@ class CloneQueue:
                 else:
                     alive.append(fd)
             fds[:] = alive
+
+    def launch_queued(self, caller: str, entry: Waiting) -> None:
+        """Start a queued clone's worker, counted for caller, and say so in its record at once
+        (until the worker writes its own, an asker would read serve's queued record). Its lock
+        goes to the worker (serve's descriptor is closed). Caller holds self.lock."""
+        try:
+            pid = self.launch(caller, entry.paths, entry.name, entry.lock_fd, entry.config, entry.credential,
+                              entry.deaths, entry.cone)
+            from checkoutcache.store.liveness import pid_namespace, process_start_time
+
+            record = {k: v for k, v in entry.record.items() if k != "queue"}
+            records.write_json(entry.paths.clone_record(entry.name),
+                               {**record, "pid": pid, "pid_start": process_start_time(pid), "pidns": pid_namespace(),
+                                "progress": {"phase": "starting"}})
+        except (OSError, CheckoutCacheError):
+            # Not started: the commit turns absent (its record a queued owner's, never a death).
+            records.remove_quietly(entry.paths.clone_record(entry.name))
+        finally:
+            os.close(entry.lock_fd)
 
     def launch(self, caller: str, paths: RepoPaths, name: str, lock_fd: int, config, credential, deaths: int,
                cone: tuple) -> int:
@@ -189,15 +252,8 @@ class CloneQueue:
                 self.order.remove(caller)
                 if self.waiting[caller]:
                     self.order.append(caller)
-                try:
-                    self.launch(caller, entry.paths, entry.name, entry.lock_fd, entry.config, entry.credential,
-                                entry.deaths, entry.cone)
-                    started += 1
-                except (OSError, CheckoutCacheError):
-                    # Not started: the commit turns absent (its record a queued owner's, never a death).
-                    records.remove_quietly(entry.paths.clone_record(entry.name))
-                finally:
-                    os.close(entry.lock_fd)  # the worker holds the lock now (or nobody does)
+                self.launch_queued(caller, entry)
+                started += 1
             if started:
                 self.write_records()
         if started and self.on_change is not None:

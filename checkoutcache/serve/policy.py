@@ -136,6 +136,13 @@ class ApiPolicy:
                 return token, grant
         raise CheckoutCacheError("UNAUTHORIZED")
 
+    def repos_of(self, name: str) -> tuple[str, ...]:
+        """The repos= patterns of the grant of this name (() for none, or no such grant)."""
+        for _token, grant in self.valid_tokens():
+            if grant.name == name:
+                return grant.repos
+        return ()
+
     def token_of(self, name: str) -> str | None:
         """The token of a grant's name (for an answer's proof), in force or retiring."""
         for token, grant in self.valid_tokens():

@@ -168,6 +168,8 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
                                                       "only)")
     if unix:
         prepare_unix_socket(unix)
+    refuse_a_taken_address(address)
+    refuse_a_taken_address(health)
     reaper = Reaper()
     subreaper = become_subreaper()
     raise_open_file_limit()
@@ -187,6 +189,7 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     # Taken after the fork: a worker server that inherited it would keep it held past our death.
     journal_lock = locks.serve_journal_owned(journal)
     service = Service(cache, config, settings, journal, policy, version)
+    adopt_running_workers(service, reaper)
     pools = Pools(settings.max_waiting, settings.max_waiting_per_token)
     with open(OPENAPI, "rb") as handle:
         openapi = handle.read()
@@ -231,6 +234,33 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     # os._exit: interpreter exit joins pool threads, and one stuck in flock() or a wait
     # would hold the exit past any bound.
     os._exit(code)
+
+
+def adopt_running_workers(service: Service, reaper: Reaper) -> None:
+    """Clone workers an earlier serve of this root left running (it was killed; they live on, and
+    come to us as their subreaper) take clone slots until they end (serve/admission.py)."""
+    from checkoutcache.store.inventory import NO_SIZES, inventory
+    from checkoutcache.store.liveness import same_pid_namespace
+
+    try:
+        repos = inventory(service.cache.paths, sizes=NO_SIZES)
+    except (OSError, CheckoutCacheError):
+        return
+    running = [c.pid for info in repos for c in info.clones
+               if c.alive and c.pid and c.pid != os.getpid() and same_pid_namespace(c.pidns) and reaper.is_worker(c.pid)]
+    service.clones.adopt(running)
+
+
+def refuse_a_taken_address(address: tuple[str, int] | None) -> None:
+    """Never a second server on an address one answers at (same uid's sockets may share a port:
+    each would hold its own holds and nonces)."""
+    if address is None:
+        return
+    try:
+        socket.create_connection(address, timeout=0.5).close()
+    except OSError:
+        return
+    raise CheckoutCacheError("BAD_ARGUMENT", what=f"another server is listening on {address[0]}:{address[1]}")
 
 
 def remove_own_journal(held: locks.Lock) -> None:

@@ -139,7 +139,7 @@ class Service:
         self.clones = CloneQueue(Bounds(settings.max_clones, settings.max_clones_per_token, settings.max_queued,
                                         settings.max_queued_per_token),
                                  worker_starter(False), {"pid": pid, "pid_start": pid_start, "pidns": pid_namespace()})
-        cache.clone_starter = self.clones.starter
+        cache.clone_starter = lambda caller: self.clones.starter(caller, self.policy.repos_of(caller))
         self.new_repos: dict[str, int] = {}  # caller -> requests in progress naming a repository new here
         self.new_repos_lock = threading.Lock()
 
@@ -204,6 +204,7 @@ class Service:
         self.policy.check_grant_repo(grant, want.spec)
         answer = self.cache.ready_answer(want, lock_wait=0.0)
         if answer is not None:
+            self.check_borrows(grant, answer)
             self.metrics.answer(answer.state, "")
             with self.recent_lock:
                 self.recent_uses[(want.spec.key, want.name)] = time.monotonic()
@@ -212,11 +213,41 @@ class Service:
     def ensure(self, params: dict, grant: Grant = ANONYMOUS, note: "Waited | None" = None) -> Answer:
         """note, when given, learns whether the request waited on a clone (the latency's kind)."""
         repo, commit, wait, scope, cone = self.request(params, grant)
+        # Every ensure looks at once first: a repository new here counts against the token's bound
+        # while it is probed and its clone started (never for the whole wait), and a clone queued
+        # for another token is started for this one if it has room (queued_elsewhere).
         with self.new_repository(repo, commit, scope, cone, grant):
+            answer = self.cache.ensure(repo, commit, scope=scope, sparse=cone, caller=grant.name)
+        if self.queued_elsewhere(answer, repo, commit, scope, cone, grant):
+            answer = self.cache.ensure(repo, commit, scope=scope, sparse=cone, caller=grant.name)
+        if wait and answer.state == State.CLONING:
             answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
                                        sparse=cone, caller=grant.name)
+        self.check_borrows(grant, answer)
         self.answered(answer)
         return answer
+
+    def queued_elsewhere(self, answer: Answer, repo: str, commit: str, scope: str, cone: Cone, grant: Grant) -> bool:
+        """A `cloning` answer for a clone this serve queued for another token: started now for
+        this one if it has room (admission.CloneQueue.interest). Whether it was."""
+        if answer.state != State.CLONING or not answer.queue or answer.pid != self.clones.own["pid"]:
+            return False
+        want = self.resolve(repo, commit, scope, cone)
+        return self.clones.interest(grant.name, self.cache.paths.repo(want.spec.key), want.name)
+
+    def check_borrows(self, grant: Grant, answer: Answer) -> None:
+        """A token with repositories of its own (repos=) is never answered a checkout that holds
+        another repository it may not name (a submodule: the checkout is shared, and may have
+        been made for a caller who may). FORBIDDEN_REPOSITORY naming it."""
+        if not grant.repos or answer.state != State.READY or answer.submodules != "included" or not answer.path:
+            return
+        marker = records.read_json(os.path.join(answer.path, ".git", "checkoutcache-ready"), records.MARKER) or {}
+        for key, _sha in marker.get("borrows") or []:
+            url = self.repo_url(key)
+            if url is None or not grant.may_name(url):
+                raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why=f"the checkout holds a submodule of "
+                                                                     f"{(url or key)[:200]}, which is not among this "
+                                                                     f"token's repositories")
 
     @contextlib.contextmanager
     def new_repository(self, repo: str, commit: str, scope: str, cone: Cone, grant: Grant):
@@ -227,6 +258,8 @@ class Service:
         if os.path.isdir(self.cache.paths.repo(want.spec.key).base):
             yield
             return
+        if not self.clones.could_take(grant.name):  # refused before anything is written for it
+            raise CheckoutCacheError("SERVER_BUSY", why="this token's clones are queued to their bound already")
         with self.new_repos_lock:
             mine, everyone = self.new_repos.get(grant.name, 0), sum(self.new_repos.values())
             if mine >= self.settings.max_new_repos_per_token or everyone >= max(1, self.settings.max_clones):
@@ -293,9 +326,16 @@ class Service:
         repo, commit, wait, scope, cone = self.request(params, grant)
         with self.holds_lock:
             self.check_hold_room(grant)
-        with self.new_repository(repo, commit, scope, cone, grant):
-            held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
-                                   sparse=cone, caller=grant.name)
+        with self.new_repository(repo, commit, scope, cone, grant):  # as ensure: a look at once first
+            first = self.cache.ensure(repo, commit, scope=scope, sparse=cone, caller=grant.name)
+        self.queued_elsewhere(first, repo, commit, scope, cone, grant)
+        held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
+                               sparse=cone, caller=grant.name)
+        try:
+            self.check_borrows(grant, held.answer)
+        except CheckoutCacheError:
+            held.release()
+            raise
         self.answered(held.answer)
         if not held.held:
             return http_status(held.answer), held.answer.to_json()
