@@ -356,6 +356,7 @@ def test_gc_counts_a_workspace_measured_in_part_as_its_bytes_and_says_so(root, u
     a workspace holding 4 MiB below MAX_DEPTH levels. gc's report lists it under
     workspaces.partial and problems, and the bytes it counted stand as the workspace's
     against max-bytes: nothing is evicted for what it could not see."""
+    from checkoutcache.cli.output import gc_text
     from checkoutcache.store.sizes import MAX_DEPTH
 
     with live_workspace(root, upstream, monkeypatch) as made:
@@ -372,6 +373,7 @@ def test_gc_counts_a_workspace_measured_in_part_as_its_bytes_and_says_so(root, u
         assert [p["error"] for p in report["problems"] if p["path"] == os.path.dirname(made.path)] == \
             ["SIZE_AT_LEAST"], report["problems"]
         assert report["removed"] == [] and report["unmet"] == [], report
+        assert f"workspace {name} measured in part (depth): at least" in gc_text(report)  # gc's text says it too
 
 
 @pytest.mark.slow
