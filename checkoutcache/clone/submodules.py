@@ -49,7 +49,7 @@ from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_repo
 from checkoutcache.store.beneath import Escape, fd_path, open_dir_beneath, shown
-from checkoutcache.store.sizes import disk_usage
+from checkoutcache.store.sizes import measure_at
 from checkoutcache.units import format_bytes
 
 # Deeper than this is a cycle (a repository that is its own submodule) or abuse.
@@ -222,7 +222,7 @@ def populate(tree_fd: int, submodules: list[Submodule], deadline: float, depth: 
                 key = ensure(sub.url, sub.sha, deadline - time.monotonic())
                 log(f"submodule {shown(sub.path)}: {strip_userinfo(sub.url)} at {sub.sha}")
                 checkout(where, where_fd, key, sub.sha)
-                budget.add_bytes(sub, disk_usage(where))
+                budget.add_bytes(sub, measure_at(where_fd).bytes)
                 nested = submodules_at(where, where_fd, key, sub.url, sub.sha)
             except CheckoutCacheError as exc:
                 if exc.code == "SUBMODULE_FAILED":

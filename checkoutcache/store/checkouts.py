@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import time
 from typing import Callable
@@ -231,23 +230,6 @@ def _retrying_writable(operation: Callable[[], None], dir_fd: int) -> None:
         operation()
 
 
-def _mount_points_under(path: bytes) -> set[bytes]:
-    """Mount points strictly inside path (a bind mount shares st_dev with its parent)."""
-    found = set()
-    prefix = path.rstrip(b"/") + b"/"
-    try:
-        with open("/proc/self/mountinfo", "rb") as handle:
-            for line in handle:
-                fields = line.split(b" ")
-                if len(fields) > 4:
-                    point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
-                    if point.startswith(prefix):
-                        found.add(point)
-    except OSError:
-        pass
-    return found
-
-
 class _Dir:
     __slots__ = ("fd", "name", "rel", "actual", "subdirs", "dev", "blocked")
 
@@ -306,7 +288,7 @@ def _remove_named(parent_fd: int, name: str, removal: Removal) -> None:
     except BaseException:
         os.close(top_fd)
         raise
-    mounts = _mount_points_under(top_path)
+    mounts = tree.mount_points_under(top_path)
     top = _Dir(top_fd, name, b"", b"", info.st_dev)
     _remove_dir(top, parent_fd, mounts, top_path, removal)
 
@@ -376,7 +358,7 @@ def _descend(current: _Dir, name: str, rel: bytes, actual: bytes, stack: list[_D
         top.subdirs.append((fresh, rel, os.fsencode(fresh)))
         if mounts:  # a mount inside moved with it
             mounts.clear()
-            mounts.update(_mount_points_under(top_path))
+            mounts.update(tree.mount_points_under(top_path))
         return None
     try:
         fd = _open_dir(name, current.fd)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 from collections.abc import Iterator
 
@@ -221,6 +222,25 @@ def fd_name(fd: int) -> bytes:
     """Where the kernel says a descriptor's directory is now (for mountinfo, and for
     messages): never used to open anything."""
     return os.fsencode(os.readlink(f"/proc/self/fd/{fd}"))
+
+
+def mount_points_under(path: bytes) -> set[bytes]:
+    """Mount points strictly inside path, as /proc/self/mountinfo names them (a bind mount
+    of the same file system shares st_dev with its parent: only this tells it). Read once
+    per walk (checkouts.remove_tree, sizes.measure): a walk never enters one."""
+    found = set()
+    prefix = path.rstrip(b"/") + b"/"
+    try:
+        with open("/proc/self/mountinfo", "rb") as handle:
+            for line in handle:
+                fields = line.split(b" ")
+                if len(fields) > 4:
+                    point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+                    if point.startswith(prefix):
+                        found.add(point)
+    except OSError:
+        pass
+    return found
 
 
 # What a repository's store holds that is a directory: gc lists, writes or deletes in each

@@ -21,7 +21,9 @@ overlap, the second reports that it skipped):
    Workspaces (store/workspaces.py, in CHECKOUTCACHE_WORKSPACES as this gc
    sees it): dead ones are reaped where gc may delete them (its own uid's, or
    as root; others are listed for their uid's next call), and the bytes of live
-   ones count against max-bytes (their source checkouts stay held meanwhile);
+   ones count against max-bytes (their source checkouts stay held meanwhile;
+   each is measured by a walk bounded in entries and time, store/sizes.py:
+   past a bound what it counted is its bytes, a lower bound the report says);
    Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
    of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
    is above 0, space is not short and no process gc can see works in the tree (/proc:
@@ -84,7 +86,7 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
-from checkoutcache.store.sizes import disk_usage
+from checkoutcache.store.sizes import WORKSPACE_BOUNDS, disk_usage, measure
 from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
 from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.scratch import reap_dead_scratch
@@ -167,7 +169,9 @@ class GcReport:
     problems: list[dict] = attrs.Factory(list)
     disk_before: dict | None = None
     disk_after: dict | None = None
-    # The workspaces directory as this gc sees it: {"dir", "live", "bytes", "dead_left": [...]}.
+    # The workspaces directory as this gc sees it: {"dir", "live", "bytes", "dead_left": [...],
+    # "partial": [{"workspace", "bytes", "entries", "why"}]: live ones measured only in part,
+    # whose counted bytes are a lower bound}.
     workspaces: dict | None = None
     # What the store holds after this run (ready, intact checkouts): computed
     # from the inventory gc already made, so callers need no second walk.
@@ -605,12 +609,14 @@ def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, pr
     What could not be read there goes to problems; the (key, commit, workspace) whose objects
     each live workspace borrows, to borrows: their keep-refs stay even once the source checkout
     went (a workspace's hold of its source is bounded like any reader's; so are these pins:
-    bounded_pins)."""
+    bounded_pins). A live workspace measured only in part (sizes.WORKSPACE_BOUNDS met, or
+    entries it may not read) counts what was measured and is listed under the report's
+    workspaces.partial and in problems."""
     from checkoutcache.store import workspaces
     from checkoutcache.workspaces import workspaces_dir_of
 
     paths = workspaces_dir_of(root_paths.root, config)
-    seen = {"dir": paths.base, "live": 0, "bytes": 0, "dead_left": []}
+    seen = {"dir": paths.base, "live": 0, "bytes": 0, "dead_left": [], "partial": []}
     report.workspaces = seen
     if not os.path.isdir(paths.base):
         return 0
@@ -626,7 +632,16 @@ def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, pr
     for fact in facts:
         if fact.alive:
             seen["live"] += 1
-            seen["bytes"] += size_of(fact.path)
+            # The review's own tree, walked as it changes it: bounded, and past a bound
+            # what was counted stands as its bytes (a lower bound, said so).
+            usage = measure(fact.path, bounds=WORKSPACE_BOUNDS)
+            seen["bytes"] += usage.bytes
+            if usage.partial:
+                seen["partial"].append({"workspace": fact.name, "bytes": usage.bytes, "entries": usage.entries,
+                                        "why": list(usage.partial)})
+                problems.append({"path": fact.path, "error": "SIZE_AT_LEAST",
+                                 "why": f"its size walk stopped short ({', '.join(usage.partial)}; "
+                                        f"{usage.entries} entries): at least {format_bytes(usage.bytes)} counted"})
             key, commit = fact.record.get("key"), fact.record.get("commit")
             if key and commit and borrows_from(fact, key):  # its git borrows that commit's objects
                 borrows.add((key, commit, fact.name))
