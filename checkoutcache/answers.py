@@ -57,6 +57,9 @@ class Answer:
     pid_namespace: str | None = None
     started_at: str | None = None
     progress: dict | None = None
+    # A clone waiting for one of serve's clone slots (serve/admission.py): its place in its
+    # caller's queue, how many wait and how many run.
+    queue: dict | None = None
     error: str | None = None
     message: str | None = None
     next: str | None = None

@@ -71,20 +71,41 @@ class Want(NamedTuple):
 class Hold:
     """A ready checkout held against eviction (the marker's shared lock) until
     released; releasing records the end of the use. `held` is False when the
-    checkout could not be made ready: see `answer`."""
+    checkout could not be made ready: see `answer`.
 
-    def __init__(self, answer: Answer, fd: int | None, on_unrecorded: Callable[[], object] | None = None):
+    A bare shared lock protects within gc's bounds on readers' locks (max-held,
+    max-hold-age); a hold is registered too, so that gc keeps it whatever those say
+    (DESIGN invariant 4): the writer's in <root>/holds/ (store/holds.py), a read-only
+    reader's as a hold of the writer's (/v1/hold, renewed while it lasts: WriterHold)."""
+
+    def __init__(self, answer: Answer, fd: int | None, on_unrecorded: Callable[[], object] | None = None,
+                 registration=None):
         self.answer = answer
         self._fd = fd
         self._on_unrecorded = on_unrecorded  # a reader's: the writer records the end of the use
+        self._registration = registration  # store/holds.Registration or a WriterHold, if registered
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
+    @property
+    def registered(self) -> bool:
+        return self._registration is not None
+
     def descriptors(self) -> tuple[int, ...]:
         """What a child process must inherit to hold the checkout as long as it runs."""
-        return (self._fd,) if self._fd is not None else ()
+        if self._fd is None:
+            return ()
+        extra = getattr(self._registration, "fd", -1)
+        return (self._fd, extra) if extra >= 0 else (self._fd,)
+
+    def unregister(self) -> None:
+        """Keep the marker's lock, drop the registration (a workspace once copied: its source
+        is then held like any reader's)."""
+        if self._registration is not None:
+            registration, self._registration = self._registration, None
+            registration.release()
 
     def release(self) -> None:
         if self._fd is not None:
@@ -93,6 +114,7 @@ class Hold:
                 if not record_use(fd) and self._on_unrecorded is not None:
                     self._on_unrecorded()
             finally:
+                self.unregister()
                 os.close(fd)
 
     def __enter__(self) -> "Hold":
@@ -104,6 +126,9 @@ class Hold:
 
 # How long the CLI's wait for a clone polls before it watches (store/watch.py).
 POLL_FIRST = 1.0
+# A writer's ready answers for a checkout not ready in this reader's view of the root, at
+# most, before the reader says NO_WRITER (each asked after a pause, never at once).
+READY_NOT_HERE = 3
 
 
 class Cache:
@@ -116,6 +141,9 @@ class Cache:
         self.paths = RootPaths(self.root)
         self._config = config
         self.fork_workers = fork_workers
+        # serve's clone queue (serve/admission.py): caller -> the coordinator's Start for it; None:
+        # a worker is started at once for whoever asks (the CLI, the library).
+        self.clone_starter: Callable[[str], object] | None = None
         self._layouts: dict[str, tuple[tuple[int, int, int], int | None]] = {}  # newer_layout's memo
 
     @property
@@ -140,11 +168,12 @@ class Cache:
 
     def ensure(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
                on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None,
-               history: str | None = None, base: str | None = None) -> Answer:
+               caller: str = "", history: str | None = None, base: str | None = None) -> Answer:
         """The commit's checkout: ready (with its path), cloning, or failed.
 
         wait: seconds to wait for a clone to finish (0: answer at once).
         sparse: directories of a sparse checkout in cone mode (cones.py); none: the whole tree.
+        caller: who asks, for a clone queue's fairness (clone_starter; serve's tokens).
         history: "full" waits (within wait) until the checkout's history is complete (a cold
         node's first answer has the commit alone: `history` "shallow"), answering cloning with
         the history's progress meanwhile; "any" (the default) takes what is there.
@@ -178,7 +207,8 @@ class Cache:
         # The CLI (it forks its workers) waits once and exits: it polls its first second rather
         # than pay a watch's close at the end of every answer (store/watch.py). A host
         # process's waiters (serve's many) watch from the start.
-        return Coordinator(self.paths, config, want.spec, want.sha, worker_starter(self.fork_workers),
+        start = self.clone_starter(caller) if self.clone_starter is not None else worker_starter(self.fork_workers)
+        return Coordinator(self.paths, config, want.spec, want.sha, start,
                            cone=want.cone, poll_first=POLL_FIRST if self.fork_workers else 0.0,
                            history=history, base=base, fork=self.fork_workers).run(float(wait), on_progress)
 
@@ -216,14 +246,15 @@ class Cache:
             return Answer.from_error(CheckoutCacheError("NEWER_LAYOUT", repo=want.spec.url, found=newer,
                                                         known=LAYOUT_VERSION))
 
-        def through_writer() -> None:  # a reader (store/ready.py record_use): the writer records it
+        def through_writer() -> bool:  # a reader (store/ready.py record_use): the writer records it
             why = record_use_by_writer(self.root, paths.checkout(name), want.spec.url, want.sha, want.spec.scope,
-                                       want.cone)
+                                       want.cone, want.spec.lfs, want.spec.submodules)
             if why:
                 import logging
 
                 logging.getLogger("checkoutcache").warning("this use of %s was not recorded: %s",
                                                            paths.checkout(name), why)
+            return not getattr(why, "not_ready", False)
 
         try:
             record = ready_record(paths.ready_marker(name), lock_wait, on_unrecorded=through_writer)
@@ -269,11 +300,15 @@ class Cache:
 
         deadline = time.monotonic() + wait
         request = {"repo": want.spec.url, "commit": want.sha, "scope": want.spec.scope,
+                   # what makes the store's key: a writer keyed otherwise says SETTINGS_MISMATCH
+                   "lfs": self.lfs_setting(), "submodules": self.submodules_setting(),
                    **({"sparse": list(want.cone)} if want.cone else {}),
                    **({"history": history} if history else {}), **({"base": base} if base else {})}
+        not_here = 0
         while True:
             left = max(0.0, deadline - time.monotonic())
             step = min(left, 1.0) if on_progress is not None else left
+            asked = time.monotonic()
             try:
                 _, body = post(self.root, "/v1/ensure", {**request, "wait": round(step, 3)}, step + HANDOFF_SLACK)
             except NoWriter as exc:
@@ -289,19 +324,44 @@ class Cache:
                 mine = self.ready_answer(want)
                 if mine is not None:
                     return attrs.evolve(mine, base=answer.base, merge_base=answer.merge_base) if base else mine
-                if time.monotonic() >= deadline:
+                not_here += 1
+                if time.monotonic() >= deadline or not_here >= READY_NOT_HERE:
                     return Answer.from_error(CheckoutCacheError(
                         "NO_WRITER", root=self.root, why=f"it answered ready at {answer.path}, which is not "
                                                          f"ready here (is it the writer of this root?)"),
                         want.sha, want.spec.url)
+                # Never at once: a writer that is not this root's answers ready for ever.
+                time.sleep(min(0.2 * 2 ** not_here, max(0.0, deadline - time.monotonic())))
                 continue
             if answer.state != State.CLONING or time.monotonic() >= deadline:
                 return answer
             if on_progress is not None:
                 on_progress(answer)
+            # A writer answers `cloning` when the wait it was given ends (or at its own cap): one
+            # that answers sooner is asked again only after a pause, never in a loop.
+            early = min(step, 1.0) - (time.monotonic() - asked)
+            if early > 0:
+                time.sleep(min(early, max(0.0, deadline - time.monotonic())))
+
+    def register_hold(self, want: Want):
+        """The registration of a hold of want's checkout (see Hold), or None where none could be
+        made (no writer to ask: the shared lock alone then protects, within its bounds)."""
+        if not self.is_reader():
+            from checkoutcache.store import holds
+
+            try:
+                return holds.register(self.paths, want.spec.key, want.name)
+            except OSError:
+                return None
+        from checkoutcache.handoff import WriterHold
+
+        return WriterHold.start(self.root, {"repo": want.spec.url, "commit": want.sha, "scope": want.spec.scope,
+                                            "lfs": want.spec.lfs, "submodules": want.spec.submodules,
+                                            **({"sparse": list(want.cone)} if want.cone else {})})
 
     def hold(self, repo: str, commit: str, wait: float = 0.0, scope: str = DEFAULT_SCOPE,
-             on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None) -> Hold:
+             on_progress: Callable[[Answer], None] | None = None, sparse: Sequence[str] | None = None,
+             caller: str = "") -> Hold:
         """ensure, then hold the checkout so that gc cannot evict it until release().
 
         A checkout evicted between the answer and the hold is simply asked for
@@ -309,12 +369,15 @@ class Cache:
         """
         deadline = time.monotonic() + (wait if isinstance(wait, (int, float)) else 0)
         while True:
-            answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress, sparse=sparse)
+            answer = self.ensure(repo, commit, wait=wait, scope=scope, on_progress=on_progress, sparse=sparse,
+                                 caller=caller)
             if answer.state != State.READY:
                 return Hold(answer, None)
             fd = open_marker_shared(RepoPaths.ready_marker_in(answer.path))
             if fd is not None:
                 want = self.request(repo, commit, scope, sparse)  # valid: it was answered ready
                 return Hold(answer, fd, lambda: record_use_by_writer(self.root, answer.path, want.spec.url, want.sha,
-                                                                     want.spec.scope, want.cone))
+                                                                     want.spec.scope, want.cone, want.spec.lfs,
+                                                                     want.spec.submodules),
+                            registration=self.register_hold(want))
             wait = max(0.0, deadline - time.monotonic())

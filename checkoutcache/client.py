@@ -43,14 +43,20 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
+from checkoutcache import signing
 from checkoutcache.answers import Answer, State
-from checkoutcache.handoff import TOKEN_FILE_VAR, TOKEN_VAR, token_from_file
+from checkoutcache.errors import CheckoutCacheError
+from checkoutcache.handoff import TOKEN_FILE_VAR, TOKEN_VAR, token_from_file, unauthorized
 
 Duration = float | int | str
 
 
 class ClientError(Exception):
     """The server could not be reached, or answered outside the API."""
+
+
+class NotTheWriter(ClientError):
+    """What answered could not prove it holds the token (signing.py): its answer is not used."""
 
 
 class HoldFailed(Exception):
@@ -205,16 +211,30 @@ def _seconds(wait: Duration) -> float:
         return 0.0  # the server answers the input error
 
 
+AUTO = "auto"
+
+
 class Client:
     def __init__(self, url: str | None = None, unix: str | None = None, token: str | None = None,
-                 timeout: float = 60.0, token_file: str | None = None):
+                 timeout: float = 60.0, token_file: str | None = None, root: str | None = AUTO):
         """token_file: a tokens file (a mounted Secret) whose first token is read at each request,
-        so a rotation reaches the next request without a new Client; token wins when both are given."""
+        so a rotation reaches the next request without a new Client; token wins when both are given.
+        root: the cache root as this process sees it (the sidecar's volume, mounted here): a ready
+        answer counts only as this root's own checkout of the very commit asked for, ready on
+        this side (its path then is the one here), as the CLI checks; "auto": CHECKOUTCACHE_ROOT
+        or the default root when that directory exists here; None: no such check (a caller on
+        another machine, for which the path is only a name)."""
         if (url is None) == (unix is None):
             raise ValueError("give exactly one of url= (http://host:port) and unix= (a socket path)")
         self.token = token
         self.token_file = token_file
         self.timeout = timeout
+        if root == AUTO:
+            from checkoutcache.store.layout import default_root
+
+            root = default_root()
+            root = root if os.path.isdir(root) else None
+        self.root = os.path.realpath(root) if root else None
         if url is not None:
             parts = urllib.parse.urlsplit(url)
             if parts.scheme != "http" or not parts.hostname:
@@ -256,7 +276,42 @@ class Client:
         if base is not None:
             request["base"] = base
         _status, body = self._request("POST", "/v1/ensure", request, _seconds(wait))
-        return answer_from_json(body)
+        return self._ours(answer_from_json(body), repo, commit, scope, sparse)
+
+    def _ours(self, answer: Answer, repo: str, commit: str, scope: str, sparse: Sequence[str] | None) -> Answer:
+        """A ready answer as this process's own view of its root shows it (see root): the
+        path below the root must be the store's checkout of the commit asked for (the key as
+        this side computes it, with its LFS and submodule settings), published here. Else the
+        answer is NO_WRITER, naming what was answered: whatever answered is not this root's
+        writer (another pod's, a squatter's, one keyed with other settings)."""
+        if self.root is None or answer.state != State.READY:
+            return answer
+        from checkoutcache.cache import Cache
+        from checkoutcache.store.layout import RepoPaths
+        from checkoutcache.store.ready import looks_intact, marker_record, open_marker_shared
+
+        cache = Cache(self.root)
+        try:
+            want = cache.request(repo, commit, scope, sparse)
+        except CheckoutCacheError as exc:
+            return Answer.from_error(exc)
+        mine = cache.paths.repo(want.spec.key).checkout(want.name)
+        below = mine[len(self.root):]
+        answered = answer.path or ""
+        fd = None
+        if answer.commit == want.sha and (answered == mine or answered.endswith(below)):
+            fd = open_marker_shared(RepoPaths.ready_marker_in(mine), wait=0.5)
+        try:
+            if fd is not None and looks_intact(mine, marker_record(fd)):
+                return attrs.evolve(answer, path=mine)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return Answer.from_error(CheckoutCacheError(
+            "NO_WRITER", root=self.root, why=f"it answered ready at {answered[:300]!r}, which is not this root's "
+                                             f"checkout of {want.sha} ready here (is it the writer of this root, "
+                                             f"keyed with the same CHECKOUTCACHE_LFS and _SUBMODULES?)"),
+            want.sha, answer.repo or repo)
 
     def hold(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default",
              ttl: Duration | None = None, sparse: Sequence[str] | None = None) -> ClientHold:
@@ -270,7 +325,13 @@ class Client:
         answer = answer_from_json(body)
         if not body.get("hold"):
             raise HoldFailed(answer)
-        return ClientHold(self, answer, body["hold"], body.get("expires_in"))
+        held = ClientHold(self, answer, body["hold"], body.get("expires_in"))
+        mine = self._ours(answer, repo, commit, scope, sparse)
+        if mine.state != State.READY:
+            held.release()
+            raise HoldFailed(mine)
+        held.answer = mine
+        return held
 
     def workspace(self, repo: str, commit: str, wait: Duration = 0, scope: str = "default",
                   sparse: Sequence[str] | None = None):
@@ -279,21 +340,24 @@ class Client:
         from checkoutcache.cache import Hold
         from checkoutcache.config import Config
         from checkoutcache.cones import cone_digest, parse_cone
-        from checkoutcache.errors import CheckoutCacheError
         from checkoutcache.repospec import parse_commit
         from checkoutcache.store.layout import RepoPaths, checkout_name, root_of_checkout
         from checkoutcache.store.ready import open_marker_shared
         from checkoutcache.workspaces import Workspace, copy_checkout, reap_own, workspaces_dir_of
 
+        if self.root is None:
+            raise HoldFailed(Answer.from_error(CheckoutCacheError(
+                "WORKSPACE_FAILED", detail="a workspace is copied from the cache root as this process sees it: "
+                                           "give Client(root=...) or set CHECKOUTCACHE_ROOT"), repo=repo))
         with self.hold(repo, commit, wait=wait, scope=scope, sparse=sparse) as held:
-            answer = held.answer
+            answer = held.answer  # this root's own checkout of the commit, ready here (hold: _ours)
             try:
-                # Only a path shaped as this very commit's checkout is copied (and only beside its
-                # root is a workspace made): never whatever a server, ours or not, names.
+                # Only this root's checkout of this very commit is copied, and only beside this root
+                # is a workspace made: never whatever a server, ours or not, names.
                 cone = parse_cone(sparse)
                 sha = parse_commit(commit)
                 if answer.commit != sha or root_of_checkout(answer.path or "", checkout_name(
-                        sha, cone_digest(cone) if cone else None)) is None:
+                        sha, cone_digest(cone) if cone else None)) != self.root:
                     raise CheckoutCacheError("WORKSPACE_FAILED", detail=f"the sidecar answered {answer.path!r} for "
                                              f"commit {answer.commit}: not the store's checkout of {sha}")
                 # The same path: the review mounts the root where the sidecar does (deploy/).
@@ -380,10 +444,11 @@ class Client:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         token = self.token or (token_from_file(self.token_file) if self.token_file else None)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        mac = None
         with self._lock:
             for attempt in (1, 2):  # a kept-alive connection the server closed: one fresh try
+                if token:  # signed anew for each try (a nonce is answered once): the token never leaves us
+                    headers["Authorization"], mac = signing.sign_request(token, method, path, data or b"")
                 if self._conn is None:
                     self._conn = self._connect(float(wait))
                 try:
@@ -396,6 +461,15 @@ class Client:
                     if response.will_close or response.getheader("Connection", "").lower() == "close":
                         self._conn.close()  # the next request opens a fresh connection
                         self._conn = None
+                    # 401 is the one answer serve cannot prove (the token is not one it holds): it says
+                    # nothing a squatter could use; every other answer must be proved.
+                    if mac is not None and response.status != 401 and not signing.proves_answer(
+                            token, mac, response.status, payload, response.getheader(signing.PROOF_HEADER)):
+                        raise NotTheWriter(f"{method} {path}: the answer (HTTP {response.status}) does not prove "
+                                           f"it comes from the holder of the token: not the sidecar (a process "
+                                           f"squatting its address?); nothing of it is used")
+                    if mac is not None and response.status == 401:  # unproven by design: its body is not used
+                        return 401, "application/json", json.dumps(unauthorized()).encode()
                     return response.status, response.getheader("Content-Type", ""), payload
                 except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
                         http.client.BadStatusLine) as exc:

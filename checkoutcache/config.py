@@ -106,6 +106,11 @@ def _patterns(value: Any) -> tuple[str, ...]:
     return tuple(p.strip() for p in str(value).split(",") if p.strip())
 
 
+def _patterns_or_none(value: Any) -> tuple[str, ...]:
+    """Patterns, or none at all ("none": how to_env writes an empty list)."""
+    return () if isinstance(value, str) and value.strip() == "none" else _patterns(value)
+
+
 def _transport(value: str) -> str:
     if value not in ("auto", "cli", "pygit2"):
         raise CheckoutCacheError("BAD_ARGUMENT", what=f"{str(value)[:40]!r} is not auto, cli or pygit2")
@@ -329,6 +334,14 @@ class Config(Settings):
                                         parse_free, "2%")
     max_age: float | None = setting(None, "CHECKOUTCACHE_MAX_AGE",
                                     "gc evicts checkouts unused for longer than this.", parse_duration, "off")
+    max_held: int = setting(16, "CHECKOUTCACHE_MAX_HELD",
+                            "Checkouts a reader's lock (an exec, a workspace, any process with the marker "
+                            "locked shared) keeps past a limit, at most: past it, the least recently used "
+                            "held ones go when a limit needs them (serve's own holds have their own bounds).",
+                            _count)
+    max_hold_age: float = setting(6 * 3600.0, "CHECKOUTCACHE_MAX_HOLD_AGE",
+                                  "A checkout a reader's lock has held this long (as gc's runs saw it) keeps "
+                                  "no protection past a limit.", parse_duration, "6h")
     max_spares: int = setting(4, "CHECKOUTCACHE_MAX_SPARES",
                               "gc keeps at most this many evicted trees per root as spares, updated in place "
                               "into a later commit's checkout (0: evicted trees are deleted).", _count)
@@ -365,6 +378,11 @@ class Config(Settings):
     submodules: str = setting("recursive", "CHECKOUTCACHE_SUBMODULES",
                               "Check out every submodule's work tree, nested ones too (recursive), or none. "
                               "Checkouts made under each setting are kept apart.", parse_submodules)
+    submodule_repos: tuple[str, ...] = setting((), "CHECKOUTCACHE_SUBMODULE_TOKEN_REPOS",
+                                               "Repositories a submodule must match too, besides serve's "
+                                               "allow-list: serve sets it for the clones a token with repos= "
+                                               "started (shell patterns, comma-separated).", _patterns_or_none,
+                                               "none", render=",".join, many=True)
     max_submodules: int = setting(100, "CHECKOUTCACHE_MAX_SUBMODULES",
                                   "A commit whose submodules (all levels) need more checkouts fails with "
                                   "SUBMODULE_FAILED.", _count)
@@ -445,6 +463,9 @@ class ServeSettings(Settings):
                                  "Allow the API's TCP address to be a non-loopback one.", _flag, "off", flag=True)
     gc_interval: float = setting(300.0, "CHECKOUTCACHE_GC_INTERVAL", "Run gc this often (0: never).",
                                  parse_duration, "5m")
+    gc_deadline: float = setting(1800.0, "CHECKOUTCACHE_GC_DEADLINE",
+                                 "A scheduled gc run still running after this long makes /readyz 503 (holds, "
+                                 "tokens and answers never wait on it; evictions do).", parse_duration, "30m")
     token_file: str | None = setting(None, "CHECKOUTCACHE_API_TOKEN_FILE",
                                      "Bearer tokens, one `TOKEN [SCOPE,...]` per line (a token is needed over TCP; "
                                      "or give one in CHECKOUTCACHE_API_TOKEN).", _input_file, "none",
@@ -465,6 +486,22 @@ class ServeSettings(Settings):
     max_waiting: int = setting(64, "CHECKOUTCACHE_MAX_WAITING",
                                "Requests waiting on a clone at once (`wait` > 0); the next one is SERVER_BUSY with "
                                "Retry-After. Ready answers never wait behind them.", _count)
+    max_waiting_per_token: int = setting(32, "CHECKOUTCACHE_MAX_WAITING_PER_TOKEN",
+                                         "Of max-waiting, how many one token may take (the rest are another "
+                                         "caller's to have).", _count)
+    max_clones: int = setting(8, "CHECKOUTCACHE_MAX_CLONES",
+                              "Clone workers this serve runs at once; more wait in a fair queue (round robin "
+                              "over tokens), answered cloning with their place.", _count)
+    max_clones_per_token: int = setting(6, "CHECKOUTCACHE_MAX_CLONES_PER_TOKEN",
+                                        "Of max-clones, how many may run for one token at once.", _count)
+    max_queued: int = setting(256, "CHECKOUTCACHE_MAX_QUEUED",
+                              "Clones waiting for a slot, in all; the next new commit is SERVER_BUSY.", _count)
+    max_queued_per_token: int = setting(64, "CHECKOUTCACHE_MAX_QUEUED_PER_TOKEN",
+                                        "Clones waiting for a slot for one token.", _count)
+    max_new_repos_per_token: int = setting(2, "CHECKOUTCACHE_MAX_NEW_REPOS_PER_TOKEN",
+                                           "Requests naming a repository new to this store (each probes it "
+                                           "first) one token may have in progress; the next is SERVER_BUSY.",
+                                           _count)
     max_wait: float = setting(600.0, "CHECKOUTCACHE_MAX_WAIT",
                               "The longest `wait` a request may ask for (longer ones are cut to it).",
                               parse_duration, "10m")

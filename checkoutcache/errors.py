@@ -59,6 +59,11 @@ _TABLE = [
     ErrorCode("ROOT_UNUSABLE", FAILURE,
               "the cache root {root} cannot be used: {why}",
               "pass --root (or set CHECKOUTCACHE_ROOT) to a writable local directory"),
+    ErrorCode("SETTINGS_MISMATCH", INPUT,
+              "this reader keys repositories with {setting}={ours}, the writer with {theirs}: its checkouts "
+              "are not the ones this reader would use",
+              "set CHECKOUTCACHE_LFS and CHECKOUTCACHE_SUBMODULES in the reader as the writer has them "
+              "(docs/deployment.md, one writer)", http=409),
     ErrorCode("NO_WRITER", FAILURE,
               "the cache root {root} is read-only here and its writer did not answer: {why}",
               "run `checkoutcache serve` as the store's writer and set CHECKOUTCACHE_API_URL (with "
@@ -148,6 +153,10 @@ _TABLE = [
     ErrorCode("FORBIDDEN_SCOPE", INPUT,
               "this token may not use scope {scope!r}",
               "use a scope the token was given, or ask the operator for one", http=403),
+    ErrorCode("FORBIDDEN_ENDPOINT", INPUT,
+              "this token may not call {endpoint} (it may: {can})",
+              "use a token whose can= lists it (docs/http-api.md, \"Tokens\"): the one code under review "
+              "can read never runs gc or reads every scope's status", http=403),
     ErrorCode("TOO_MANY_HOLDS", FAILURE,
               "too many holds ({held} held, at most {limit} {whose})",
               "release holds you no longer need (POST /v1/release) and retry after Retry-After", http=429),

@@ -10,10 +10,14 @@ first token of CHECKOUTCACHE_API_TOKEN_FILE, read at each request so a rotated
 Secret takes effect without a restart.
 
 What it keeps:
-- The token goes only to a peer that is ours: over the socket, the kernel's
-  SO_PEERCRED must name this uid, root, or the root directory's owner (a group
-  member can put its own socket at that path); over TCP, only to the URL the
-  operator configured. No redirect is followed, no proxy is used.
+- The token is never sent: every request is signed with it (signing.py), and an
+  answer counts only with serve's proof that it holds the token, so whoever
+  binds the port while serve is down (a restart, an OOM kill: any process in the
+  pod may) learns no token and cannot answer in the writer's name. Over the
+  socket, moreover, the kernel's SO_PEERCRED must name this uid, root, or the
+  root directory's owner (a group member can put its own socket at that path).
+  Over TCP, only to the URL the operator configured. No redirect is followed,
+  no proxy is used.
 - Every request is bounded as a whole: a peer that trickles bytes never holds
   the caller past its timeout; an answer larger than MAX_ANSWER is refused.
 - None of it is trusted further than an answer's shape: the callers check a
@@ -46,9 +50,11 @@ def token_from_file(path: str) -> str | None:
             text = handle.read(1 << 16).decode("utf-8", "replace")
     except OSError:
         return None
-    for line in text.splitlines():
-        words = line.split("#", 1)[0].split()
-        if words:
+    for line in text.removeprefix("\ufeff").splitlines():
+        # A comment starts at the line's start or after a blank only, as serve reads the file
+        # (serve/policy.py token_words): a word that starts with '#' begins it.
+        words = line.split()
+        if words and not words[0].startswith("#"):
             return words[0]
     return None
 
@@ -100,23 +106,44 @@ def post(root: str, endpoint: str, body: dict, timeout: float, api_url: bool = T
     return answered
 
 
-def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse) -> str | None:
+def record_use(root: str, path: str, repo: str, commit: str, scope: str, sparse, lfs: str | None = None,
+               submodules: str | None = None) -> str | None:
     """A reader's use of the checkout at path, recorded by the writer (serve's ready answer
     touches the marker). Called while the caller holds the marker's shared lock, so the
-    writer's record comes before any eviction decision. None when recorded, else why not."""
+    writer's record comes before any eviction decision. None when recorded, else why not
+    (Unrecorded: its not_ready says the writer answered the checkout is not ready).
+    lfs, submodules: the reader's settings that make the store's key (a writer keyed
+    otherwise answers SETTINGS_MISMATCH, which is then why)."""
     from checkoutcache.credentials import strip_userinfo
 
     request = {"repo": strip_userinfo(repo), "commit": commit, "wait": 0, "scope": scope,
-               **({"sparse": list(sparse)} if sparse else {})}
+               **({"sparse": list(sparse)} if sparse else {}), **({"lfs": lfs} if lfs else {}),
+               **({"submodules": submodules} if submodules else {})}
     try:
         status, answer = post(root, "/v1/ensure", request, HANDOFF_SLACK)
     except NoWriter as exc:
-        return f"no writer answered ({exc})"
+        return Unrecorded(f"no writer answered ({exc})")
     except Exception as exc:  # a writer that failed mid-answer: the checkout is still ready
-        return f"the writer did not answer ({type(exc).__name__})"
+        return Unrecorded(f"the writer did not answer ({type(exc).__name__})")
     if status == 200 and answer.get("state") == "ready" and same_checkout(answer.get("path"), root, path):
         return None
-    return f"the writer answered {status} {answer.get('error') or answer.get('state')}"
+    if answer.get("error") == "SETTINGS_MISMATCH":
+        return Unrecorded(f"the writer answered {status} SETTINGS_MISMATCH: {answer.get('message')}")
+    # The writer itself (proved) says the checkout is not ready: gc is moving it away.
+    return Unrecorded(f"the writer answered {status} {answer.get('error') or answer.get('state')}",
+                      not_ready=answer.get("state") == "cloning")
+
+
+class Unrecorded(str):
+    """Why a reader's use was not recorded; not_ready: because the writer answered that the
+    checkout is not ready (then it is not answered ready: store/ready.py)."""
+
+    not_ready = False
+
+    def __new__(cls, why: str, not_ready: bool = False):
+        made = super().__new__(cls, why)
+        made.not_ready = not_ready
+        return made
 
 
 def same_checkout(answered: object, root: str, path: str) -> bool:
@@ -126,12 +153,32 @@ def same_checkout(answered: object, root: str, path: str) -> bool:
     return isinstance(answered, str) and (answered == path or answered.endswith(below))
 
 
-def _request(endpoint: str, body: dict, host: str) -> bytes:
-    payload = json.dumps(body).encode()
-    token = api_token()
-    return (f"POST {endpoint} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n"
-            + (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n").encode() + payload
+class Signed:
+    """One request to the writer: its bytes, and what checks the answer's proof (signing.py)."""
+
+    __slots__ = ("data", "token", "mac")
+
+    def __init__(self, endpoint: str, body: dict, host: str):
+        from checkoutcache import signing
+
+        payload = json.dumps(body).encode()
+        self.token = api_token()
+        self.mac = None
+        authorization = ""
+        if self.token:
+            value, self.mac = signing.sign_request(self.token, "POST", endpoint, payload)
+            authorization = f"Authorization: {value}\r\n"
+        self.data = (f"POST {endpoint} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n{authorization}\r\n").encode() + payload
+
+    def proven(self, status: int, headers: dict[str, str], body: bytes) -> bool:
+        """Whether the answer is the token holder's (always, when no token was used: the socket's
+        peer check is then the only evidence, as before)."""
+        from checkoutcache import signing
+
+        if self.token is None or status == 401:  # 401: serve cannot prove it (not its token); it tells nothing
+            return True
+        return signing.proves_answer(self.token, self.mac, status, body, headers.get(signing.PROOF_HEADER))
 
 
 def _post_unix(where: str, endpoint: str, body: dict, timeout: float, root: str,
@@ -162,7 +209,7 @@ def _post_unix(where: str, endpoint: str, body: dict, timeout: float, root: str,
         if peer_uid not in trusted_peers(root):
             why.append(f"{where} is served by uid {peer_uid}, not the store's writer")
             return None
-        return _exchange(conn, _request(endpoint, body, "localhost"), timeout)
+        return _exchange(conn, Signed(endpoint, body, "localhost"), timeout, where, why)
     finally:
         conn.close()
 
@@ -183,7 +230,8 @@ def _post_tcp(url: str, endpoint: str, body: dict, timeout: float, why: list[str
         why.append(f"{API_URL_VAR} ({host}:{port}): {exc.strerror or exc}")
         return None
     try:
-        return _exchange(conn, _request(endpoint, body, f"{host}:{port}"), timeout)
+        return _exchange(conn, Signed(endpoint, body, f"{host}:{port}"), timeout, f"{API_URL_VAR} ({host}:{port})",
+                         why)
     finally:
         conn.close()
 
@@ -200,11 +248,12 @@ def _host_port(url: str) -> tuple[str | None, int]:
     return host.strip("[]"), int(port)
 
 
-def _exchange(conn, request: bytes, timeout: float) -> tuple[int, dict]:
-    """Send, then read to the end (Connection: close) within timeout in all."""
+def _exchange(conn, request: Signed, timeout: float, where: str, why: list[str]) -> tuple[int, dict] | None:
+    """Send, then read to the end (Connection: close) within timeout in all; None (and why)
+    when the answer does not prove it is the token holder's: no writer is there."""
     deadline = time.monotonic() + timeout
     conn.settimeout(timeout)
-    conn.sendall(request)
+    conn.sendall(request.data)
     chunks, size = [], 0
     while size <= MAX_ANSWER:
         left = deadline - time.monotonic()
@@ -220,7 +269,79 @@ def _exchange(conn, request: bytes, timeout: float) -> tuple[int, dict]:
         raise ValueError("the writer's answer is too large")
     data = b"".join(chunks)
     status_line, _, rest = data.partition(b"\r\n")
-    _, _, body_bytes = rest.partition(b"\r\n\r\n")
+    head, _, body_bytes = rest.partition(b"\r\n\r\n")
     status = int(status_line.split()[1])
+    headers = {}
+    for line in head.split(b"\r\n"):
+        name, colon, value = line.partition(b":")
+        if colon:
+            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+    if not request.proven(status, headers, body_bytes):
+        why.append(f"{where} did not prove it holds the token (not the writer; a squatter on its address?)")
+        return None
+    if status == 401 and request.token is not None:
+        # The one answer serve cannot prove: nothing of its body is used (a squatter's words),
+        # it is UNAUTHORIZED as this side's own table says it.
+        return 401, unauthorized()
     answer = json.loads(body_bytes)
     return status, answer if isinstance(answer, dict) else {}
+
+
+def unauthorized() -> dict:
+    """UNAUTHORIZED as the error table says it (errors.py): what an unproven 401 stands for."""
+    from checkoutcache.errors import describe
+
+    message, next_step = describe("UNAUTHORIZED")
+    return {"state": "failed", "error": "UNAUTHORIZED", "message": message, "next": next_step}
+
+
+class WriterHold:
+    """A read-only reader's hold registered with the writer: a /v1/hold of serve's (which
+    serve registers in <root>/holds/), taken anew before its ttl ends for as long as this
+    lasts, then released. If the writer cannot be reached the hold goes on unregistered (the
+    reader's shared lock alone protects it, within gc's bounds on readers' locks)."""
+
+    TTL = 600.0
+
+    def __init__(self, root: str, request: dict, hold_id: str):
+        import threading
+
+        self.root, self.request, self.hold_id = root, request, hold_id
+        self.fd = -1  # nothing for a child to inherit: the writer holds it
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.renew, name="cc-writer-hold", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, root: str, request: dict) -> "WriterHold | None":
+        hold_id = cls.ask(root, request)
+        return cls(root, request, hold_id) if hold_id else None
+
+    @classmethod
+    def ask(cls, root: str, request: dict) -> str | None:
+        try:
+            status, answer = post(root, "/v1/hold", {**request, "wait": 0, "ttl": cls.TTL}, HANDOFF_SLACK)
+        except Exception:  # no writer, or one that failed: unregistered
+            return None
+        hold_id = answer.get("hold")
+        return hold_id if status == 200 and isinstance(hold_id, str) else None
+
+    def renew(self) -> None:
+        while not self.stopped.wait(self.TTL / 3):
+            fresh = self.ask(self.root, self.request)
+            if fresh:  # the new one first: never a moment unregistered
+                self.drop(self.hold_id)
+                self.hold_id = fresh
+
+    def drop(self, hold_id: str | None) -> None:
+        if hold_id:
+            try:
+                post(self.root, "/v1/release", {"hold": hold_id}, HANDOFF_SLACK)
+            except Exception:
+                pass  # its ttl ends it
+
+    def release(self) -> None:
+        self.stopped.set()
+        self.drop(self.hold_id)
+        self.hold_id = None
+

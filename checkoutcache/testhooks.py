@@ -8,6 +8,10 @@ them in production.
   "<step> <pid>" to that file, so a test can prove the process died there.
 - CHECKOUTCACHE_TEST_ENOSPC_AT=<step>: raise OSError(ENOSPC) there, for
   machines where no small filesystem can be mounted to fill for real.
+- CHECKOUTCACHE_TEST_STALL_AT=<step>: the thread that reaches that step never
+  leaves it (it sleeps), as a thread stuck in a system call would; with the
+  kill log set, it first appends "<step> <pid>" there, so a test can prove the
+  stall began. For the tests that show what must never wait on a stuck step.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 
 KILL_HOOK = "CHECKOUTCACHE_TEST_KILL_AT"
 KILL_LOG = "CHECKOUTCACHE_TEST_KILL_LOG"
 ENOSPC_HOOK = "CHECKOUTCACHE_TEST_ENOSPC_AT"
+STALL_HOOK = "CHECKOUTCACHE_TEST_STALL_AT"
 
 
 def _log_kill(path: str, name: str) -> None:
@@ -38,3 +44,9 @@ def checkpoint(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get(ENOSPC_HOOK) == name:
         raise OSError(errno.ENOSPC, "No space left on device (injected by the test hook)")
+    if os.environ.get(STALL_HOOK) == name:
+        log = os.environ.get(KILL_LOG)
+        if log:
+            _log_kill(log, name)
+        while True:
+            time.sleep(3600)

@@ -157,6 +157,9 @@ def make_workspace(cache: Cache, repo: str, commit: str, wait: float = 0.0, scop
     except BaseException:
         hold.release()
         raise
+    # Copied: its source is held from now on like any reader's (bounded), and its objects stay
+    # while it lives (gc keeps its commit's keep-ref: upkeep/gc.py workspace_upkeep).
+    hold.unregister()
     return Workspace(answer, made, hold, answer.path)
 
 

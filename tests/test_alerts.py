@@ -57,6 +57,7 @@ def test_promtool_finds_the_rules_valid():
     assert sorted(rule["alert"] for rule in alerts()) == sorted(ALERTS)
 
 
+@pytest.mark.slow
 def test_each_alerts_unit_test_passes_and_fails_when_the_alert_is_broken(tmp_path):
     done = promtool("test", "rules", RULES_TEST)
     assert done.returncode == 0, done.stdout + done.stderr

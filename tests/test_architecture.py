@@ -5,7 +5,7 @@ above its own.
 
 Layers, bottom to top (a module may import its own layer and those below):
 
-    ground  errors, units, testhooks, credentials, sharing
+    ground  errors, units, testhooks, credentials, sharing, signing
     base    config, repospec, cones, answers, bundles.location (what a bundle store
             location is: pure parsing the settings need; the rest of bundles/ is its layer)
     store < git < bundles < clone < cache (and handoff: asking the writer; workspaces) < upkeep < serve < cli, client (the API's typed client)
@@ -25,7 +25,7 @@ PACKAGE = "checkoutcache"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", PACKAGE)
 
 LAYERS = [
-    {"errors", "units", "testhooks", "credentials", "sharing"},
+    {"errors", "units", "testhooks", "credentials", "sharing", "signing"},
     {"config", "repospec", "cones", "answers", "bundles.location"},
     {"store"}, {"git"}, {"bundles"}, {"clone"}, {"cache", "handoff", "workspaces"}, {"upkeep"}, {"serve"}, {"cli", "client"},
 ]

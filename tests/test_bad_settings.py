@@ -47,6 +47,7 @@ def assert_refused(code: int, answer: dict | None, output: str, variable: str, v
     assert "Traceback" not in output and "INTERNAL_ERROR" not in output, output
 
 
+@pytest.mark.slow
 def test_bad_serve_settings_are_refused_naming_the_variable_and_the_value(root, tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()

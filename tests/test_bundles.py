@@ -913,6 +913,7 @@ def test_an_https_store_that_speaks_no_http_costs_speed_only(tmp_path, served_up
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_branch_deleted_upstream_leaves_the_next_bundles(tmp_path, served_upstream):
     """Regression: publishing fetched without pruning, so a deleted branch (a leaked
     secret, say) lived on in every bundle and was served to every seeded node."""

@@ -143,6 +143,7 @@ def test_a_waiter_wakes_on_the_state_directory_not_by_polling(tmp_path):
         assert time.monotonic() - started < 10, "woken by the rename, not by the timeout"
 
 
+@pytest.mark.slow
 def test_a_waiter_that_polls_first_sees_a_change_at_once_then_watches(tmp_path):
     """The CLI's wait polls its first second (a watch's close costs a kernel grace period at
     the end of every answer), then watches: a change is seen within a poll either way."""

@@ -136,7 +136,8 @@ def test_the_probes_the_stop_and_the_uids_agree_with_the_image_and_serve():
     mounts = {c["name"]: {m["mountPath"]: m["name"] for m in c["volumeMounts"]} for c in (sidecar, review)}
     assert mounts["checkoutcache"]["/cache"] == mounts["review"]["/cache"]
     client = Client.from_env(env_of(review))
-    assert client.token == TOKEN and settings.api_address.endswith(":8787")
+    assert client.token is None and client.token_file == "/run/secrets/checkoutcache-review/token"
+    assert settings.api_address.endswith(":8787")
     assert env_of(review)["CHECKOUTCACHE_API_URL"] == f"http://{settings.api_address}"
 
 
@@ -241,10 +242,15 @@ def test_the_compose_file_is_the_same_deployment_on_one_host():
     assert compose_env(sidecar)["CHECKOUTCACHE_WORKSPACES"] == workspaces
     assert sidecar["volumes"] == ["cache:/cache", f"workspaces:{workspaces}:ro"]
     assert review["volumes"] == ["cache:/cache:ro", f"workspaces:{workspaces}"]
-    # The pod's network namespace on one host: the API on 127.0.0.1 with the token.
+    # The pod's network namespace on one host: the API on 127.0.0.1 with the review's token alone.
     assert review["network_mode"] == "service:checkoutcache"
     assert settings.api_address.startswith("127.0.0.1:")
-    assert Client.from_env(compose_env(review)).token == compose_env(sidecar)["CHECKOUTCACHE_API_TOKEN"] == TOKEN
+    assert sidecar["secrets"] == ["tokens"] and review["secrets"] == ["review"]
+    made = compose()["secrets"]
+    assert made == {"tokens": {"file": "./tokens/tokens"}, "review": {"file": "./tokens/review"}}
+    assert settings.token_file == "/run/secrets/tokens"
+    assert Client.from_env(compose_env(review)).token_file == "/run/secrets/review"
+    assert settings.allow_repo and "*" not in settings.allow_repo
     assert compose_env(review)["CHECKOUTCACHE_API_URL"] == f"http://{settings.api_address}"
     assert review["depends_on"]["checkoutcache"]["condition"] == "service_healthy"
     assert sidecar["environment"].get("CHECKOUTCACHE_UNIX_SOCKET", IMAGE_SOCKET) == IMAGE_SOCKET
@@ -268,3 +274,47 @@ def test_no_two_containers_share_a_tmp():
     assert tmp_volumes[0] != tmp_volumes[1], tmp_volumes
     services = compose()["services"]
     assert len(services) >= 2 and all("/tmp" in service.get("tmpfs", []) for service in services.values()), services
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_the_review_container_is_given_the_reviews_token_alone(name, tmp_path):
+    """Issue 33: the shipped pod gave the review container (code under review) the sidecar's one
+    token, valid for every scope and endpoint, and set no allow-list. Now the Secret that
+    `checkoutcache tokens --secret` makes holds two roles; the review container mounts the
+    review's token only, which may ensure and hold in one scope of the allowed repositories."""
+    import subprocess
+    import sys
+
+    from checkoutcache.serve.policy import parse_tokens
+
+    spec = pod_spec(name)
+    (sidecar,) = [c for c in spec["initContainers"] if c["name"] == "checkoutcache"]
+    (review,) = spec["containers"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for container in (sidecar, review):
+        assert not [i for i in container.get("env", []) if "valueFrom" in i], "no token in an environment"
+    review_secrets = [m for m in review["volumeMounts"] if "secret" in volumes[m["name"]]]
+    (mount,) = review_secrets
+    secret = volumes[mount["name"]]["secret"]
+    assert secret["items"] == [{"key": "review", "path": "token"}] and mount.get("readOnly") is True
+    assert env_of(review)["CHECKOUTCACHE_API_TOKEN_FILE"] == f"{mount['mountPath']}/token"
+    (sidecar_mount,) = [m for m in sidecar["volumeMounts"] if "secret" in volumes[m["name"]]]
+    sidecar_secret = volumes[sidecar_mount["name"]]["secret"]
+    assert sidecar_secret["secretName"] == secret["secretName"]
+    assert sidecar_secret["items"] == [{"key": "tokens", "path": "tokens"}]
+    settings = ServeSettings.from_env(env_of(sidecar), here=False)
+    assert settings.token_file == f"{sidecar_mount['mountPath']}/tokens"
+    assert settings.allow_repo and not [p for p in settings.allow_repo if p.startswith("*")], settings.allow_repo
+    # The Secret as the documented command makes it.
+    done = subprocess.run([sys.executable, "-m", "checkoutcache", "tokens", "--secret", secret["secretName"]],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    made = json.loads(done.stdout)
+    assert made["metadata"]["name"] == secret["secretName"] and set(made["stringData"]) == {"tokens", "review"}
+    grants = dict(parse_tokens(made["stringData"]["tokens"], "tokens"))
+    review_token = made["stringData"]["review"].strip()
+    assert len(grants) == 2 and review_token in grants
+    mine = grants[review_token]
+    assert mine.can and mine.can <= {"ensure", "hold"} and mine.scopes == {"default"}, mine
+    (operator,) = [t for t in grants if t != review_token]
+    assert "gc" in grants[operator].can and operator not in made["stringData"]["review"]

@@ -55,7 +55,6 @@ REVIEWER = open(os.path.join(HERE, "helpers", "reviewer.py")).read()
 HOSTILE = open(os.path.join(HERE, "helpers", "hostile.py")).read()
 DEPLOY = os.path.join(HERE, "..", "deploy")
 MANIFEST = os.path.join(DEPLOY, "kubernetes.yaml")
-TOKEN = "deployment-" + secrets.token_hex(16)
 GRACE = 10.0
 # Tight maintenance for the test; everything else is the manifest's.
 TIGHT = {"CHECKOUTCACHE_GC_INTERVAL": "1s", "CHECKOUTCACHE_MAX_CHECKOUTS": "2", "CHECKOUTCACHE_GRACE": f"{GRACE:g}s"}
@@ -176,7 +175,7 @@ def assert_sound(results: list[dict]) -> None:
 def test_the_pod_as_deployed_with_reviews_gc_a_stop_and_a_restart(containers, served):
     upstream, url, proxy = served
     shas = upstream.shas[:6]
-    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    pod = ManifestPod(containers, pod_spec(), repos=url)
     sidecar = pod.run("checkoutcache", env=TIGHT)
     start_sidecar_checked(pod, sidecar)
     review_a = pod.run("review", as_name="review-a")  # uid 10002
@@ -290,7 +289,7 @@ def test_last_use_moves_when_only_read_only_reviews_ask(containers, served):
     upstream, url, _proxy = served
     first, second, third = upstream.shas[:3]
     grace = 3.0
-    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    pod = ManifestPod(containers, pod_spec(), repos=url)
     sidecar = pod.run("checkoutcache", env={"CHECKOUTCACHE_GC_INTERVAL": "1s", "CHECKOUTCACHE_MAX_CHECKOUTS": "2",
                                             "CHECKOUTCACHE_GRACE": f"{grace:g}s"})
     start_sidecar_checked(pod, sidecar)
@@ -345,7 +344,7 @@ def store_digest(root: str) -> dict[str, tuple]:
 def test_a_hostile_review_changes_nothing_another_review_sees(containers, served):
     upstream, url, _proxy = served
     shas = upstream.shas[:3]
-    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    pod = ManifestPod(containers, pod_spec(), repos=url)
     sidecar = pod.run("checkoutcache", env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
     start_sidecar_checked(pod, sidecar)
     review = pod.run("review")
@@ -396,7 +395,7 @@ def test_a_hostile_review_changes_nothing_another_review_sees(containers, served
 def test_the_persistent_variant_owns_a_new_volume_and_its_cache_outlives_the_pod(containers, served):
     upstream, url, _proxy = served
     spec = pod_spec(os.path.join(DEPLOY, "kubernetes-persistent.yaml"))
-    pod = ManifestPod(containers, spec, TOKEN)  # the claim: a new volume, root's and 0755, as a new PV
+    pod = ManifestPod(containers, spec, repos=url)  # the claim: a new volume, root's and 0755, as a new PV
     claim = pod.volumes["cache"]
     info = os.stat(pod.mountpoint("cache"))
     assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o755)
@@ -411,7 +410,7 @@ def test_the_persistent_variant_owns_a_new_volume_and_its_cache_outlives_the_pod
     for container in (review, sidecar, owner):
         podman("rm", "--force", "--time=0", container.name)
 
-    again = ManifestPod(containers, spec, TOKEN, claims={"checkoutcache": claim})
+    again = ManifestPod(containers, spec, pod.secrets, claims={"checkoutcache": claim}, repos=url)
     again.run_init("volume-owner")
     sidecar = again.run("checkoutcache")
     start_sidecar_checked(again, sidecar)
@@ -423,7 +422,7 @@ def test_the_persistent_variant_owns_a_new_volume_and_its_cache_outlives_the_pod
 def test_the_example_review_container_ends_at_once_on_sigterm(containers):
     """Regression: the example review ran `sleep infinity` as PID 1, which has no SIGTERM
     handler: each stop waited out the whole grace period and ended in SIGKILL (exit 137)."""
-    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    pod = ManifestPod(containers, pod_spec())
     review = pod.run("review")
     wait_until(lambda: len(review.processes()) >= 2, 30, "the review's shell to start its sleep")
     review.stop(timeout=pod.grace)
@@ -436,7 +435,7 @@ def test_a_review_writes_in_a_workspace_of_its_own_that_the_sidecar_counts(conta
     gone when the command ends; the shared checkout stays the commit's."""
     upstream, url, _proxy = served
     sha = upstream.shas[0]
-    pod = ManifestPod(containers, pod_spec(), TOKEN)
+    pod = ManifestPod(containers, pod_spec(), repos=url)
     sidecar = pod.run("checkoutcache")
     start_sidecar_checked(pod, sidecar)
     review = pod.run("review")
@@ -460,3 +459,66 @@ def test_a_review_writes_in_a_workspace_of_its_own_that_the_sidecar_counts(conta
     assert review.exec("test", "-e", workspace).returncode != 0  # removed when its command ended
     assert not [w for w in status_of(sidecar)["workspaces"]["workspaces"] if w["alive"]]
     cli_ensure(review, url, sha)  # the shared checkout is still the commit's own tree
+
+
+# Every token-shaped string the review container can read: its environment, and the files of
+# the places a secret would be (mounts under /run, /tmp, its home, /workspaces, /etc but the CA
+# bundle), as code under review would look for them. Each is tried as a bearer token on what
+# the review's token must never do: gc, every scope's status, a URL outside the allow-list.
+FIND_TOKENS = r"""
+import http.client, json, os, re, sys
+shape = re.compile(r"[A-Za-z0-9_-]{32,64}")
+found = set()
+for value in os.environ.values():
+    found.update(shape.findall(value))
+for top in ("/run", "/tmp", "/workspaces", os.path.expanduser("~"), "/etc"):
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if os.path.join(folder, d) not in ("/etc/ssl", "/etc/ca-certificates")]
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                if os.path.islink(path) or os.path.getsize(path) > 1 << 16:
+                    continue
+                with open(path, "rb") as handle:
+                    found.update(shape.findall(handle.read().decode("utf-8", "replace")))
+            except OSError:
+                continue
+port = int(sys.argv[1])
+tried = {}
+for token in sorted(found):
+    answers = []
+    for method, path, body in (("POST", "/v1/gc", {"max_checkouts": 0}), ("GET", "/v1/status", None),
+                               ("POST", "/v1/ensure", {"repo": "git://127.0.0.1:9/anything", "commit": "a" * 40})):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request(method, path, body=json.dumps(body) if body else None,
+                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        answers.append([response.status, json.loads(response.read() or b"{}").get("error")])
+        conn.close()
+    tried[token] = answers
+print(json.dumps(tried))
+"""
+
+
+def test_the_review_container_holds_no_token_that_runs_gc_or_reaches_an_unlisted_url(containers, served):
+    """Issue 33: the shipped pod gave the review container the sidecar's all-scope token. The pod
+    as shipped (its Secret made as deploy/ says): whatever token the review container can read
+    asks for its checkouts and nothing else."""
+    upstream, url, _proxy = served
+    pod = ManifestPod(containers, pod_spec(), repos=url)
+    sidecar = pod.run("checkoutcache")
+    start_sidecar_checked(pod, sidecar)
+    review = pod.run("review")
+    client_ensure(review, url, upstream.shas[0])  # its own token does what the review needs
+    done = review.exec("python3", "-c", FIND_TOKENS, str(pod.ports["CHECKOUTCACHE_LISTEN"]), timeout=600)
+    assert done.returncode == 0, done.stderr
+    tried = json.loads(done.stdout)
+    review_token = pod.token("checkoutcache-tokens", "review")
+    assert review_token in tried, "the scan finds the token the review was given"
+    operator = [t for t, _grant in pod.tokens_file() if t != review_token]
+    assert operator and not set(operator) & set(tried), "the operator's token is not in the review container"
+    for token, answers in tried.items():
+        for status, error in answers:
+            assert status in (401, 403), (token == review_token, answers)
+    assert tried[review_token] == [[403, "FORBIDDEN_ENDPOINT"], [403, "FORBIDDEN_ENDPOINT"],
+                                   [403, "FORBIDDEN_REPOSITORY"]], tried[review_token]

@@ -121,16 +121,38 @@ def fetches_of(worker: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow
-def test_a_keep_pack_a_sigkilled_fetch_left_is_removed_and_repacked(root, daemon):
-    """Regression (issue 27): a fetch SIGKILLed after it wrote its pack and `.keep` left a
-    pack that survived every gc: a young `.keep` is rightly spared, and when a later gc
-    removed it, no repack followed (none was due), so the pack stayed for good."""
-    name = "keep-pack-after-a-kill"
+def big_second_commit(daemon, name: str) -> tuple[Upstream, str, str]:
+    """A served repository whose second commit is over fetch.unpackLimit (100 objects): git
+    keeps its pack as it came (index-pack --keep), with a `.keep` until the refs point into it."""
     repo = Upstream(os.path.join(daemon.base, name))
     first = repo.commit({"README.md": "one\n"})
-    # Over fetch.unpackLimit (100 objects): git keeps the pack as it came (index-pack --keep).
     second = repo.commit({f"data/{n}.txt": os.urandom(3000).hex() for n in range(150)}, message="big")
+    return repo, first, second
+
+
+def kept_packs(pack_dir: str) -> list[str]:
+    """The `.keep` files whose pack and index are in place (index-pack writes the `.keep` first)."""
+    return [n for n in os.listdir(pack_dir) if n.endswith(".keep")
+            and all(os.path.exists(os.path.join(pack_dir, n[:-len(".keep")] + ext)) for ext in (".pack", ".idx"))]
+
+
+def assert_reclaimed(store, pack_dir: str, keep: str, sha: str, entry: dict) -> None:
+    """The `.keep` was removed by this gc, its pack repacked away, the commit gone, the mirror whole."""
+    assert os.path.join("objects", "pack", keep) in entry["stale_leftovers"] and entry["repacked"] is True, entry
+    assert not os.path.exists(os.path.join(pack_dir, keep[:-len(".keep")] + ".pack"))
+    assert not [n for n in os.listdir(pack_dir) if n.endswith(".keep")]
+    assert subprocess.run(["git", "-C", store.mirror, "cat-file", "-e", sha]).returncode != 0
+    assert subprocess.run(["git", "-C", store.mirror, "fsck", "--no-dangling"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_keep_pack_a_sigkilled_fetch_left_is_removed_and_repacked(root, daemon):
+    """Regression (issues 27 and 33): a worker SIGKILLed with its fetch after the fetch wrote
+    its pack and `.keep` left a pack that survived `gc --max-checkouts 0`: a `.keep` younger
+    than 5 s was spared as maybe a live git's. It names its owner ("fetch-pack <pid> on
+    <host>"): a gone owner's goes at once."""
+    name = "keep-pack-after-a-kill"
+    _repo, first, second = big_second_commit(daemon, name)
     proxy = PackTailProxy(daemon.port)
     try:
         url = proxy.url(name)
@@ -141,35 +163,134 @@ def test_a_keep_pack_a_sigkilled_fetch_left_is_removed_and_repacked(root, daemon
         proxy.hold_tails()  # the next response's end is held back
         code, answer, out = run_cli("ensure", url, second, root=root)
         assert code == 75 and answer["state"] == "cloning", out
-        keeps = wait_until(lambda: [n for n in os.listdir(pack_dir) if n.endswith(".keep")], timeout=60,
-                           what="the fetch's pack and .keep")
-        (keep,) = keeps
+        (keep,) = wait_until(lambda: kept_packs(pack_dir), timeout=60, what="the fetch's pack and .keep")
         worker = json.loads(open(store.clone_record(second)).read())["pid"]
         fetches = wait_until(lambda: fetches_of(worker), what="the worker's git fetch")
+        assert any(f"fetch-pack {pid} on ".encode() in open(os.path.join(pack_dir, keep), "rb").read()
+                   for pid in fetches), "the .keep names the fetch about to be killed"
         os.kill(worker, signal.SIGKILL)
         wait_until(lambda: not pid_alive(worker) and not any(pid_alive(p) for p in fetches),
                    what="the worker and its fetch dead")
     finally:
         proxy.close()
-    killed_pack = os.path.join(pack_dir, keep[:-len(".keep")] + ".pack")
-    assert os.path.exists(os.path.join(pack_dir, keep)) and os.path.exists(killed_pack)
+    assert os.path.exists(os.path.join(pack_dir, keep[:-len(".keep")] + ".pack"))
     assert subprocess.run(["git", "-C", store.mirror, "cat-file", "-e", second]).returncode == 0
-    # A gc at once: the `.keep` is young (a git outside our locks may still own it): spared.
-    os.utime(os.path.join(pack_dir, keep))
+    # A gc at once (the `.keep` a moment old): its owner is gone, so it goes, and its pack with the repack.
     make_idle(kept, 3600)
     code, report, out = run_cli("gc", "--max-checkouts", "0", "--grace", "1m", "--mirror-gc-interval", "0",
                                 root=root)
     assert code == 0, out
-    assert report["mirrors"][0]["repacked"] is True and os.path.exists(killed_pack), report["mirrors"]
-    # Later (the `.keep` an hour old, no fetch holding the mirror lock): removed, and its pack repacked away.
-    os.utime(os.path.join(pack_dir, keep), (time.time() - 3600, time.time() - 3600))
-    code, report, out = run_cli("gc", "--max-checkouts", "0", "--mirror-gc-interval", "0", root=root)
+    (entry,) = report["mirrors"]
+    assert entry["refs_dropped"] == 1, entry
+    assert_reclaimed(store, pack_dir, keep, second, entry)
+
+
+@pytest.mark.slow
+def test_a_git_fetch_sigkilled_right_after_its_keep_appears_leaves_nothing_the_next_gc_keeps(root, daemon):
+    """Regression (issue 33): a real `git fetch` into the mirror (an operator's, outside our
+    locks) SIGKILLed right after its `.keep` appeared: `gc --max-checkouts 0` at once dropped
+    the refs and repacked, and the pack stayed (the `.keep` was under 5 s old)."""
+    name = "keep-pack-of-a-killed-git-fetch"
+    _repo, first, second = big_second_commit(daemon, name)
+    kept = wait_ready(root, daemon.url(name), first)["path"]
+    store = only_repo(root)
+    pack_dir = os.path.join(store.mirror, "objects", "pack")
+    proxy = PackTailProxy(daemon.port)
+    try:
+        proxy.hold_tails()
+        fetch = subprocess.Popen(["git", "-C", store.mirror, "fetch", "-q", proxy.url(name),
+                                  "+refs/heads/main:refs/heads/by-hand"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (keep,) = wait_until(lambda: kept_packs(pack_dir), timeout=60, what="the fetch's pack and .keep")
+        assert f"fetch-pack {fetch.pid} on ".encode() in open(os.path.join(pack_dir, keep), "rb").read()
+        fetch.kill()
+        assert fetch.wait() == -signal.SIGKILL
+    finally:
+        proxy.close()
+    assert subprocess.run(["git", "-C", store.mirror, "cat-file", "-e", second]).returncode == 0
+    make_idle(kept, 3600)
+    code, report, out = run_cli("gc", "--max-checkouts", "0", "--grace", "1m", "--mirror-gc-interval", "0",
+                                root=root)
     assert code == 0, out
     (entry,) = report["mirrors"]
-    assert os.path.join("objects", "pack", keep) in entry["stale_leftovers"] and entry["repacked"] is True, entry
-    assert not os.path.exists(killed_pack) and not [n for n in os.listdir(pack_dir) if n.endswith(".keep")]
-    assert subprocess.run(["git", "-C", store.mirror, "cat-file", "-e", second]).returncode != 0
+    assert_reclaimed(store, pack_dir, keep, second, entry)
+
+
+@pytest.mark.slow
+def test_the_keep_of_a_live_git_fetch_is_never_removed_however_old(root, daemon):
+    """A `.keep` whose owner still runs (an operator's fetch waiting on a slow server) stays,
+    past the 5 s that spared a young one and through a repack: removed, its pack would go
+    with the repack and the fetch would then point its refs at objects that are gone."""
+    from checkoutcache.git.mirror import STALE_GIT_LOCK_AGE
+
+    name = "keep-pack-of-a-live-git-fetch"
+    _repo, first, second = big_second_commit(daemon, name)
+    kept = wait_ready(root, daemon.url(name), first)["path"]
+    store = only_repo(root)
+    pack_dir = os.path.join(store.mirror, "objects", "pack")
+    proxy = PackTailProxy(daemon.port)
+    try:
+        proxy.hold_tails()
+        fetch = subprocess.Popen(["git", "-C", store.mirror, "fetch", "-q", proxy.url(name),
+                                  "+refs/heads/main:refs/heads/by-hand"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (keep,) = wait_until(lambda: kept_packs(pack_dir), timeout=60, what="the fetch's pack and .keep")
+        path = os.path.join(pack_dir, keep)
+        wait_until(lambda: time.time() - os.lstat(path).st_mtime > STALE_GIT_LOCK_AGE + 1, timeout=30,
+                   what="the .keep older than the age that spared a young one")
+        make_idle(kept, 3600)
+        code, report, out = run_cli("gc", "--max-checkouts", "0", "--grace", "1m", "--mirror-gc-interval", "0",
+                                    root=root)
+        assert code == 0, out
+        (entry,) = report["mirrors"]
+        assert entry["repacked"] is True and os.path.join("objects", "pack", keep) not in entry["stale_leftovers"]
+        assert fetch.poll() is None and os.path.exists(path)
+        assert os.path.exists(path[:-len(".keep")] + ".pack")
+        proxy.release_tails()
+        assert fetch.wait(timeout=60) == 0
+    finally:
+        proxy.close()
+    assert not os.path.exists(path), "git removes its own .keep once its refs point into the pack"
+    assert git("rev-parse", "refs/heads/by-hand", cwd=store.mirror).strip() == second
     assert subprocess.run(["git", "-C", store.mirror, "fsck", "--no-dangling"], capture_output=True).returncode == 0
+
+
+def test_a_keep_is_judged_by_the_owner_it_names(tmp_path):
+    """keep_owner: a live git process of this host that started before the `.keep` owns it;
+    a dead pid, a pid a later process took, or a process that is not git does not; another
+    host's, an unnamed one and a FIFO tell nothing (the age rule decides), and a FIFO never
+    blocks the look."""
+    import socket
+
+    from checkoutcache.git.mirror import GONE, LIVE, keep_owner
+
+    host = socket.gethostname()
+    keep = str(tmp_path / "pack-1.keep")
+
+    def named(text: str, written_at: float | None = None) -> str | None:
+        with open(keep, "w") as handle:
+            handle.write(text)
+        at = time.time() if written_at is None else written_at
+        os.utime(keep, (at, at))
+        return keep_owner(keep, at)
+
+    live_git = subprocess.Popen(["git", "cat-file", "--batch"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: open(f"/proc/{live_git.pid}/comm").read().startswith("git"), what="git running")
+        assert named(f"fetch-pack {live_git.pid} on {host}\n") == LIVE
+        assert named(f"receive-pack {live_git.pid} on {host}\n") == LIVE
+        # Written an hour before that process began: its pid was another's then.
+        assert named(f"fetch-pack {live_git.pid} on {host}\n", time.time() - 3600) == GONE
+        assert named(f"fetch-pack {live_git.pid} on another-host\n") is None
+    finally:
+        live_git.kill()
+        live_git.wait()
+    assert named(f"fetch-pack {live_git.pid} on {host}\n") == GONE  # dead (reaped)
+    assert named(f"fetch-pack {os.getpid()} on {host}\n") == GONE  # alive, but not git
+    assert named("") is None and named("kept by hand\n") is None
+    os.unlink(keep)
+    os.mkfifo(keep)
+    assert keep_owner(keep, time.time()) is None
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ repositories, the real CLI, a real `exec` holding a checkout, a clone held at a 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -140,3 +141,43 @@ def test_a_wait_that_outlives_its_repository_begins_it_again(root, upstream, mon
     assert dropped, "the repository was dropped between the looks"
     assert answer.state == "ready", answer
     assert os.path.isdir(answer.path) and answer.path.startswith(store.base)
+
+
+def test_failures_are_no_use_a_repository_with_only_old_ones_is_dropped_past_its_idle_limit(root, upstream):
+    """Regression (issue 33): failure records counted as uses, so asks for commits that do not
+    exist kept a repository nothing else used from CHECKOUTCACHE_REPO_MAX_IDLE for good."""
+    from .test_forget import age_failure, failed, missing_commit
+
+    sha = missing_commit(5)
+    failed(root, upstream.path, sha)
+    store = only_repo(root)
+    made = time.time() - 2 * 86400  # the store was made two days ago; no checkout since
+    os.utime(store.repo_json, (made, made))
+    age_failure(store.failure_record(sha), 1800, 1740)  # failed half an hour ago, its back-off over
+    code, report, out = run_cli("gc", "--repo-max-idle", "1h", root=root)
+    assert code == 0, out
+    assert [(r["reason"], r["repo"], r["limit"]) for r in report["removed"]] == [
+        ("repository", store.key, "repo-max-idle")], report["removed"]
+    assert not os.path.exists(store.base)
+
+
+@pytest.mark.slow
+def test_gc_keeps_an_idle_repository_while_a_failure_backs_off_and_evict_by_hand_does_not(root, upstream):
+    """Dropping a repository forgets its failures: within a back-off the next ask would clone
+    at once instead of answering the failure. gc keeps it until the retry time; `evict
+    REPO` by hand (an operator's way to forget a back-off) does not."""
+    from .test_forget import age_failure, failed, missing_commit
+
+    sha = missing_commit(6)
+    failed(root, upstream.path, sha)
+    store = only_repo(root)
+    made = time.time() - 2 * 86400
+    os.utime(store.repo_json, (made, made))
+    age_failure(store.failure_record(sha), 7200, -3600)  # failed two hours ago, backing off another hour
+    code, report, out = run_cli("gc", "--repo-max-idle", "1h", root=root)
+    assert code == 0 and report["removed"] == [], report["removed"]
+    code, answer, out = run_cli("ensure", upstream.path, sha, root=root)
+    assert code == 1 and answer["error"] == "UNKNOWN_COMMIT" and answer["retry_after"] > 3000, out
+    assert open(store.clone_log(sha)).read().count("clone of") == 1, "no new attempt within the back-off"
+    code, answer = evict(root, upstream.path)
+    assert code == 0 and answer["repository_removed"] is True, answer

@@ -158,3 +158,28 @@ def test_dropped_repositories_count_toward_min_free_only():
     unmet = [Unmet("min-free", 12 * G, 6 * G), Unmet("max-checkouts", 1, 3)]
     assert unmet_after(unmet, 7 * G) == [Unmet("max-checkouts", 1, 3)]
     assert unmet_after(unmet, 1 * G) == [Unmet("min-free", 12 * G, 7 * G), Unmet("max-checkouts", 1, 3)]
+
+
+@freeze_time("2026-11-29 12:00:00")
+def test_readers_holds_protect_at_most_max_held_and_for_at_most_max_hold_age():
+    now = time.time()
+    held = [attrs_evolve(entry(f"held-{i}", (10 - i) * 60 * MIN, held=True), held_since=now - 60) for i in range(4)]
+    old = attrs_evolve(entry("held-long", 30 * MIN, held=True), held_since=now - 7 * 3600)
+    serves = attrs_evolve(entry("serve-hold", 90 * 60 * MIN, held=True), writer_hold=True, held_since=now - 10 * 24 * 3600)
+    fresh = attrs_evolve(entry("held-fresh", MIN, held=True), held_since=now - 7 * 3600)
+    plan = plan_eviction([*held, old, serves, fresh], Limits(max_checkouts=0, max_held=2, max_hold_age=6 * 3600.0),
+                         None, now)
+    broke = {e.entry.name: e.broke_hold for e in plan.evict}
+    # held-long: past the age; of the rest, the two most recently used stay held (held-3, held-2).
+    assert broke == {"held-long": "held-too-long", "held-0": "held-over-count", "held-1": "held-over-count"}, broke
+    kept = {k.entry.name: k.why for k in plan.kept}
+    # serve's own hold is never a reader's; a hold past its age still keeps a checkout in its grace window.
+    assert kept == {"held-2": "held", "held-3": "held", "serve-hold": "held", "held-fresh": "grace"}, kept
+    # No bounds set: every hold protects, as before.
+    assert evicted(plan_eviction([*held, old], Limits(max_checkouts=0), None, now)) == []
+
+
+def attrs_evolve(value, **changes):
+    import attrs
+
+    return attrs.evolve(value, **changes)

@@ -28,6 +28,7 @@ CLI_MODULES = {
     "checkoutcache.store.liveness", "checkoutcache.store.locks", "checkoutcache.store.modes", "checkoutcache.sharing", "checkoutcache.handoff",
     "checkoutcache.store.ready", "checkoutcache.store.records", "checkoutcache.store.watch", "checkoutcache.units",
     "checkoutcache.store.tree",  # every store path reached beneath the root (standard library only, no ctypes)
+    "checkoutcache.signing",  # a hand-off to the writer is signed, never a bearer token (standard library, no hashlib)
 }
 WORKER_MODULES = {
     "checkoutcache.clone.worker", "checkoutcache.git.cli", "checkoutcache.git.mirror",
@@ -81,6 +82,7 @@ HANDOFF_MODULES = {
     "checkoutcache", "checkoutcache.cli", "checkoutcache.cli.fast", "checkoutcache.cones",
     "checkoutcache.credentials", "checkoutcache.errors", "checkoutcache.repospec", "checkoutcache.store",
     "checkoutcache.store.layout", "checkoutcache.store.ready", "checkoutcache.units", "checkoutcache.handoff",
+    "checkoutcache.signing",
 }
 
 

@@ -40,6 +40,7 @@ def scrape(running: Serve) -> str:
 
 # ------------------------------------------------------------ metrics true when scraped
 
+@pytest.mark.slow
 def test_the_stores_gauges_are_current_at_each_scrape(root, tmp_path, upstream):
     """Regression: checkouts and free disk changed only when gc ran (every 5 minutes): a
     scrape showed 0 checkouts while some existed."""
@@ -98,6 +99,7 @@ def test_head_metrics_is_answered_as_get_without_a_body(root, tmp_path):
         running.stop()
 
 
+@pytest.mark.slow
 def test_unmet_limits_and_clones_failed_by_code_are_metrics(root, tmp_path, upstream):
     running = Serve(root, tmp_path, "--allow-local", "--gc-interval", "0", "--max-checkouts", "0",
                     "--log-format", "json")
@@ -129,6 +131,7 @@ def test_unmet_limits_and_clones_failed_by_code_are_metrics(root, tmp_path, upst
 
 # ------------------------------------------------------------ logs that answer questions
 
+@pytest.mark.slow
 def test_access_lines_say_what_a_request_was_about(root, tmp_path, upstream):
     """Regression: an access line said method, endpoint and status only, and a 503
     UNREACHABLE line had no error field (docs/http-api.md said it had)."""
@@ -160,6 +163,7 @@ def test_access_lines_say_what_a_request_was_about(root, tmp_path, upstream):
         running.stop()
 
 
+@pytest.mark.slow
 def test_probes_and_scrapes_are_debug_lines_and_the_start_says_version_and_limits(root, tmp_path):
     """Regression: every probe and scrape was an INFO access line (a kubelet and
     Prometheus wrote one every few seconds), and the startup line said neither the
@@ -228,6 +232,7 @@ def authorized(running: Serve, token: str) -> bool:
     return status == 200
 
 
+@pytest.mark.slow
 def test_a_token_rotated_in_a_mounted_secret_takes_effect_without_a_restart(root, tmp_path):
     """Regression: tokens were read once at start; a rotation needed a restart (which
     drops every hold)."""
@@ -257,6 +262,7 @@ def test_a_token_rotated_in_a_mounted_secret_takes_effect_without_a_restart(root
         assert running.stop() == 0
 
 
+@pytest.mark.slow
 def test_clients_that_read_the_mounted_secret_move_to_a_rotated_token_without_a_restart(root, tmp_path, upstream):
     """Regression: the typed client and the CLI's hand-off read the token once (from the
     environment): once the overlap ended, a long-running client got 401 until restarted."""
@@ -288,6 +294,7 @@ def scrape_with(running: Serve, token: str) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_sighup_reloads_the_tokens_and_no_longer_kills_serve(root, tmp_path):
     """Regression: SIGHUP killed serve (exit 129), dropping its holds. The file is changed
     so that its size, inode and mtime stay the same: only the signal can make serve see it."""
@@ -344,6 +351,7 @@ def tree_state(root: str) -> list[tuple]:
     return sorted(found)
 
 
+@pytest.mark.slow
 def test_status_in_a_reader_shows_the_limits_the_writer_enforces(root, tmp_path, upstream):
     """Regression: limits lived only in the writer's environment, so `status` in a review
     container (none set) showed null limits and judged protection by its own grace window."""

@@ -60,6 +60,7 @@ def log_works(path: str) -> int:
 FULL_FIRST = {"CHECKOUTCACHE_FIRST_FETCH": "full"}
 
 
+@pytest.mark.slow
 def test_a_commit_sent_without_its_parent_is_never_ready(root, history):
     """The full first fetch (CHECKOUTCACHE_FIRST_FETCH=full): the lie fails the clone."""
     daemon, served, url, shas = history
@@ -138,6 +139,7 @@ def drop_from_mirror(mirror: str, sha: str) -> None:
             subprocess.run(["rm", "-rf", os.path.join(mirror, "objects", directory)], check=True)
 
 
+@pytest.mark.slow
 def test_a_mirror_holding_a_commit_without_its_parent_repairs_itself_and_verify_sees_it(root, history):
     daemon, served, url, shas = history
     code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", "--history", "full", root=root,
@@ -160,6 +162,7 @@ def test_a_mirror_holding_a_commit_without_its_parent_repairs_itself_and_verify_
     assert code == 0, (report, err)
 
 
+@pytest.mark.slow
 def test_a_fetch_killed_in_quarantine_leaves_the_mirror_as_it_was(root, history, fake_git, tmp_path):
     """A partial mirror's fetch lands in a quarantine first (git/quarantine.py): a worker
     SIGKILLed while its git fetch runs leaves nothing the mirror reads, and the next clone
@@ -199,6 +202,7 @@ def crafted_bundle(repo_path: str, ref_sha: str, objects: list[str]) -> bytes:
     return f"# v2 git bundle\n{ref_sha} refs/heads/main\n\n".encode() + pack  # no prerequisites named
 
 
+@pytest.mark.slow
 def test_bundle_take_ins_into_a_partial_mirror_count_only_connected_history(tmp_path, served_upstream):
     """Bundle take-ins into a partial mirror are held to the same rule (issue 27): a bundle whose
     ref lacks its history is not taken in, and a commit a sound bundle carries without its

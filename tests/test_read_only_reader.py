@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -46,14 +47,16 @@ def reader(root: str, *args: str, env: dict | None = None, code: str | None = No
 
 def snapshot_but_markers(root: str) -> dict:
     """Every entry under root but the markers' mtimes (the writer records uses there)."""
+    # holds/: the writer registers the holds it makes for a reader (store/holds.py)
     return {path: (size, 0 if path.endswith("/checkoutcache-ready") else mtime, mode)
-            for path, (size, mtime, mode) in store_snapshot(root).items()}
+            for path, (size, mtime, mode) in store_snapshot(root).items()
+            if not path[len(root):].lstrip("/").startswith("holds")}
 
 
 @pytest.fixture
 def writer(tmp_path, served_upstream):
     root = str(tmp_path / "cache")
-    serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
+    serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h", "CHECKOUTCACHE_LOG_FORMAT": "json"})
     yield serve
     serve.stop()
 
@@ -215,3 +218,54 @@ def test_another_uid_outside_the_group_changes_nothing_in_the_store(served_upstr
         assert_checkout_matches(path, upstream.path, upstream.shas[0])
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_reader_keyed_otherwise_than_its_writer_is_told_so_once_and_never_loops(writer, served_upstream):
+    """Issue 33: a reader whose CHECKOUTCACHE_LFS differs from the writer's (part of the store's
+    key, not sent) was answered ready for a path it never found, and asked again at once:
+    about 850 requests a second until --wait ended, the use never recorded."""
+    repo, url = served_upstream
+    env = {**through(writer), "CHECKOUTCACHE_LFS": "off"}
+    asked = lambda: sum(1 for e in writer.json_lines() if e.get("endpoint") == "/v1/ensure")  # noqa: E731
+    before = asked()
+    code, answer, out = reader(writer.root, "--json", "ensure", url, repo.shas[0], "--wait", "30", env=env)
+    assert code == 2 and answer["error"] == "SETTINGS_MISMATCH", out
+    assert "CHECKOUTCACHE_LFS" in answer["message"] and answer["next"], answer
+    wait_until(lambda: asked() > before, 10, "the writer's access line")
+    assert asked() - before == 1, "asked once, not again and again"
+    assert not os.path.isdir(os.path.join(writer.root, "repos")) or not os.listdir(os.path.join(writer.root, "repos"))
+
+
+@pytest.mark.slow
+def test_a_readers_exec_is_registered_with_the_writer_and_kept_past_the_bounds_on_readers(tmp_path, served_upstream):
+    """Review finding: through a read-only mount an exec is a bare shared lock, which the bounds
+    on readers' locks break (max-held 0 here). It registers its hold with the writer (a /v1/hold
+    of serve's, renewed while it runs): serve's gc keeps it."""
+    repo, url = served_upstream
+    root = str(tmp_path / "cache")
+    serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h", "CHECKOUTCACHE_MAX_HELD": "0",
+                                       "CHECKOUTCACHE_MAX_SPARES": "0"})
+    try:
+        env = through(serve)
+        code, answer, out = reader(root, "--json", "ensure", url, repo.shas[0], "--wait", "60", env=env)
+        assert code == 0, out
+        script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+        full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("CHECKOUTCACHE_")}, **env}
+        exec_proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", root, sys.executable, "-m",
+             "checkoutcache", "--root", root, "exec", url, repo.shas[0], "--", "sh", "-c", "echo running; sleep 600"],
+            stdout=subprocess.PIPE, text=True, env=full_env, start_new_session=True)
+        try:
+            assert exec_proc.stdout.readline().strip() == "running"
+            make_idle(answer["path"], 7200)
+            status, report = serve.request("POST", "/v1/gc", {"max_checkouts": 0})
+            assert status == 200, report
+            assert [k["name"] for k in report["kept_over_limit"] if k["why"] == "held"] == [repo.shas[0]], report
+            assert not [r for r in report["removed"] if r.get("broke_hold")], report
+            assert os.path.isdir(answer["path"])
+        finally:
+            os.killpg(exec_proc.pid, signal.SIGKILL)
+            exec_proc.wait()
+    finally:
+        serve.stop()

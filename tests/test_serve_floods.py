@@ -4,6 +4,8 @@ timing: the ready answer must come while the flood goes on."""
 
 from __future__ import annotations
 
+import pytest
+
 import socket
 import threading
 
@@ -74,6 +76,7 @@ class Flood:
             thread.join(70)
 
 
+@pytest.mark.slow
 def test_unauthenticated_keep_alive_floods_never_hold_the_slots_a_ready_answer_needs(root, tmp_path, upstream):
     """Regression: 20 unauthenticated keep-alive connections asking /healthz or a 401 /v1/status
     every few seconds held 16 connection slots forever: ready answers on new connections never

@@ -47,6 +47,7 @@ def journals(root: str) -> list[str]:
     return sorted(os.path.join(serve_dir, name) for name in os.listdir(serve_dir) if name.endswith(".journal"))
 
 
+@pytest.mark.slow
 def test_two_serves_with_equal_pids_count_only_their_own_clones(root, tmp_path, upstream):
     """Regression: the journal was <root>/serve/<pid>.journal. A second serve of the same pid
     counted the first one's clones; when it stopped it deleted the shared file, after which the

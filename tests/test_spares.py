@@ -264,6 +264,7 @@ TAMPERING = [tamper_modified, tamper_same_size_and_mtime, tamper_added_ignored_u
              tamper_mode_and_hard_link_at_once, tamper_default_acl]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tamper", TAMPERING, ids=lambda t: t.__name__[len("tamper_"):])
 def test_a_recycled_tree_is_exact_whatever_a_reader_did(root, project, tamper, tmp_path):
     a, b = project.shas
@@ -310,6 +311,7 @@ SPARE_STEPS = ["spare-taken", "spare-old-git-removed", "spare-after-git-dir", "s
                "spare-after-checkout", "after-rename"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", SPARE_STEPS)
 def test_a_worker_killed_at_each_step_of_an_update(root, project, step, kill_log):
     a, b = project.shas
@@ -337,6 +339,7 @@ def test_a_worker_killed_at_each_step_of_an_update(root, project, step, kill_log
     assert run_cli("verify", root=root)[0] == 0
 
 
+@pytest.mark.slow
 def test_gc_killed_while_making_a_spare(root, project, kill_log):
     a, b = project.shas
     checkout = wait_ready(root, project.path, a)["path"]
@@ -354,6 +357,7 @@ def test_gc_killed_while_making_a_spare(root, project, kill_log):
     assert "updated the spare" not in open(store.clone_log(b)).read()
 
 
+@pytest.mark.slow
 def test_lfs_content_swapped_for_its_pointer_is_written_again(root, tmp_path):
     """A reader that replaced an LFS file's content with its pointer text (what git's clean
     filter would call unchanged) and one that edited another: both hold their content again."""
@@ -378,6 +382,7 @@ def test_lfs_content_swapped_for_its_pointer_is_written_again(root, tmp_path):
     assert git("--no-optional-locks", "status", "--porcelain", "--ignored", cwd=answer["path"]) == ""
 
 
+@pytest.mark.slow
 def test_a_spare_with_a_tampered_submodule_gets_it_anew(root, daemon):
     from .test_submodules import served, with_submodule
 
@@ -416,6 +421,7 @@ def test_a_spare_with_a_tampered_submodule_gets_it_anew(root, daemon):
     assert git("--no-optional-locks", "status", "--porcelain", "--ignored", cwd=answer["path"]) == ""
 
 
+@pytest.mark.slow
 def test_a_sparse_checkout_is_made_from_a_spare_of_the_same_cone_only(root, project):
     a, b = project.shas
     whole = wait_ready(root, project.path, a)["path"]
@@ -440,6 +446,7 @@ def test_a_sparse_checkout_is_made_from_a_spare_of_the_same_cone_only(root, proj
     assert_recycled(root, project, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharing", ["writer", "group"])
 def test_a_recycled_tree_is_exact_in_either_sharing_mode(root, project, sharing, monkeypatch, tmp_path):
     """One writer (nothing group-writable: only the writer's uid could have changed the tree) or
@@ -460,6 +467,7 @@ def test_a_recycled_tree_is_exact_in_either_sharing_mode(root, project, sharing,
     assert group_writable == (sharing == "group")
 
 
+@pytest.mark.slow
 def test_gitlinks_of_either_commit_hold_nothing_a_reader_planted(root, tmp_path):
     """Gitlinks without a .gitmodules (git lists nothing inside one as untracked): a file planted
     in the spare's gitlink directory, and a directory planted where the next commit adds a
@@ -504,6 +512,7 @@ def test_gitlinks_of_either_commit_hold_nothing_a_reader_planted(root, tmp_path)
                cwd=answer["path"]) == ""
 
 
+@pytest.mark.slow
 def test_a_spare_whose_tree_cannot_be_emptied_never_leaves_it_in_a_fresh_checkout(root, project, tmp_path):
     """An untracked file no one may delete (immutable; in the group mode a peer's directory): the
     spare is not used, and what could not be deleted is set aside, never left in the tree the
@@ -527,6 +536,7 @@ def test_a_spare_whose_tree_cannot_be_emptied_never_leaves_it_in_a_fresh_checkou
 
 
 
+@pytest.mark.slow
 def test_a_tree_a_process_still_works_in_is_never_made_a_spare(root, project, tmp_path):
     """A process left in an evicted checkout (its working directory there, a file open): had the
     tree become a spare, what it wrote later would land in the next commit's published tree.
@@ -564,3 +574,53 @@ def test_a_tree_a_process_still_works_in_is_never_made_a_spare(root, project, tm
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["cwd", "open-file"])
+def test_a_process_that_reaches_a_tree_by_another_path_keeps_it_from_being_a_spare(root, project, tmp_path, how):
+    """Regression (issue 33): gc looked for processes in a tree by the path strings /proc
+    shows, which are the paths as the process sees them. One in another mount namespace that
+    sees the root elsewhere (a container that mounts the volume at another path; a bind
+    mount) was not seen: its tree became a spare, and what it wrote later would have landed
+    in the next commit's tree. gc now compares identities (st_dev, st_ino, walking up `..`)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a mount namespace")
+    a, b = project.shas
+    checkout = wait_ready(root, project.path, a)["path"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    seen_as = os.path.join(str(elsewhere), os.path.relpath(checkout, root))
+    go = tmp_path / "go"
+    script = ("import os, sys, time\n"
+              "tree = sys.argv[1]\n"
+              "held = open(os.path.join(tree, 'pkg', 'm1', 'f1.txt'), 'r+')\n"
+              f"os.chdir(os.path.join(tree, 'pkg', 'm1') if {how == 'cwd'!r} else '/')\n"
+              "print('in', os.path.realpath(held.name), flush=True)\n"
+              f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+              "print('done', flush=True)\n")
+    worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               'mount --bind "$1" "$2" && exec "$3" -c "$4" "$5"', "sh", root, str(elsewhere),
+                               sys.executable, script, seen_as], stdout=subprocess.PIPE, text=True)
+    try:
+        line = worker.stdout.readline().split()
+        assert line[:1] == ["in"] and line[1].startswith(str(elsewhere)), line  # it sees the tree elsewhere
+        # /proc shows its paths as it sees them: none of them is a path of the store.
+        shown = [os.readlink(f"/proc/{worker.pid}/cwd")] + [
+            os.readlink(f"/proc/{worker.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{worker.pid}/fd")]
+        assert [p for p in shown if p.startswith(str(elsewhere))], shown
+        assert not [p for p in shown if p.startswith(root)], shown
+        make_idle(checkout, 3600)
+        code, report, out = run_cli("gc", "--max-checkouts", "0", root=root)
+        assert code == 0, out
+        assert [r["spare"] for r in report["removed"] if r["name"] == a] == [False], report
+        assert spare_entries(root) == [] and not os.path.exists(checkout)
+        go.write_text("")
+        assert worker.stdout.read().strip().splitlines()[-1] == "done"
+        assert worker.wait(30) == 0
+    finally:
+        worker.kill()
+        worker.wait()
+    answer = wait_ready(root, project.path, b)
+    assert "updated the spare" not in open(only_repo(root).clone_log(b)).read()
+    assert_checkout_matches(answer["path"], project.path, b)

@@ -98,6 +98,7 @@ def test_a_stop_ends_a_clone_that_cannot_finish_cleanly_and_the_next_start_clone
         again.stop()
 
 
+@pytest.mark.slow
 def test_a_clone_that_finishes_within_the_stop_bound_publishes(root, tmp_path, gated):
     upstream, url, proxy = gated
     running = Serve(root, tmp_path, "--stop-timeout", "30s", "--log-format", "json")

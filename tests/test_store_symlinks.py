@@ -92,6 +92,7 @@ def test_removal_never_starts_from_realpath(root, upstream, tmp_path):
         tree.listdir(paths.trash_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_dir", ["trash", "logs", "state", "locks", "scratch", "checkouts", ".", "spares", "lfs", "mirror.git/refs"])
 def test_no_store_directory_is_followed_by_ensure_or_gc(root, upstream, tmp_path, store_dir):
     """Each directory of a repository's store (and repos/<key> itself) swapped for a
@@ -167,6 +168,7 @@ def test_root_locks_a_symlink_is_root_unusable(root, upstream, tmp_path):
     assert store_snapshot(outside) == before
 
 
+@pytest.mark.slow
 def test_the_sidecars_scheduled_gc_never_deletes_through_a_symlinked_trash(root, upstream, tmp_path):
     wait_ready(root, upstream.path, upstream.shas[0], env=SHARED)
     paths = only_repo(root)
@@ -198,6 +200,7 @@ def _as_peer(user: str, script: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="a second uid needs root")
 @pytest.mark.parametrize("store_dir", ["trash", "logs", "state"])
 def test_a_peer_uid_cannot_make_roots_gc_or_ensure_reach_outside(second_user, shared_root, served_upstream,

@@ -51,6 +51,7 @@ def assert_refused(answer: dict | None, output: str) -> None:
     assert f"layout version {NEWER}" in answer["message"] and f"up to {LAYOUT_VERSION}" in answer["message"]
 
 
+@pytest.mark.slow
 def test_a_store_of_a_newer_layout_is_refused_by_the_cli_and_left_as_it_is(root, upstream):
     """Regression: `"layout_version": 7` in repo.json was served silently (a ready answer,
     its use recorded) and a new commit was cloned into it."""

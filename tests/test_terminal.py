@@ -98,6 +98,7 @@ def test_the_bar_moves_through_gits_phases():
     assert describe_progress(steps[0]) == "remote: counting objects 5/10"
 
 
+@pytest.mark.slow
 def test_json_and_root_are_taken_after_the_command_too(root, upstream):
     sha = upstream.shas[0]
     done = subprocess.run([sys.executable, "-m", "checkoutcache", "ensure", upstream.path, sha, "--wait", "60",
@@ -136,6 +137,7 @@ def test_almost_right_repository_arguments_get_a_hint(root, repo, code, says):
     assert not os.path.exists(root)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["gc"], ["status"]])
 def test_gc_and_status_on_a_root_that_is_not_there_exit_2(tmp_path, command):
     """Regression: a misspelled CHECKOUTCACHE_ROOT made cron's gc a silent no-op, exit 0."""

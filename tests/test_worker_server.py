@@ -3,6 +3,8 @@ Python for each; if the server is killed, serve falls back to spawning."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import threading
@@ -36,6 +38,7 @@ def command_lines_during(action) -> list[str]:
     return sorted(seen)
 
 
+@pytest.mark.slow
 def test_serve_forks_workers_from_its_worker_server_and_falls_back_to_spawn(root, tmp_path, upstream):
     running = Serve(root, tmp_path, "--allow-local")
     try:

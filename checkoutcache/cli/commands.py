@@ -11,6 +11,7 @@ an option wins over the environment, which wins over the default.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import attrs
@@ -432,6 +433,49 @@ def serve(ctx: Context, **options) -> int:
         return run_server(Cache(ctx.root, config=config), config, settings, policy, served_version())
     except CheckoutCacheError as exc:
         return fail(ctx, exc)
+
+
+@cli.command()
+@click.option("--secret", metavar="NAME", default=None,
+              help="Print them as the Kubernetes Secret NAME (JSON, for `kubectl apply -f -`): keys `tokens` "
+                   "(serve's tokens file) and `review` (the review's own token), as deploy/ mounts them.")
+@click.option("--dir", "directory", metavar="DIR", default=None,
+              help="Write them into the new directory DIR as the files `tokens` and `review` (mode 0644: "
+                   "compose's secrets, deploy/compose.yaml).")
+@pass_context
+def tokens(ctx: Context, secret: str | None, directory: str | None) -> int:
+    """Make fresh API tokens for the shipped roles: the review's (ensure and hold in the default
+    scope: all that code under review, which can read it, may do) and the operator's (status,
+    workspaces, gc, metrics). Without options: serve's tokens file on stdout."""
+    import json
+    import os
+
+    from checkoutcache.serve.policy import shipped_tokens
+
+    made = shipped_tokens()
+    if secret is not None and directory is not None:
+        return fail(ctx, CheckoutCacheError("BAD_ARGUMENT", what="give --secret or --dir, not both"))
+    if secret is not None:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", secret):
+            return fail(ctx, CheckoutCacheError("BAD_ARGUMENT", what=f"{secret[:60]!r} is not a Kubernetes name"))
+        click.echo(json.dumps({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                               "metadata": {"name": secret}, "stringData": made}, indent=2))
+        return 0
+    if directory is not None:
+        try:
+            os.mkdir(directory, 0o755)
+            for name, text in made.items():
+                fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(text)
+                os.chmod(os.path.join(directory, name), 0o644)  # read by the containers' uids, whatever the umask
+        except OSError as exc:
+            return fail(ctx, CheckoutCacheError("BAD_ARGUMENT", what=f"--dir {directory[:200]!r}: "
+                                                                     f"{exc.strerror or exc} (it must not exist)"))
+        click.echo(os.path.join(directory, "tokens"))
+        return 0
+    click.echo(made["tokens"], nl=False)
+    return 0
 
 
 @cli.group()

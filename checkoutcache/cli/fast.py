@@ -71,12 +71,14 @@ def ready_answer(argv: list[str]) -> int | None:
         return None  # a newer version's store: the full CLI refuses it (NEWER_LAYOUT), touching nothing
     unrecorded: list[str] = []
 
-    def through_writer() -> None:
+    def through_writer() -> bool:
         from checkoutcache.handoff import record_use
 
-        why = record_use(root_paths.root, paths.checkout(name), spec.url, commit, scope, sparse)
+        why = record_use(root_paths.root, paths.checkout(name), spec.url, commit, scope, sparse, spec.lfs,
+                         spec.submodules)
         if why:
             unrecorded.append(why)
+        return not getattr(why, "not_ready", False)  # False: the writer says it is not ready
 
     try:
         record = ready_record(paths.ready_marker(name), on_unrecorded=through_writer)

@@ -104,6 +104,9 @@ def gc_text(report: dict) -> str:
         lines.append(f"cannot delete {u['path']!r}: {u['error']} (retried by the next gc)")
     for u in report["unmet"]:
         lines.append(f"limit {u['limit']} not met: {u['actual']} against {u['target']} (protected checkouts)")
+    for w in (report.get("workspaces") or {}).get("partial", []):
+        lines.append(f"workspace {w['workspace']} measured in part ({', '.join(w['why'])}): "
+                     f"at least {format_bytes(w['bytes'])} counted")
     freed = format_bytes(report["bytes_freed"])
     after = report["disk_after"] or report["disk_before"]
     free = f"; disk free {format_bytes(after['free'])}" if after else ""

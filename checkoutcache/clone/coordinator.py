@@ -171,7 +171,8 @@ class Coordinator:
         return Answer(state=State.CLONING, commit=self.sha, repo=self.spec.url, sparse=list(self.cone) or None,
                       pid=record.get("pid"),
                       pid_namespace=record.get("pidns"),
-                      started_at=iso(record.get("started_at")), progress=record.get("progress") or {})
+                      started_at=iso(record.get("started_at")), progress=record.get("progress") or {},
+                      queue=record.get("queue") if isinstance(record.get("queue"), dict) else None)
 
     def error(self, exc: CheckoutCacheError) -> Answer:
         return Answer.from_error(exc, commit=self.sha, repo=self.spec.url)
@@ -266,7 +267,9 @@ class Coordinator:
             # (once gc has tidied the dead record away, its count is in the deaths record).
             dead = records.read_json(self.paths.clone_record(self.name), records.CLONE) or \
                 records.read_json(self.paths.deaths_record(self.name), records.DEATHS)
-            decision = next_step_for_not_ready(failure, _deaths(dead), now)
+            # A dead owner that only queued the clone (serve's CloneQueue, serve then killed) ran no
+            # worker: no death is counted for it.
+            decision = next_step_for_not_ready(failure, _deaths(dead), now, queued=was_queued(dead))
             if decision.step is Step.BACK_OFF:
                 return self.failed(failure, now)
             if decision.step is Step.GIVE_UP:
@@ -298,12 +301,16 @@ class Coordinator:
         except OSError as exc:
             records.remove_quietly(self.paths.clone_record(self.name))
             raise CheckoutCacheError("WORKER_START_FAILED", detail=exc.strerror or str(exc)) from None
+        except CheckoutCacheError:  # refused (serve's clone queue is full): nothing started, nothing kept
+            records.remove_quietly(self.paths.clone_record(self.name))
+            raise
         if pid is None:
             return self.outcome()
         from checkoutcache.store.liveness import pid_namespace, process_start_time  # psutil only off the ready path
 
         self.started = {"pid": pid, "pid_start": process_start_time(pid), "pidns": pid_namespace()}
-        return self.cloning(record)
+        # A start may have queued the clone (serve's CloneQueue): its record then says so and where.
+        return self.cloning(records.read_json(self.paths.clone_record(self.name), records.CLONE) or record)
 
     def outcome(self) -> Answer:
         """What a clone that ran to its end here left: ready, or its failure."""
@@ -355,6 +362,11 @@ class Coordinator:
                 if on_progress is not None:
                     on_progress(answer)
                 watch.wait(min(LOOK_AGAIN, deadline - time.monotonic()))
+
+
+def was_queued(dead_record: dict | None) -> bool:
+    progress = (dead_record or {}).get("progress")
+    return isinstance(progress, dict) and progress.get("phase") == "queued"
 
 
 def _deaths(dead_record: dict | None) -> int | None:

@@ -55,13 +55,14 @@ class NextStep:
 
 
 def next_step_for_not_ready(failure: Failure | None, dead_owner_deaths: int | None, now: float,
-                            max_deaths: int = MAX_DEATHS) -> NextStep:
+                            max_deaths: int = MAX_DEATHS, queued: bool = False) -> NextStep:
     """For a commit with no marker and a free clone lock (the caller holds it):
     dead_owner_deaths is the death count in a dead owner's clone record, None
-    when there is no such record."""
+    when there is no such record; queued: that owner only queued the clone (serve,
+    killed before its worker started), which is no worker's death."""
     if failure is not None and now < failure.retry_at:
         return NextStep(Step.BACK_OFF)
-    deaths = 0 if dead_owner_deaths is None else dead_owner_deaths + 1
+    deaths = 0 if dead_owner_deaths is None else dead_owner_deaths + (0 if queued else 1)
     if deaths >= max_deaths:
         return NextStep(Step.GIVE_UP, deaths)
     return NextStep(Step.CLONE, deaths)

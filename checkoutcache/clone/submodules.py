@@ -48,7 +48,7 @@ from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.repospec import parse_repo
 from checkoutcache.store.beneath import Escape, fd_path, open_dir_beneath, shown
-from checkoutcache.store.sizes import disk_usage
+from checkoutcache.store.sizes import measure_at
 from checkoutcache.units import format_bytes
 
 # Deeper than this is a cycle (a repository that is its own submodule) or abuse.
@@ -124,16 +124,20 @@ def submodules_in(backend, tree_dir: str, mirror: str, sha: str, super_url: str,
     return found
 
 
-def check_allowed(spec, super_is_local: bool) -> None:
+def check_allowed(spec, super_is_local: bool, token_patterns: tuple[str, ...] = ()) -> None:
     """What a .gitmodules may name: a local path (or file://) only from a local
     superproject (as git's protocol.file.allow=user) and where the sidecar's
-    policy allows local paths; a URL only where the policy's patterns allow it."""
+    policy allows local paths; a URL only where the policy's patterns allow it, and
+    the asking token's own (its repos=: config.submodule_repos) too."""
     if spec.is_local and not (super_is_local and os.environ.get(POLICY_LOCAL_VAR, "1") == "1"):
         raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why="a submodule of a remote repository (or through the "
                                                              "API) may not name a local path")
     patterns = [p for p in os.environ.get(POLICY_REPOS_VAR, "").split(",") if p]
     if patterns and not any(fnmatch.fnmatchcase(spec.url, p) for p in patterns):
         raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why=f"{spec.url[:200]} matches no allowed pattern")
+    if token_patterns and not any(fnmatch.fnmatchcase(spec.url, p) for p in token_patterns):
+        raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why=f"{spec.url[:200]} is not among the asking token's "
+                                                             f"repositories")
 
 
 def ensure_in_store(root: str, config, scope: str, url: str, sha: str, wait: float, start,
@@ -144,7 +148,7 @@ def ensure_in_store(root: str, config, scope: str, url: str, sha: str, wait: flo
     if url.startswith("~"):
         raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why="a submodule may not name a path in a home directory")
     spec = parse_repo(url, scope, cwd="/", lfs=config.lfs, submodules=config.submodules)
-    check_allowed(spec, super_is_local)
+    check_allowed(spec, super_is_local, tuple(getattr(config, "submodule_repos", ()) or ()))
     from checkoutcache.clone.coordinator import Coordinator  # only a commit with submodules pays for it
     from checkoutcache.store.layout import RootPaths, existing_key
 
@@ -217,7 +221,7 @@ def populate(tree_fd: int, submodules: list[Submodule], deadline: float, depth: 
                 key = ensure(sub.url, sub.sha, deadline - time.monotonic())
                 log(f"submodule {shown(sub.path)}: {strip_userinfo(sub.url)} at {sub.sha}")
                 checkout(where, where_fd, key, sub.sha)
-                budget.add_bytes(sub, disk_usage(where))
+                budget.add_bytes(sub, measure_at(where_fd).bytes)
                 nested = submodules_at(where, where_fd, key, sub.url, sub.sha)
             except CheckoutCacheError as exc:
                 if exc.code == "SUBMODULE_FAILED":

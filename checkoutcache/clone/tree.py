@@ -11,7 +11,11 @@ Two ways to a tree:
 - fresh: `git checkout` into an empty scratch/tree (a mirror whose objects cannot be
   read is rebuilt once and the checkout retried);
 - recycled: a spare (store/spares.py) of the same repository, cone, LFS and submodule
-  settings, the nearest in history, taken by one rename into our scratch and updated
+  settings and conversion (the digest its marker recorded of our checkout config, the
+  attribute sources, the umask and git: git/backend.py checkout_conversion), the nearest
+  in history, whose top-level `.gitattributes` and `.lfsconfig` are those of the commit
+  (one diff-tree of the two commits' trees; else it is left for another commit), taken
+  by one rename into our scratch and updated
   in place. Nothing in it is trusted but what we can prove: its .git is deleted and
   made anew, its index is used only if its identity (inode, ctime, size) is the one
   recorded when the checkout was published (no process can set a ctime back). With
@@ -27,7 +31,14 @@ Two ways to a tree:
   tracked files, and it holds because nothing it could be misled by is left (its lstat
   follows a symlink a reader put in place of a tracked directory, it reads a
   .gitattributes the index lacks from the work tree, and it compares ctime by the
-  second: all gone before it runs). This holds whoever changed the tree
+  second: all gone before it runs). Its check says a kept file's bytes are what the
+  spare's commit wrote; they are ours only if that blob is written alike in both commits,
+  so every path beneath a directory whose `.gitattributes` the two commits differ in is
+  deleted first too (read-tree keeps an entry whose blob and stat did not change as the
+  old attributes wrote it: LF where ours say CRLF, `$Id$` unexpanded, a pointer where
+  ours say LFS content). Every other input of git's conversion is the same by the
+  conversion digest and git_env (no machine's or user's attributes file, no
+  .git/info/attributes: .git is made anew). This holds whoever changed the tree
   (the writer's own uid in the one-writer mode, a peer in the group mode): none of it
   rests on who may write. Any doubt, and the spare is dropped and the tree is made
   fresh: a spare only ever saves time.
@@ -52,7 +63,7 @@ from checkoutcache.git.env import git_env
 from checkoutcache.repospec import LFS_OFF, SUBMODULES_NONE
 from checkoutcache.store import records
 from checkoutcache.store import tree as store_tree
-from checkoutcache.store.beneath import Escape, open_dir_beneath
+from checkoutcache.store.beneath import Escape, components, open_dir_beneath
 from checkoutcache.store.checkouts import remove_tree
 from checkoutcache.store.layout import RepoPaths, RootPaths
 from checkoutcache.store.sizes import index_identity
@@ -77,6 +88,13 @@ def restore_directory(fd: int, mode: int) -> None:
             pass  # none there (ENODATA), or a file system without ACLs
 
 
+def current_umask() -> int:
+    """The process's umask (the worker set the store's, store/modes.py): what files get their modes from."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 class SpareUnusable(Exception):
     """A spare that cannot be proven exact: dropped, and the tree made fresh."""
 
@@ -92,6 +110,7 @@ class TreeBuilder:
         self.submodule_lfs: str | None = None  # what the submodules' LFS files hold, if they have any
         self.index: list[int] | None = None  # the published tree's index identity (spares trust it)
         self.recycled_from: str | None = None  # the spare's checkout name, when one was used
+        self._conversion: str | None = None
 
     # ------------------------------------------------------------ the tree
     def build(self) -> dict:
@@ -108,7 +127,7 @@ class TreeBuilder:
         checkpoint("after-submodules")
         # Last: nothing writes the index after this (submodules have indexes of their own).
         self.index = index_identity(os.path.join(w.scratch.tree, ".git"))
-        return {**extra, **self.cone_marker()}
+        return {**extra, **self.cone_marker(), **self.conversion_marker()}
 
     def checkout_fresh(self) -> None:
         w = self.w
@@ -133,14 +152,36 @@ class TreeBuilder:
         """What the marker records of a sparse checkout: its cone (the answer says it)."""
         return {"sparse": list(self.w.cone)} if self.w.cone else {}
 
+    def conversion_marker(self) -> dict:
+        """What the marker records of how the tree's files were written, besides the commit's
+        own attributes: whether the top-level tree went through git-lfs's smudge filter
+        (verify expects LFS content, else pointers) and, where spares are made, the digest of
+        everything else (git/backend.py checkout_conversion), which a spare must share with
+        the commit it is updated into."""
+        marker: dict = {"lfs_filter": self.w.lfs_config is not None}
+        conversion = self.conversion()
+        if conversion is not None:
+            marker["conversion"] = conversion
+        return marker
+
+    def conversion(self) -> str | None:
+        """checkout_conversion of this worker's checkouts (None where spares are not made)."""
+        if self._conversion is None and getattr(self.w.backend, "supports_spares", False):
+            self._conversion = self.w.backend.conversion(current_umask())
+        return self._conversion
+
     # ------------------------------------------------------------ recycled trees
     def fits(self, spare: Spare) -> bool:
-        """A spare of the same cone, LFS and submodule settings: every file it holds that
-        the commits share is then already what a fresh checkout would write."""
+        """A spare of the same cone, LFS and submodule settings, written with the same
+        conversion (checkout_conversion: config, attribute sources, umask, git): every file
+        it holds that the commits share, under .gitattributes they share, is then already
+        what a fresh checkout would write (recycle() checks the .gitattributes)."""
         w = self.w
         record = spare.record
         if not record.get("index") or spare.cone_digest != w.name.partition("-")[2]:
             return False
+        if record.get("conversion") is None or record.get("conversion") != self.conversion():
+            return False  # (a spare of a version that recorded none: how it was written is unknown)
         if tuple(record.get("sparse") or ()) != tuple(w.cone):
             return False
         if record.get("submodules_setting", w.submodules_setting) != w.submodules_setting:
@@ -164,13 +205,20 @@ class TreeBuilder:
         if not getattr(w.backend, "supports_spares", False) or not os.path.isdir(w.paths.spares_dir):
             return False
         for spare in self.nearest_spares():
+            # Before it is taken: a spare whose top-level attributes differ is left for another commit.
+            rewrite = w.backend.attribute_changes(w.paths.mirror, spare.sha, w.sha)
+            if rewrite is None or b"" in rewrite:
+                w.log(f"spare of {spare.name} not used: " + (
+                    "its commit's trees cannot be read" if rewrite is None else
+                    "the top-level .gitattributes or .lfsconfig differs (every file may be written otherwise)"))
+                continue
             taken = take_spare(w.paths, spare, w.scratch.path)
             if taken is None:
                 continue  # another worker took it first
             checkpoint("spare-taken")
             started = time.monotonic()
             try:
-                self.update(taken, spare)
+                self.update(taken, spare, rewrite)
             except (SpareUnusable, CheckoutCacheError, OSError) as exc:
                 if isinstance(exc, CheckoutCacheError) and exc.code == "DISK_FULL":
                     raise
@@ -196,7 +244,10 @@ class TreeBuilder:
             return True
         return False
 
-    def update(self, taken: str, spare: Spare) -> None:
+    def update(self, taken: str, spare: Spare, rewrite: list[bytes]) -> None:
+        """The spare (in our scratch) made sha's tree in place; rewrite: the directories whose
+        .gitattributes the spare's commit and sha differ in (attribute_changes), whose every
+        path is written anew."""
         w = self.w
         tree = w.scratch.tree
         last = [time.monotonic()]
@@ -219,6 +270,8 @@ class TreeBuilder:
         removal = remove_tree(git_dir)
         if not removal.complete:
             raise SpareUnusable(f"its .git could not be removed ({removal.unremovable[0].error})")
+        if rewrite:
+            self.remove_attributed(tree, rewrite)
         step("spare-old-git-removed")
         w.on_progress({"phase": "checking out"})
         w.backend.prepare_update(tree, index, w.paths.mirror_objects, w.sha, w.lfs_config, cone=w.cone)
@@ -232,6 +285,25 @@ class TreeBuilder:
         step("spare-after-leftovers")
         w.backend.update_tree(tree, w.sha, w.on_progress, w.log, w.lfs_config)
         step("spare-after-checkout")
+
+    def remove_attributed(self, tree: str, dirs: list[bytes]) -> None:
+        """Every path beneath a directory whose .gitattributes the spare's commit and ours
+        differ in, gone (a .gitattributes applies to its directory's paths only; the top's,
+        which alone may define macros, never gets here): read-tree then writes each anew,
+        with our commit's attributes. It would keep an entry whose blob and stat did not
+        change as the spare's attributes wrote it (LF where ours say CRLF, `$Id$` unexpanded,
+        an LFS pointer where ours say content)."""
+        unique = sorted(set(dirs))
+        tops = [d for d in unique if not any(d.startswith(other + b"/") for other in unique if other != d)]
+        for rel in tops:
+            try:
+                components(rel)
+            except Escape as exc:
+                raise SpareUnusable(f"a directory of attributes cannot be resolved: {exc}") from None
+            removal = remove_tree(os.path.join(tree, os.fsdecode(rel)))
+            if not removal.complete:
+                raise SpareUnusable(f"a directory whose attributes changed could not be emptied: {rel[:200]!r}")
+        self.w.log(f"spare: {len(tops)} directory(ies) whose .gitattributes changed, written anew")
 
     def clear_leftovers(self, tree: str) -> None:
         """Everything of the tree its (verified) index does not vouch for, gone. find: `.git`
@@ -329,9 +401,8 @@ class TreeBuilder:
 
     def directory_mode(self, tree: str) -> int:
         """A directory's mode as a fresh checkout in our scratch makes it."""
-        umask = os.umask(0)
-        os.umask(umask)
-        return (0o777 & ~umask) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID else 0)
+        return (0o777 & ~current_umask()) | (stat.S_ISGID if os.stat(self.w.scratch.path).st_mode & stat.S_ISGID
+                                             else 0)
 
     def find_leftovers(self, tree: str):
         """Start one walk (find, lstat of every entry, never following a symlink) for what git

@@ -24,13 +24,16 @@ made first, keeps every object it reads.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import shutil
 from typing import Callable, NamedTuple, Protocol
 
 from checkoutcache.credentials import Credential, redact
 from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.git.env import SAFE_CONFIG
+from checkoutcache.git.env import SAFE_CONFIG, git_env
 from checkoutcache.store.modes import git_shared_repository
 
 Progress = Callable[[dict], None]
@@ -79,6 +82,33 @@ CHECKOUT_CONFIG.update({"core.symlinks": "true", "core.filemode": "true"})
 # commit has LFS files and git-lfs is installed; the store (lfs.storage) and the
 # endpoint (lfs.url) are added per repository by lfs_checkout_config.
 LFS_FILTER = {"filter.lfs.process": "git-lfs filter-process", "filter.lfs.required": "true"}
+# Raised whenever the way a checkout writes its files changes in a way the inputs of
+# checkout_conversion do not show (a new -c on the checkout's command line, say).
+CONVERSION_VERSION = 1
+# What of git_env() decides which attributes apply beside the commit's .gitattributes.
+_ATTRIBUTE_ENV = ("GIT_ATTR_NOSYSTEM", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_GLOBAL")
+
+
+def checkout_conversion(git: str, umask: int) -> str:
+    """A digest of what decides how a checkout writes a blob, besides the commit's own
+    .gitattributes and LFS (clone/tree.py decides those for a spare, and the marker records
+    LFS): our checkout config (core.autocrlf, core.attributesFile, core.symlinks, ...), the
+    attribute and config sources git_env leaves git (none of the machine's or a user's), the
+    umask the files get their modes from (the sharing mode's), and the git program itself
+    (its path, size and mtime: a git upgraded between a spare and its update). Two trees
+    written with the same digest write an unchanged blob with the same attributes alike."""
+    env = git_env()
+    program = shutil.which(git, path=env.get("PATH")) or git
+    try:
+        info = os.stat(program)
+        identity = [os.path.realpath(program), info.st_size, info.st_mtime_ns]
+    except OSError:
+        identity = [program]
+    facts = [CONVERSION_VERSION, sorted(CHECKOUT_CONFIG.items()), [[k, env.get(k)] for k in _ATTRIBUTE_ENV],
+             umask, identity]
+    return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:32]
+
+
 LFS_PROGRAM = "git-lfs"
 # Where the commits a mirror must keep are named: spelled here only.
 KEEP_PREFIX = "refs/keep/"

@@ -40,6 +40,7 @@ from checkoutcache.git.backend import (
     lfs_pointer_text,
     KEEP_PREFIX,
     LFS_PROGRAM,
+    checkout_conversion,
     SPARE_PREFIX,
     mirror_config,
     PROMISOR_CHECKOUT_CONFIG,
@@ -725,10 +726,32 @@ class GitCliBackend(ShallowOps):
     # ------------------------------------------------------------ recycled trees (clone/tree.py)
     supports_spares = True
 
+    def conversion(self, umask: int) -> str:
+        """How this backend's checkouts write a blob, besides the commit's own attributes and
+        LFS (backend.py checkout_conversion): a spare must have been written alike."""
+        return checkout_conversion(self.git, umask)
+
     def commit_distance(self, mirror: str, a: str, b: str) -> int | None:
         """Commits on either side of a...b (how far a spare of a is from b); None if unknown."""
         done = self._run(["--git-dir", mirror, "rev-list", "--count", f"{a}...{b}", "--"])
         return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else None
+
+    def attribute_changes(self, mirror: str, a: str, b: str) -> list[bytes] | None:
+        """The directories (b"" the top) whose `.gitattributes` commits a and b differ in
+        (added, removed, changed, or of another type), and the top if the top-level
+        `.lfsconfig` differs (git-lfs reads it): what decides how an unchanged blob is
+        written that the two trees hold. None when git cannot tell (an object missing).
+        One diff-tree of the two commits' trees: subtrees both share are never read."""
+        done = subprocess.run([self.git, "--git-dir", mirror, "diff-tree", "-r", "-z", "--no-renames",
+                               "--name-only", a, b, "--", ":(glob)**/.gitattributes", ".lfsconfig"],
+                              capture_output=True, env=git_env(), stdin=subprocess.DEVNULL, cwd="/")
+        if done.returncode != 0:
+            return None
+        dirs = []
+        for path in (p for p in done.stdout.split(b"\0") if p):
+            parent, _, name = path.rpartition(b"/")
+            dirs.append(parent if name == b".gitattributes" else b"")
+        return dirs
 
     def prepare_update(self, tree_dir: str, index: str, mirror_objects: str, sha: str,
                        lfs: dict[str, str] | None = None, keep_fds: tuple[int, ...] = (), cone: Cone = ()) -> None:
@@ -757,7 +780,12 @@ class GitCliBackend(ShallowOps):
         # One tree, reset: an entry whose id is the same and whose file's stat is the index's
         # stays as it is, any other is written, and what sha lacks is deleted. It never reads
         # the spare's commit's objects, so gc need not keep them for a spare.
-        cmd = ["-C", tree_dir, "-c", "checkout.workers=0", *never_download, "read-tree", "--reset", "-u", sha]
+        # One writer: git 2.39's parallel checkout (checkout.workers=0) writes a file whose
+        # attributes say working-tree-encoding unconverted ("failed to encode ... from UTF-8 to
+        # checkout--worker": the worker is handed a garbled encoding name); measured with
+        # read-tree of any size. An update writes the changed files only, where a parallel
+        # checkout saves little.
+        cmd = ["-C", tree_dir, "-c", "checkout.workers=1", *never_download, "read-tree", "--reset", "-u", sha]
         code, output = self._stream(cmd, git_env(), on_progress, log, [], keep_fds)
         if code != 0:
             if lfs and "filter lfs failed" in output:

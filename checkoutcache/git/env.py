@@ -4,7 +4,12 @@
   GIT_WORK_TREE, GIT_ALTERNATE_OBJECT_DIRECTORIES, ...), and neither the
   machine's /etc/gitconfig nor the caller's ~/.gitconfig is read
   (GIT_CONFIG_SYSTEM is /dev/null, GIT_CONFIG_GLOBAL the operator's file or
-  none): no filter, hook, insteadOf or fsmonitor of theirs runs.
+  none): no filter, hook, insteadOf or fsmonitor of theirs runs. Nor is the
+  machine's attributes file ($(prefix)/etc/gitattributes, GIT_ATTR_NOSYSTEM)
+  or a user's (core.attributesFile is /dev/null): how a checkout writes a
+  file is decided by the commit's own .gitattributes and our config alone,
+  the same on every machine (a spare, clone/tree.py, is updated on one
+  machine and was written on another, or before the file changed).
 - The operator may give one git config file (CHECKOUTCACHE_GIT_CONFIG) for
   network operations only (probe, fetch): credential helpers, `insteadOf`
   rewrites to a caching proxy, proxies, CA bundles. Local operations
@@ -132,6 +137,7 @@ def git_env(base: dict[str, str] | None = None, credential: Credential | None = 
         "GIT_NO_LAZY_FETCH": "1",
         "GIT_CONFIG_SYSTEM": os.devnull,
         "GIT_CONFIG_GLOBAL": operator_config or os.devnull,
+        "GIT_ATTR_NOSYSTEM": "1",
         # Set but empty, each beats its config key (core.askPass, core.gitProxy) and runs nothing.
         "GIT_ASKPASS": "",
         "SSH_ASKPASS": "",

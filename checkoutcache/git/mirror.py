@@ -2,11 +2,25 @@
 what is on disk: lock files (`*.lock`), temporary packs (`tmp_pack_*`,
 `tmp_idx_*`, `.tmp-*` of a repack), temporary loose objects (`tmp_obj_*`) and
 partial fetches' quarantines (`objects/tmp_objdir-checkoutcache-*`), and
-`pack-*.keep` files (git writes one
-while a fetch's pack is not yet referenced, and removes it after; a fetch
-killed in between leaves it, and that pack then survives every gc: once its
-`.keep` is removed a repack is due, which drops it), and the partial
-downloads git-lfs keeps in lfs/incomplete/.
+`pack-*.keep` files (git writes one while a fetch's pack is not yet
+referenced, and removes it after; a fetch killed in between leaves it, and
+that pack then survives every gc: once its `.keep` is removed a repack is
+due, which drops it), and the partial downloads git-lfs keeps in
+lfs/incomplete/.
+
+A `.keep` names its owner: git's fetch-pack writes "fetch-pack <pid> on
+<host>" (receive-pack "receive-pack <pid> on <host>") when it asks index-pack
+to keep the pack, and removes the file once the refs point into the pack. So
+a `.keep` is judged by its owner where we can see it (keep_owner): one of this
+host whose process is gone (no such pid, a zombie, or a process that started
+after the `.keep` was written, or one that is not git) is stale at once,
+whatever its age: a gc right after the kill reclaims it. One whose owner is a
+live git process here is never removed, however old (an operator's long fetch
+outside our locks). One of another host, or naming nobody, falls back to the
+age rule below. What cannot be seen: a git in another PID namespace under the
+same host name that does not take our mirror lock (a container of one pod
+writing the mirror by hand); every fetch of ours holds the mirror lock, so it
+never has a `.keep` while we hold it.
 
 Every function here must be called with the repository's mirror lock held
 (locks/mirror.lock): git's own lock files are not enough, since two fetches
@@ -20,11 +34,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
+import stat
 import time
 from typing import Callable
 
 from checkoutcache.store import records, tree
 from checkoutcache.store.layout import QUARANTINE_PREFIX, RepoPaths
+from checkoutcache.store.liveness import process_start_time
 
 # A leftover younger than this may belong to a git process that is still
 # running outside our lock discipline (an operator's own `git` in the mirror);
@@ -57,18 +74,69 @@ def pack_leftovers(mirror: str) -> list[str]:
     return found
 
 
+LIVE, GONE = "live", "gone"
+# What git writes in a .keep it will remove itself (fetch-pack.c, receive-pack.c).
+_KEEP_OWNER = re.compile(rb"^(?:fetch-pack|receive-pack|index-pack) ([0-9]{1,10}) on (.+)$")
+_KEEP_READ = 512
+# /proc's start time is whole-second boot time plus ticks (at most a second early) against
+# the .keep's mtime: a process that started later than this after it was written is not its owner.
+_START_SLACK = 2.0
+
+
+def keep_owner(path: str, written_at: float) -> str | None:
+    """Whether the process a `.keep` names still owns it: LIVE (a git process of this host
+    that started before the file was written), GONE (one of this host that is not), or None
+    (another host, or no owner named: only its age tells). Opened beneath the root without
+    following a link or blocking (a FIFO planted there is no owner of anything)."""
+    try:
+        fd = tree.open_file(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, _KEEP_READ)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    found = _KEEP_OWNER.match(text.strip())
+    if found is None or os.fsdecode(found.group(2)).strip() != socket.gethostname():
+        return None
+    pid = int(found.group(1))
+    started = process_start_time(pid)
+    if started is None or started > written_at + _START_SLACK or not _is_git(pid):
+        return GONE
+    return LIVE
+
+
+def _is_git(pid: int) -> bool:
+    """Whether the process runs git (`git`, or one of its `git-*` helpers by their names)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as handle:
+            return handle.read().strip().startswith(b"git")
+    except OSError:
+        return False
+
+
 def remove_stale_leftovers(mirror: str, now: float | None = None, min_age: float = STALE_GIT_LOCK_AGE) -> list[str]:
     """Delete lock files, temporary packs and .keep files killed or failed git processes left.
 
     min_age spares a very young one that an operator's own git may hold; a write
     that then fails with lock files present clears them all (min_age=0) and retries.
+    A `.keep` is judged by the owner it names first (keep_owner): a gone one's goes at
+    any age, a live one's never, whatever min_age says.
     """
     now = time.time() if now is None else now
     removed = []
     for relative in git_lock_files(mirror) + pack_leftovers(mirror):
         path = os.path.join(mirror, relative)
         try:  # beneath the root: a directory of the mirror swapped for a symlink is refused, never followed
-            if now - tree.lstat(path).st_mtime >= min_age:
+            written_at = tree.lstat(path).st_mtime
+            owner = keep_owner(path, written_at) if relative.endswith(".keep") else None
+            if owner == LIVE:
+                continue
+            if owner == GONE or now - written_at >= min_age:
                 tree.unlink(path, missing_ok=False)
                 removed.append(relative)
         except (FileNotFoundError, NotADirectoryError):

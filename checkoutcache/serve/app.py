@@ -20,10 +20,12 @@ reach this port or socket), so before any work:
 
 Threads: the event loop answers a ready checkout inline (it never blocks:
 `Service.ready_now`), and hands everything that may block to a pool: `quick`
-(a not-ready ensure without `wait`, status, metrics), `waiting` (requests
-that wait on a clone: at most --max-waiting, the next one SERVER_BUSY), `upkeep`
+(a not-ready ensure without `wait`, metrics), `waiting` (requests
+that wait on a clone: at most --max-waiting, the next one SERVER_BUSY), `reports`
+(status and workspaces: two threads, REPORTS_QUEUED at most), `upkeep`
 (gc over the API, one at a time) and `probe` (/readyz). A request waiting on a
-clone thus never takes a thread a ready answer needs.
+clone, or a report walking the store, thus never takes a thread a ready answer
+or a new commit needs.
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
+from checkoutcache import signing
 from checkoutcache.answers import Answer, State
 from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.serve import logs
 from checkoutcache.serve.metrics import CONTENT_TYPE_LATEST, generate_latest
-from checkoutcache.serve.policy import Grant
+from checkoutcache.serve.policy import CAPABILITY_OF, Grant
 from checkoutcache.serve.service import Service, Stopping, Waited, http_status
 
 log = logging.getLogger("checkoutcache.serve")
@@ -50,6 +53,8 @@ log = logging.getLogger("checkoutcache.serve")
 MAX_BODY = 64 * 1024
 BODY_DEADLINE = 5.0  # as granian's header deadline: a stalled body is closed as a stalled header is
 READY_PROBE_DEADLINE = 2.0
+REPORT_THREADS = 2
+REPORTS_QUEUED = 16
 RETRY_AFTER = "1"
 # Each endpoint and its methods (the OpenAPI document says the same; a test compares).
 # HEAD /metrics is answered as GET without a body (scrapers and load balancers check with HEAD).
@@ -96,16 +101,22 @@ def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
 class Pools:
     """The threads blocking work runs on (see the module docstring)."""
 
-    def __init__(self, max_waiting: int):
+    def __init__(self, max_waiting: int, max_waiting_per_caller: int | None = None):
         self.quick = ThreadPoolExecutor(16, thread_name_prefix="cc-quick")
         self.waiting = ThreadPoolExecutor(max(1, max_waiting), thread_name_prefix="cc-wait")
         self.upkeep = ThreadPoolExecutor(1, thread_name_prefix="cc-upkeep")
         self.probe = ThreadPoolExecutor(1, thread_name_prefix="cc-probe")
+        # status and workspaces walk the store and the reviews' volume: never on the threads a
+        # new commit's ensure or a scrape needs, and never more than REPORTS_QUEUED waiting.
+        self.reports = ThreadPoolExecutor(REPORT_THREADS, thread_name_prefix="cc-report")
         self.max_waiting = max_waiting
+        self.max_waiting_per_caller = max_waiting if max_waiting_per_caller is None else max_waiting_per_caller
         self.in_waiting = 0  # touched on the event loop only
+        self.waiting_by: dict[str, int] = {}  # caller (a grant's name) -> its requests waiting; likewise
+        self.in_reports = 0  # likewise
 
     def shutdown(self) -> None:
-        for pool in (self.quick, self.waiting, self.upkeep, self.probe):
+        for pool in (self.quick, self.waiting, self.upkeep, self.probe, self.reports):
             pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -133,11 +144,14 @@ class Request(Waited):
     what about (repository without credentials, commit), the answer's state and kind,
     and its error code."""
 
-    __slots__ = ("grant", "error", "why", "kind", "repo", "commit", "state")
+    __slots__ = ("grant", "error", "why", "kind", "repo", "commit", "state", "signature", "token")
 
     def __init__(self):
         super().__init__()
         self.grant: Grant | None = None
+        # A signed request (signing.py): its signature, and the token that made it (to prove the answer).
+        self.signature: signing.Signature | None = None
+        self.token: str | None = None
         self.error: str | None = None
         self.why: str | None = None
         self.kind: str | None = None  # metrics.KINDS; None: from the HTTP status
@@ -194,6 +208,9 @@ class Api:
         if scope.method == "HEAD" and status == 200:
             body = b""  # as GET, without the body (its length is said)
             headers = headers + [("content-length", "0")]
+        if request.token is not None and request.signature is not None:  # the answer is ours, provably
+            headers = headers + [(signing.PROOF_HEADER, signing.answer_proof(request.token, request.signature.mac,
+                                                                             status, body))]
         if not keeps_alive(self.listener, request.grant) and CLOSE not in headers:
             headers = headers + [CLOSE]
         proto.response_bytes(status, headers, body)
@@ -248,8 +265,19 @@ class Api:
             return error_reply(CheckoutCacheError("SHUTTING_DOWN"), [("retry-after", RETRY_AFTER)])
 
     def admit(self, scope, request: Request) -> Grant:
-        """Origin, Host and token checks: who is asking, before any work."""
+        """Origin, Host and token checks: who is asking, before any work. A signed request's
+        signature is looked at first, so that every answer to it, a refusal included, carries
+        the proof its caller checks (signing.py); a bad signature counts only where a token
+        is needed."""
         headers = scope.headers
+        authorization = headers.get("authorization")
+        signed: Grant | None = None
+        refused: CheckoutCacheError | None = None
+        if authorization and authorization.startswith(signing.SCHEME + " ") and not self.listener.health_only:
+            try:
+                signed = self.signed(scope, authorization[len(signing.SCHEME) + 1:], request)
+            except CheckoutCacheError as exc:
+                refused = exc
         if headers.get("origin") is not None:
             request.why = "origin"
             self.service.metrics.refused.labels("origin").inc()
@@ -262,13 +290,41 @@ class Api:
                 self.service.metrics.refused.labels("host").inc()
                 raise CheckoutCacheError("FORBIDDEN_ORIGIN", why=f"Host {host[:80]!r}")
         if scope.path in PUBLIC or self.listener.health_only:
-            return PUBLIC_GRANT
+            return PUBLIC_GRANT  # no token needed (a signed caller's answer is proved all the same)
         try:
-            return self.service.policy.authenticate(headers.get("authorization"), self.listener.tcp)
+            if refused is not None:
+                raise refused
+            grant = signed if signed is not None else self.service.policy.authenticate(authorization,
+                                                                                        self.listener.tcp)
         except CheckoutCacheError:
             request.why = "token"
             self.service.metrics.refused.labels("token").inc()
             raise
+        capability = CAPABILITY_OF.get(scope.path)
+        if capability is not None:
+            try:
+                self.service.policy.check_call(grant, capability)
+            except CheckoutCacheError:
+                request.why = "endpoint"
+                self.service.metrics.refused.labels("endpoint").inc()
+                raise
+        return grant
+
+    def signed(self, scope, value: str, request: Request) -> Grant:
+        """The grant of a signed request (signing.py), or UNAUTHORIZED: a token in force made it
+        for this method and target, within the window, with a nonce never seen. Its body is
+        checked against the signed digest when it is read (params), or here when it has none."""
+        signature = signing.parse_signature(value)
+        if signature is None:
+            raise CheckoutCacheError("UNAUTHORIZED")
+        target = scope.path + (f"?{scope.query_string}" if scope.query_string else "")
+        token, grant = self.service.policy.verify_signature(signature, scope.method, target, time.time())
+        if not self.service.first_use_of(grant.name, signature.nonce):
+            raise CheckoutCacheError("UNAUTHORIZED")  # a replay: that request was answered already
+        if scope.method != "POST" and signature.body != signing.EMPTY_BODY:
+            raise CheckoutCacheError("UNAUTHORIZED")
+        request.signature, request.token = signature, token
+        return grant
 
     # ------------------------------------------------------------ routes
     async def route(self, scope, proto, grant: Grant, request: Request) -> Reply:
@@ -291,7 +347,7 @@ class Api:
         if service.stopping.is_set():
             raise Stopping()
         if path == "/v1/ensure":
-            params = await self.params(scope, proto)
+            params = await self.params(scope, proto, request)
             request.about(params)
             answer, wait = service.ready_now(params, grant)
             at_once = answer is not None
@@ -301,21 +357,21 @@ class Api:
             headers = JSON + ([("retry-after", str(answer.retry_after))] if answer.retry_after else [])
             return http_status(answer), json_bytes(answer.to_json()), headers
         if path == "/v1/hold":
-            params = await self.params(scope, proto)
+            params = await self.params(scope, proto, request)
             request.about(params)
             status, body = await self.blocking(self.asked_wait(params), service.hold, params, grant, request)
             if isinstance(body.get("state"), str):
                 request.answered(body["state"], body.get("error"), False)
             return status, json_bytes(body), JSON
         if path == "/v1/release":
-            status, body = service.release(await self.params(scope, proto), grant)
+            status, body = service.release(await self.params(scope, proto, request), grant)
             return status, json_bytes(body), JSON
         if path == "/v1/status":
-            return 200, json_bytes(await self.run(self.pools.quick, service.status, grant)), JSON
+            return 200, json_bytes(await self.report(service.status, grant)), JSON
         if path == "/v1/workspaces":
-            return 200, json_bytes(await self.run(self.pools.quick, service.workspaces, grant)), JSON
+            return 200, json_bytes(await self.report(service.workspaces, grant)), JSON
         if path == "/v1/gc":
-            params = await self.params(scope, proto)
+            params = await self.params(scope, proto, request)
             return 200, json_bytes(await self.run(self.pools.upkeep, service.gc, params, True, grant)), JSON
         raise CheckoutCacheError("NOT_FOUND", what=f"{scope.method[:16]} {path[:100]}")
 
@@ -329,33 +385,62 @@ class Api:
             return 0.0  # the service answers the input error itself
 
     async def blocking(self, wait: float, fn: Callable[..., Any], *args: Any) -> Any:
-        """fn on the pool its wait calls for: `waiting` (bounded) for a wait on a clone."""
+        """fn on the pool its wait calls for: `waiting` (bounded in all, and per caller: one
+        caller's parked waits never take every slot) for a wait on a clone."""
         if wait <= 0:
             return await self.run(self.pools.quick, fn, *args)
         pools = self.pools
+        caller = args[1].name if len(args) > 1 and isinstance(args[1], Grant) else ""
+        mine = pools.waiting_by.get(caller, 0)
         if pools.in_waiting >= pools.max_waiting:
             raise CheckoutCacheError("SERVER_BUSY", why=f"{pools.max_waiting} requests wait on clones already")
+        if mine >= pools.max_waiting_per_caller:
+            raise CheckoutCacheError("SERVER_BUSY", why=f"{mine} requests of this token wait on clones already "
+                                                        f"(at most {pools.max_waiting_per_caller} of "
+                                                        f"{pools.max_waiting})")
         pools.in_waiting += 1
+        pools.waiting_by[caller] = mine + 1
         self.service.metrics.waiting.set(pools.in_waiting)
         try:
             return await self.run(pools.waiting, fn, *args)
         finally:
             pools.in_waiting -= 1
+            pools.waiting_by[caller] -= 1
+            if not pools.waiting_by[caller]:
+                del pools.waiting_by[caller]
             self.service.metrics.waiting.set(pools.in_waiting)
+
+    async def report(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn on the reports pool, at most REPORTS_QUEUED of them taken at once (the next SERVER_BUSY)."""
+        pools = self.pools
+        if pools.in_reports >= REPORTS_QUEUED:
+            raise CheckoutCacheError("SERVER_BUSY", why=f"{REPORTS_QUEUED} status or workspaces requests are in "
+                                                        f"progress already")
+        pools.in_reports += 1
+        try:
+            return await self.run(pools.reports, fn, *args)
+        finally:
+            pools.in_reports -= 1
 
     @staticmethod
     async def run(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     # ------------------------------------------------------------ bodies
-    async def params(self, scope, proto) -> dict:
-        """The query string's fields, then the JSON body's (POST)."""
-        pairs = urllib.parse.parse_qsl(scope.query_string, errors="replace")
-        query: dict[str, Any] = dict(pairs)
-        if any(name == "sparse" for name, _ in pairs):  # repeated: one directory each
-            query["sparse"] = [value for name, value in pairs if name == "sparse"]
+    async def params(self, scope, proto, request: Request | None = None) -> dict:
+        """The query string's fields, then the JSON body's (POST). A signed request's body must
+        be the one it signed (UNAUTHORIZED otherwise: a MAC seen on the way is no licence for
+        another body)."""
+        data = await self.body(scope, proto)
+        if request is not None and request.signature is not None and \
+                signing.sha256_hex(data) != request.signature.body:
+            raise closing(CheckoutCacheError("UNAUTHORIZED"))
+        return self.fields_of(scope, data)
+
+    async def body(self, scope, proto) -> bytes:
+        """A POST's body, bounded in size and time (b"" for other methods and empty bodies)."""
         if scope.method != "POST":
-            return query
+            return b""
         headers = scope.headers
         if headers.get("transfer-encoding") is not None:
             raise closing(CheckoutCacheError("BAD_ARGUMENT", what="chunked or encoded request bodies are not "
@@ -367,7 +452,7 @@ class Api:
         if len(length) > 12 or int(length) > MAX_BODY:
             raise CheckoutCacheError("PAYLOAD_TOO_LARGE", limit=MAX_BODY)
         if int(length) == 0:
-            return query
+            return b""
         try:
             # proto() raises on a body that ends early (iterating it would not).
             data = await asyncio.wait_for(proto(), BODY_DEADLINE)
@@ -378,6 +463,17 @@ class Api:
             raise closing(CheckoutCacheError("BAD_ARGUMENT", what="the body ended early")) from None
         if len(data) != int(length):
             raise closing(CheckoutCacheError("BAD_ARGUMENT", what="the body ended early"))
+        return data
+
+    @staticmethod
+    def fields_of(scope, data: bytes) -> dict:
+        """The query string's fields, then those of the JSON object in data (if any)."""
+        pairs = urllib.parse.parse_qsl(scope.query_string, errors="replace")
+        query: dict[str, Any] = dict(pairs)
+        if any(name == "sparse" for name, _ in pairs):  # repeated: one directory each
+            query["sparse"] = [value for name, value in pairs if name == "sparse"]
+        if not data:
+            return query
         try:
             body = json.loads(data)
         except (ValueError, RecursionError):

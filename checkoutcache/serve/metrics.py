@@ -115,7 +115,12 @@ CATALOGUE: tuple[Spec, ...] = (
     Spec("checkoutcache_oldest_clone_seconds", "gauge", "Age of the oldest running clone (0: none runs)",
          when="scrape"),
     Spec("checkoutcache_ready", "gauge", "1 when /readyz would answer ready (root writable, locks work, git "
-         "found, scheduled gc not failing, not stopping), else 0", when="scrape"),
+         "found, scheduled gc not failing nor running past its deadline, not stopping), else 0", when="scrape"),
+    Spec("checkoutcache_clone_slots_busy", "gauge", "Clone workers this serve runs now (at most max-clones)",
+         when="scrape"),
+    Spec("checkoutcache_clones_queued", "gauge", "Clones waiting in serve's fair queue for a slot", when="scrape"),
+    Spec("checkoutcache_gc_running_seconds", "gauge", "How long the scheduled gc run in progress has run (0: none "
+         "runs)", when="scrape"),
     Spec("checkoutcache_mirror_seeded", "gauge", "1 if the repository's mirror began from bundles (bundle: the "
          "newest taken in)", ("repo", "bundle"), when="scrape"),
     Spec("checkoutcache_upstream_objects_since_seed", "gauge", "Objects fetched from upstream into a seeded mirror "

@@ -86,18 +86,21 @@ class Reaper:
         for gone in set(self.seen) - current:
             self.seen.pop(gone, None)
 
+    @staticmethod
+    def is_worker(pid: int) -> bool:
+        """Whether a process of this PID namespace is a clone worker (its title says so)."""
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+        except OSError:
+            return False
+        return any(mark in cmdline for mark in WORKER_MARKS)
+
     def workers(self) -> list[int]:
         """Our children that are clone workers and still running (exited ones are reaped here)."""
         running = []
         for pid in self.children():
-            if pid in self.own:
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                    cmdline = handle.read()
-            except OSError:
-                continue
-            if not any(mark in cmdline for mark in WORKER_MARKS):
+            if pid in self.own or not self.is_worker(pid):
                 continue
             if self.is_zombie(pid):
                 try:

@@ -13,8 +13,10 @@ Order at start (each step for a reason):
 2. raise the open-file limit: idle connections are descriptors;
 3. fork the worker server while still single-threaded (workserver.py);
 4. build the servers, then our logging (granian configures logging when built);
-5. record the limits in force in the root (for status anywhere), then threads:
-   gc schedule, hold expiry and the tokens file's watch, the journal follower.
+5. record the limits in force in the root (for status anywhere), then threads,
+   each apart so none waits on another: hold expiry with the tokens file's watch
+   and the reaper (no store file touched), the gc schedule, the clone queue's
+   dispatcher (serve/admission.py), the journal follower.
 
 SIGHUP: read the tokens file again (as a change to it does, seen within a
 second): new tokens in force, dropped ones valid for the overlap (service.py).
@@ -166,6 +168,8 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
                                                       "only)")
     if unix:
         prepare_unix_socket(unix)
+    refuse_a_taken_address(address)
+    refuse_a_taken_address(health)
     reaper = Reaper()
     subreaper = become_subreaper()
     raise_open_file_limit()
@@ -185,7 +189,8 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     # Taken after the fork: a worker server that inherited it would keep it held past our death.
     journal_lock = locks.serve_journal_owned(journal)
     service = Service(cache, config, settings, journal, policy, version)
-    pools = Pools(settings.max_waiting)
+    adopt_running_workers(service, reaper)
+    pools = Pools(settings.max_waiting, settings.max_waiting_per_token)
     with open(OPENAPI, "rb") as handle:
         openapi = handle.read()
     servers = []
@@ -204,8 +209,10 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     if not subreaper:
         log.warning("could not become a child subreaper: orphaned clone workers go to PID 1")
 
-    threads = [threading.Thread(target=service.maintain, name="cc-maintain", daemon=True,
+    threads = [threading.Thread(target=service.keep_leases, name="cc-leases", daemon=True,
                                 kwargs={"on_tick": reaper.sweep}),
+               threading.Thread(target=service.run_gc_schedule, name="cc-gc", daemon=True),
+               threading.Thread(target=service.clones.run, name="cc-clones", daemon=True, args=(service.stopping,)),
                threading.Thread(target=service.follow_journal, name="cc-journal", daemon=True)]
     service.record_limits()
     for thread in threads:
@@ -227,6 +234,33 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     # os._exit: interpreter exit joins pool threads, and one stuck in flock() or a wait
     # would hold the exit past any bound.
     os._exit(code)
+
+
+def adopt_running_workers(service: Service, reaper: Reaper) -> None:
+    """Clone workers an earlier serve of this root left running (it was killed; they live on, and
+    come to us as their subreaper) take clone slots until they end (serve/admission.py)."""
+    from checkoutcache.store.inventory import NO_SIZES, inventory
+    from checkoutcache.store.liveness import same_pid_namespace
+
+    try:
+        repos = inventory(service.cache.paths, sizes=NO_SIZES)
+    except (OSError, CheckoutCacheError):
+        return
+    running = [c.pid for info in repos for c in info.clones
+               if c.alive and c.pid and c.pid != os.getpid() and same_pid_namespace(c.pidns) and reaper.is_worker(c.pid)]
+    service.clones.adopt(running)
+
+
+def refuse_a_taken_address(address: tuple[str, int] | None) -> None:
+    """Never a second server on an address one answers at (same uid's sockets may share a port:
+    each would hold its own holds and nonces)."""
+    if address is None:
+        return
+    try:
+        socket.create_connection(address, timeout=0.5).close()
+    except OSError:
+        return
+    raise CheckoutCacheError("BAD_ARGUMENT", what=f"another server is listening on {address[0]}:{address[1]}")
 
 
 def remove_own_journal(held: locks.Lock) -> None:

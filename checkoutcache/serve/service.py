@@ -14,6 +14,7 @@ calls on its event loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ from typing import Callable
 
 import attrs
 
+from checkoutcache import signing
 from checkoutcache.answers import Answer, State
 from checkoutcache.cache import Cache, Hold, Want
 from checkoutcache.cones import Cone, parse_cone
@@ -34,7 +36,7 @@ from checkoutcache.credentials import strip_userinfo
 from checkoutcache.errors import CODES, CheckoutCacheError
 from checkoutcache.repospec import DEFAULT_SCOPE
 from checkoutcache.serve.metrics import SEED_OUTCOMES, SEED_REASONS, Metrics
-from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, load_tokens, tightened
+from checkoutcache.serve.policy import ANONYMOUS, ApiPolicy, Grant, NonceBook, load_tokens, tightened
 from checkoutcache.store import locks, records
 from checkoutcache.store.create import init_root
 from checkoutcache.store.inventory import inventory
@@ -61,7 +63,13 @@ RESOLVED_FOR = 60.0
 RESOLVED_MAX = 4096
 # Scheduled gc runs failed in a row before /readyz says the sidecar is not ready.
 GC_FAILURES_NOT_READY = 3
+# keep_leases beats every second; this long without a beat, /healthz says the process is stuck.
+LEASES_STALLED_AFTER = 30.0
 UNMET_LIMITS = ("max-checkouts", "max-bytes", "min-free")  # eviction.Unmet's names
+# Signed requests' nonces remembered at once (each for the signature window), per token and in
+# all: a token past its own bound (about 800 requests a second for a minute) is refused alone.
+MAX_NONCES_PER_TOKEN = 50_000
+MAX_NONCES = 400_000
 
 
 class Waited:
@@ -107,8 +115,14 @@ class Service:
         self.resolved: dict[tuple[str, str, str], tuple[float, tuple]] = {}  # see resolve()
         self.gc_failures = 0  # scheduled runs failed in a row
         self.tokens_lock = threading.Lock()
+        # Signed requests' nonces taken, per token (first_use_of).
+        self.nonces = NonceBook(MAX_NONCES_PER_TOKEN, MAX_NONCES,
+                                signing.SIGNATURE_WINDOW + signing.SIGNATURE_AHEAD + 1.0)
+        self.nonces_lock = threading.Lock()
         self.tokens_seen = file_identity(settings.token_file)
         self.gc_last_error: str | None = None
+        self.gc_started_at: float | None = None  # time.monotonic() of the scheduled run in progress
+        self.leases_beat = time.monotonic()  # keep_leases' last round (/healthz)
         for name in ("max_checkouts", "max_bytes"):
             value = getattr(config, name)
             if value is not None:
@@ -116,16 +130,45 @@ class Service:
         self.metrics.clone_timeout.set(config.clone_timeout)
         for name in UNMET_LIMITS:
             self.metrics.unmet.labels(name).set(0)
+        # Every clone this serve starts goes through its fair, bounded queue (serve/admission.py).
+        from checkoutcache.clone.spawn import worker_starter
+        from checkoutcache.serve.admission import Bounds, CloneQueue
+        from checkoutcache.store.liveness import own_identity, pid_namespace
+
+        pid, pid_start = own_identity()
+        self.clones = CloneQueue(Bounds(settings.max_clones, settings.max_clones_per_token, settings.max_queued,
+                                        settings.max_queued_per_token),
+                                 worker_starter(False), {"pid": pid, "pid_start": pid_start, "pidns": pid_namespace()})
+        cache.clone_starter = lambda caller: self.clones.starter(caller, self.policy.repos_of(caller))
+        self.new_repos: dict[str, int] = {}  # caller -> requests in progress naming a repository new here
+        self.new_repos_lock = threading.Lock()
 
     # ---------------------------------------------------------------- API
     def request(self, params: dict, grant: Grant) -> tuple[str, str, float, str, Cone]:
         """(repo, commit, wait, scope, cone) of an ensure or hold, checked against the policy."""
         repo, commit, wait, scope, cone = self.fields(params)
         self.policy.check_scope(grant, scope)
-        self.resolve(repo, commit, scope, cone)
+        self.policy.check_grant_repo(grant, self.resolve(repo, commit, scope, cone).spec)
         return repo, commit, wait, scope, cone
 
+    def check_key_settings(self, params: dict) -> None:
+        """A reader sends the settings that make a store's key (handoff: `lfs`, `submodules`):
+        one keyed otherwise would be answered ready for a path it never finds, and ask again.
+        SETTINGS_MISMATCH says so once."""
+        for field, setting, ours in (("lfs", "CHECKOUTCACHE_LFS", self.cache.lfs_setting()),
+                                     ("submodules", "CHECKOUTCACHE_SUBMODULES", self.cache.submodules_setting())):
+            theirs = params.get(field)
+            if theirs is not None and theirs != ours:
+                raise CheckoutCacheError("SETTINGS_MISMATCH", setting=setting, ours=str(theirs)[:20], theirs=ours)
+
+    def first_use_of(self, token: str, nonce: str) -> bool:
+        """Whether a signed request's nonce is new for its token (policy.NonceBook): a request
+        seen on its way is answered once, never twice."""
+        with self.nonces_lock:
+            return self.nonces.first_use(token, nonce, time.monotonic())
+
     def fields(self, params: dict) -> tuple[str, str, float, str, Cone]:
+        self.check_key_settings(params)
         repo, commit = params.get("repo", ""), params.get("commit", "")
         scope = params.get("scope", DEFAULT_SCOPE)
         if not all(isinstance(v, str) for v in (repo, commit, scope)):
@@ -158,11 +201,13 @@ class Service:
         repo, commit, wait, scope, cone = self.fields(params)
         self.policy.check_scope(grant, scope)
         want = self.resolve(repo, commit, scope, cone)
+        self.policy.check_grant_repo(grant, want.spec)
         answer = self.cache.ready_answer(want, lock_wait=0.0)
         if answer is not None and ("history" in params or "base" in params):
             history, base = self.history_and_base(params)
             answer = self.cache.as_wanted(want, answer, history, base)
         if answer is not None:
+            self.check_borrows(grant, answer)
             self.metrics.answer(answer.state, "")
             with self.recent_lock:
                 self.recent_uses[(want.spec.key, want.name)] = time.monotonic()
@@ -171,9 +216,20 @@ class Service:
     def ensure(self, params: dict, grant: Grant = ANONYMOUS, note: "Waited | None" = None) -> Answer:
         """note, when given, learns whether the request waited on a clone (the latency's kind)."""
         repo, commit, wait, scope, cone = self.request(params, grant)
+        # Every ensure looks at once first: a repository new here counts against the token's bound
+        # while it is probed and its clone started (never for the whole wait), and a clone queued
+        # for another token is started for this one if it has room (queued_elsewhere).
         history, base = self.history_and_base(params)
-        answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
-                                   sparse=cone, history=history, base=base)
+        with self.new_repository(repo, commit, scope, cone, grant):
+            answer = self.cache.ensure(repo, commit, scope=scope, sparse=cone, caller=grant.name, history=history,
+                                       base=base)
+        if self.queued_elsewhere(answer, repo, commit, scope, cone, grant):
+            answer = self.cache.ensure(repo, commit, scope=scope, sparse=cone, caller=grant.name, history=history,
+                                       base=base)
+        if wait and answer.state == State.CLONING:
+            answer = self.cache.ensure(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
+                                       sparse=cone, caller=grant.name, history=history, base=base)
+        self.check_borrows(grant, answer)
         self.answered(answer)
         return answer
 
@@ -183,6 +239,54 @@ class Service:
         from checkoutcache.cache import parse_base, parse_history
 
         return parse_history(params.get("history")), parse_base(params.get("base"))
+
+    def queued_elsewhere(self, answer: Answer, repo: str, commit: str, scope: str, cone: Cone, grant: Grant) -> bool:
+        """A `cloning` answer for a clone this serve queued for another token: started now for
+        this one if it has room (admission.CloneQueue.interest). Whether it was."""
+        if answer.state != State.CLONING or not answer.queue or answer.pid != self.clones.own["pid"]:
+            return False
+        want = self.resolve(repo, commit, scope, cone)
+        return self.clones.interest(grant.name, self.cache.paths.repo(want.spec.key), want.name)
+
+    def check_borrows(self, grant: Grant, answer: Answer) -> None:
+        """A token with repositories of its own (repos=) is never answered a checkout that holds
+        another repository it may not name (a submodule: the checkout is shared, and may have
+        been made for a caller who may). FORBIDDEN_REPOSITORY naming it."""
+        if not grant.repos or answer.state != State.READY or answer.submodules != "included" or not answer.path:
+            return
+        marker = records.read_json(os.path.join(answer.path, ".git", "checkoutcache-ready"), records.MARKER) or {}
+        for key, _sha in marker.get("borrows") or []:
+            url = self.repo_url(key)
+            if url is None or not grant.may_name(url):
+                raise CheckoutCacheError("FORBIDDEN_REPOSITORY", why=f"the checkout holds a submodule of "
+                                                                     f"{(url or key)[:200]}, which is not among this "
+                                                                     f"token's repositories")
+
+    @contextlib.contextmanager
+    def new_repository(self, repo: str, commit: str, scope: str, cone: Cone, grant: Grant):
+        """A request naming a repository this store has not made yet probes it first (a tarpit
+        costs the probe timeout) and makes a mirror: at most max_new_repos_per_token such
+        requests of one token at once, and max_clones in all (SERVER_BUSY beyond)."""
+        want = self.resolve(repo, commit, scope, cone)
+        if os.path.isdir(self.cache.paths.repo(want.spec.key).base):
+            yield
+            return
+        if not self.clones.could_take(grant.name):  # refused before anything is written for it
+            raise CheckoutCacheError("SERVER_BUSY", why="this token's clones are queued to their bound already")
+        with self.new_repos_lock:
+            mine, everyone = self.new_repos.get(grant.name, 0), sum(self.new_repos.values())
+            if mine >= self.settings.max_new_repos_per_token or everyone >= max(1, self.settings.max_clones):
+                raise CheckoutCacheError("SERVER_BUSY", why=f"{mine if mine >= self.settings.max_new_repos_per_token else everyone} "
+                                                            f"requests for repositories new to this store are in "
+                                                            f"progress {'for this token' if mine else 'in all'}")
+            self.new_repos[grant.name] = mine + 1
+        try:
+            yield
+        finally:
+            with self.new_repos_lock:
+                self.new_repos[grant.name] -= 1
+                if not self.new_repos[grant.name]:
+                    del self.new_repos[grant.name]
 
     def progress_of(self, note: "Waited | None") -> Callable[[Answer], None]:
         if note is None:
@@ -235,8 +339,16 @@ class Service:
         repo, commit, wait, scope, cone = self.request(params, grant)
         with self.holds_lock:
             self.check_hold_room(grant)
+        with self.new_repository(repo, commit, scope, cone, grant):  # as ensure: a look at once first
+            first = self.cache.ensure(repo, commit, scope=scope, sparse=cone, caller=grant.name)
+        self.queued_elsewhere(first, repo, commit, scope, cone, grant)
         held = self.cache.hold(repo, commit, wait=wait, scope=scope, on_progress=self.progress_of(note),
-                               sparse=cone)
+                               sparse=cone, caller=grant.name)
+        try:
+            self.check_borrows(grant, held.answer)
+        except CheckoutCacheError:
+            held.release()
+            raise
         self.answered(held.answer)
         if not held.held:
             return http_status(held.answer), held.answer.to_json()
@@ -287,9 +399,11 @@ class Service:
             self.holds.clear()
 
     def gc(self, params: dict, from_api: bool = True, grant: Grant = ANONYMOUS) -> dict:
-        if from_api and grant.scopes is not None:
+        if from_api and not grant.everything:
             # gc spans every scope's repositories: a token limited to some may not run it.
-            raise CheckoutCacheError("FORBIDDEN_SCOPE", scope=",".join(sorted(grant.scopes))[:64] + " (gc runs on all)")
+            raise CheckoutCacheError("FORBIDDEN_SCOPE", scope=",".join(sorted(grant.scopes or ()))[:64]
+                                     + (" (gc runs on all)" if grant.scopes is not None else
+                                        "* with its own repositories (gc runs on all)"))
         config = self.config
         if from_api:  # a caller may only tighten the operator's limits
             config = tightened(self.config, self.config.with_overrides(**{k: params.get(k) for k in GC_SETTINGS}))
@@ -324,9 +438,12 @@ class Service:
 
     def status(self, grant: Grant = ANONYMOUS) -> dict:
         report = build_status(self.cache.paths, self.config)
-        if grant.scopes is not None:  # a caller sees only the repositories of its scopes
-            report["repos"] = [r for r in report["repos"] if r["scope"] in grant.scopes]
-            report["unreachable"] = [r for r in report.get("unreachable", []) if r.get("scope") in grant.scopes]
+        if not grant.everything:  # a caller sees only the repositories of its scopes and patterns
+            def visible(r: dict) -> bool:
+                return grant.may_use(r.get("scope") or "") and grant.may_name(r.get("repo") or "")
+
+            report["repos"] = [r for r in report["repos"] if visible(r)]
+            report["unreachable"] = [r for r in report.get("unreachable", []) if visible(r)]
             visible = [c for r in report["repos"] for c in r["checkouts"] if c["ready"]]
             report["totals"].update(checkouts=len(visible), bytes=sum(c["size"] for c in visible))
             keys = {r["key"] for r in report["repos"]}
@@ -341,16 +458,23 @@ class Service:
         from checkoutcache.upkeep.status import workspace_status
 
         report = workspace_status(self.cache.paths, self.config)
-        if grant.scopes is not None:
+        if not grant.everything:
             keys = {r["key"] for r in self.status(grant)["repos"]}
             report["workspaces"] = [w for w in report["workspaces"] if w["key"] in keys]
         return report
 
     # ---------------------------------------------------------------- health
     def health(self) -> tuple[bool, dict]:
-        """/healthz: alive (the process answers). Nothing of the disk: a kubelet restarting
-        serve for a full disk would only lose its holds."""
-        return True, {"ok": True, "stopping": self.stopping.is_set()}
+        """/healthz: alive (the process answers, and the thread that expires holds and reads
+        the tokens file still beats: it touches no disk, so a stalled beat is a process a
+        restart mends). Nothing of the disk: a kubelet restarting serve for a full disk would
+        only lose its holds."""
+        stalled = time.monotonic() - self.leases_beat
+        ok = stalled < LEASES_STALLED_AFTER or self.stopping.is_set()
+        body: dict = {"ok": ok, "stopping": self.stopping.is_set()}
+        if not ok:
+            body["leases_stalled_seconds"] = round(stalled, 1)
+        return ok, body
 
     def readiness(self) -> tuple[bool, dict]:
         """/readyz: the root is usable (created, written, locked), git is there, scheduled gc
@@ -377,9 +501,13 @@ class Service:
         checks["scheduled_gc_failures"] = self.gc_failures
         if self.gc_last_error:
             checks["scheduled_gc_error"] = self.gc_last_error
+        running = self.gc_running_for()
+        gc_stuck = running is not None and running > self.settings.gc_deadline
+        if running is not None:
+            checks["scheduled_gc_running_seconds"] = round(running, 1)
         checks["stopping"] = self.stopping.is_set()
         ok = bool(checks["root_writable"] and checks["locks_work"] and checks["git"]
-                  and self.gc_failures < GC_FAILURES_NOT_READY and not checks["stopping"])
+                  and self.gc_failures < GC_FAILURES_NOT_READY and not gc_stuck and not checks["stopping"])
         return ok, {"ok": ok, "checks": checks}
 
     # ---------------------------------------------------------------- tokens
@@ -446,6 +574,9 @@ class Service:
                            checkoutcache_clones_running=sum(1 for info in repos for c in info.clones if c.alive),
                            checkoutcache_oldest_clone_seconds=max(0.0, now - min(started)) if started else 0.0)
         figures["checkoutcache_ready"] = 1 if self.readiness()[0] else 0
+        figures["checkoutcache_gc_running_seconds"] = round(self.gc_running_for() or 0.0, 3)
+        queue = self.clones.figures()
+        figures.update(checkoutcache_clone_slots_busy=queue["running"], checkoutcache_clones_queued=queue["queued"])
         return figures
 
     def record_limits(self) -> None:
@@ -531,25 +662,40 @@ class Service:
         url = meta.get("url")
         return strip_userinfo(url) if isinstance(url, str) else None
 
-    def maintain(self, on_tick: Callable[[], None] | None = None) -> None:
-        """Expire holds every second; run gc every gc_interval (counting failures in a row,
-        which /readyz and a metric show)."""
-        next_gc = time.monotonic() + self.settings.gc_interval
+    def keep_leases(self, on_tick: Callable[[], None] | None = None) -> None:
+        """Every second: expire holds, read a changed tokens file, reap our workers (on_tick).
+        A thread of its own, touching no store file: nothing gc meets (a store too big to walk,
+        a stuck disk, whatever a review put in its volume) may keep a hold past its ttl or a
+        revoked token in force. Its beat is what /healthz checks."""
         while not self.stopping.wait(1.0):
             self.expire_holds()
             self.watch_tokens()
             if on_tick is not None:
                 on_tick()
-            if self.settings.gc_interval > 0 and time.monotonic() >= next_gc:
-                next_gc = time.monotonic() + self.settings.gc_interval
-                try:
-                    self.gc({}, from_api=False)
-                    self.gc_failures, self.gc_last_error = 0, None
-                except Exception as exc:  # counted, said, and tried again next interval
-                    self.gc_failures += 1
-                    self.gc_last_error = f"{type(exc).__name__}: {exc}"[:300]
-                    log.error("scheduled gc failed (%d in a row): %s", self.gc_failures, self.gc_last_error)
-                self.metrics.gc_failing.set(self.gc_failures)
+            self.leases_beat = time.monotonic()
+
+    def run_gc_schedule(self) -> None:
+        """gc every gc_interval on a thread of its own (counting failures in a row, which
+        /readyz and a metric show; a run that outlasts gc_deadline makes /readyz 503)."""
+        if self.settings.gc_interval <= 0:
+            return
+        while not self.stopping.wait(self.settings.gc_interval):
+            self.gc_started_at = time.monotonic()
+            try:
+                self.gc({}, from_api=False)
+                self.gc_failures, self.gc_last_error = 0, None
+            except Exception as exc:  # counted, said, and tried again next interval
+                self.gc_failures += 1
+                self.gc_last_error = f"{type(exc).__name__}: {exc}"[:300]
+                log.error("scheduled gc failed (%d in a row): %s", self.gc_failures, self.gc_last_error)
+            finally:
+                self.gc_started_at = None
+            self.metrics.gc_failing.set(self.gc_failures)
+
+    def gc_running_for(self) -> float | None:
+        """How long the scheduled gc run in progress has run (None: none runs)."""
+        started = self.gc_started_at
+        return None if started is None else time.monotonic() - started
 
 
 def file_identity(path: str | None) -> tuple | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import time
 from typing import Callable
@@ -26,7 +25,7 @@ import attrs
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.store import locks, records, tree
 from checkoutcache.store.layout import RepoPaths, commit_of, entries
-from checkoutcache.store.ready import looks_intact, top_names
+from checkoutcache.store.ready import SHARED_LOCK_WAIT, looks_intact, top_names
 from checkoutcache.testhooks import checkpoint
 
 HELD = "held"
@@ -59,7 +58,13 @@ def publish(paths: RepoPaths, built: str, name: str, extra: dict | None = None) 
     if tree.lexists(target):
         if is_published(paths, name):
             return False
+        # Askers looking at the damaged checkout take its marker's shared lock for a moment each
+        # (ready_record): only a lock held past that is a running command's.
+        deadline = time.monotonic() + SHARED_LOCK_WAIT
         moved = move_checkout_aside(paths, name, "replaced", clone_lock_held=True)
+        while moved.kept == HELD and time.monotonic() < deadline:
+            time.sleep(0.02)
+            moved = move_checkout_aside(paths, name, "replaced", clone_lock_held=True)
         if moved.kept == HELD:
             raise CheckoutCacheError("CLONE_FAILED", detail="a damaged checkout of this commit is held by a "
                                                             "running command; it is replaced once that ends")
@@ -129,6 +134,36 @@ def move_checkout_aside(paths: RepoPaths, name: str, why: str,
     return Moved(slot=slot) if slot else Moved(kept=GONE)
 
 
+def move_held_checkout_aside(paths: RepoPaths, name: str, recheck: Callable[[float], str | None]) -> Moved:
+    """Rename checkouts/<name> into trash/ though a reader's lock holds it (gc, past the bounds
+    on readers' holds: upkeep/eviction.py), so without the marker's exclusive lock. What that
+    lock gave a ready answer (invariant 4) is kept by looking twice: recheck(last_use) just
+    before the rename, and the marker's mtime after it; a use recorded between the two
+    (a ready answer touches it under its shared lock) puts the checkout back at once."""
+    marker = paths.ready_marker(name)
+    try:
+        before = tree.lstat(marker)
+    except (FileNotFoundError, NotADirectoryError):
+        return Moved(kept=GONE)
+    reason = recheck(before.st_mtime)
+    if reason is not None:
+        return Moved(kept=reason)
+    slot = to_trash(paths, paths.checkout(name), f"held-{name}")
+    if not slot:
+        return Moved(kept=GONE)
+    try:
+        after = tree.lstat(RepoPaths.ready_marker_in(slot))
+    except OSError:
+        after = before
+    if after.st_mtime_ns != before.st_mtime_ns:  # used between our look and the rename
+        try:
+            tree.rename(slot, paths.checkout(name))  # a directory never replaces a non-empty one
+            return Moved(kept="used-meanwhile")
+        except OSError:
+            pass  # another checkout of the commit was published meanwhile: this one goes
+    return Moved(slot=slot)
+
+
 @attrs.frozen
 class Unremovable:
     """Something remove_tree could not delete: its path relative to what was
@@ -163,10 +198,6 @@ def _shown(rel: bytes) -> str:
     return rel.decode("utf-8", "backslashreplace")
 
 
-def _errno_name(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-
-
 def _freed_by(info: os.stat_result) -> int:
     return info.st_blocks * 512 if stat.S_ISDIR(info.st_mode) or info.st_nlink <= 1 else 0
 
@@ -197,23 +228,6 @@ def _retrying_writable(operation: Callable[[], None], dir_fd: int) -> None:
     except PermissionError:
         _make_writable(dir_fd)
         operation()
-
-
-def _mount_points_under(path: bytes) -> set[bytes]:
-    """Mount points strictly inside path (a bind mount shares st_dev with its parent)."""
-    found = set()
-    prefix = path.rstrip(b"/") + b"/"
-    try:
-        with open("/proc/self/mountinfo", "rb") as handle:
-            for line in handle:
-                fields = line.split(b" ")
-                if len(fields) > 4:
-                    point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
-                    if point.startswith(prefix):
-                        found.add(point)
-    except OSError:
-        pass
-    return found
 
 
 class _Dir:
@@ -248,7 +262,7 @@ def remove_tree(path: str) -> Removal:
     except (FileNotFoundError, NotADirectoryError):
         pass  # gone already, or the directory holding it is
     except OSError as exc:
-        removal.unremovable.append(Unremovable("", _errno_name(exc)))
+        removal.unremovable.append(Unremovable("", records.errno_name(exc)))
     return removal
 
 
@@ -264,7 +278,7 @@ def _remove_named(parent_fd: int, name: str, removal: Removal) -> None:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            removal.unremovable.append(Unremovable("", _errno_name(exc)))
+            removal.unremovable.append(Unremovable("", records.errno_name(exc)))
         return
     top_fd = _open_dir(name, parent_fd)
     try:
@@ -274,7 +288,7 @@ def _remove_named(parent_fd: int, name: str, removal: Removal) -> None:
     except BaseException:
         os.close(top_fd)
         raise
-    mounts = _mount_points_under(top_path)
+    mounts = tree.mount_points_under(top_path)
     top = _Dir(top_fd, name, b"", b"", info.st_dev)
     _remove_dir(top, parent_fd, mounts, top_path, removal)
 
@@ -338,13 +352,13 @@ def _descend(current: _Dir, name: str, rel: bytes, actual: bytes, stack: list[_D
         except FileNotFoundError:
             return None
         except OSError as exc:
-            removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+            removal.unremovable.append(Unremovable(_shown(rel), records.errno_name(exc)))
             current.blocked = True
             return None
         top.subdirs.append((fresh, rel, os.fsencode(fresh)))
         if mounts:  # a mount inside moved with it
             mounts.clear()
-            mounts.update(_mount_points_under(top_path))
+            mounts.update(tree.mount_points_under(top_path))
         return None
     try:
         fd = _open_dir(name, current.fd)
@@ -354,7 +368,7 @@ def _descend(current: _Dir, name: str, rel: bytes, actual: bytes, stack: list[_D
         _remove_entry(name, current.fd, rel, False, removal, blocked)
         return None
     except OSError as exc:
-        removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+        removal.unremovable.append(Unremovable(_shown(rel), records.errno_name(exc)))
         current.blocked = True
         return None
     dev = os.fstat(fd).st_dev
@@ -381,7 +395,7 @@ def _scan(directory: _Dir, removal: Removal) -> None:
             _make_writable(directory.fd)
             names = listing()
     except OSError as exc:
-        removal.unremovable.append(Unremovable(_shown(directory.rel), _errno_name(exc)))
+        removal.unremovable.append(Unremovable(_shown(directory.rel), records.errno_name(exc)))
         directory.blocked = True
         return
     for name, is_dir in names:
@@ -409,7 +423,7 @@ def _remove_entry(name: str, dir_fd: int, rel: bytes, is_dir: bool, removal: Rem
         removal.unremovable.append(Unremovable(_shown(rel), "EISDIR"))
         blocked()
     except OSError as exc:
-        removal.unremovable.append(Unremovable(_shown(rel), _errno_name(exc)))
+        removal.unremovable.append(Unremovable(_shown(rel), records.errno_name(exc)))
         blocked()
 
 

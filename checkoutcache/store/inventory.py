@@ -59,6 +59,7 @@ class CloneInfo:
     started_at: float | None
     progress: dict
     borrows: tuple[tuple[str, str], ...] = ()
+    pidns: str | None = None  # the PID namespace its pid is in
 
     @property
     def sha(self) -> str:
@@ -146,7 +147,8 @@ def clone_infos(paths: RepoPaths, reader: records.Reader) -> list[CloneInfo]:
             alive = True  # cannot tell: its record stays
         clones.append(CloneInfo(name=name, pid=record.get("pid"), alive=alive, started_at=record.get("started_at"),
                                 progress=record.get("progress") or {},
-                                borrows=tuple((p[0], p[1]) for p in record.get("borrows") or [])))
+                                borrows=tuple((p[0], p[1]) for p in record.get("borrows") or []),
+                                pidns=record.get("pidns")))
     return clones
 
 

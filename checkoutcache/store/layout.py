@@ -20,6 +20,13 @@ alone (a rollback cannot corrupt what a newer version made).
     │                              who wrote it (serve at start, gc at each run) and when:
     │                              written whole (temp file + rename); `status` reads it, never
     │                              writes it, so a read-only reader shows the writer's limits.
+    ├── holds/
+    │   └── <pid>-<nonce>.hold     a registered hold (store/holds.py): {key, name, pid, at}, the
+    │                              checkout an exec, a workspace copy or serve's /v1/hold of the
+    │                              writer holds, locked exclusive by its holder for the hold's life
+    │                              (made as .new-<pid>-<nonce>, then renamed). gc keeps what these
+    │                              hold whatever its bounds on readers' locks; one whose lock is
+    │                              free is a dead holder's, removed by gc. Written by the writer only.
     ├── locks/
     │   ├── gc.lock                exclusive for one gc run (two crons never overlap)
     │   └── .health-<nonce>        a probe file /readyz locks, writes and removes at once
@@ -172,6 +179,9 @@ alone (a rollback cannot corrupt what a newer version made).
             │   │                      whole by the owner; meaningful only while the clone lock
             │   │                      is held (a record without a held lock is a dead clone's).
             │   ├── <name>.failed.json the last failure: code, message, attempts, retry time.
+            │   │                      Removed when a clone publishes, or by gc (with the commit's
+            │   │                      log and clone lock, under that lock) a day after its retry
+            │   │                      time: never during its back-off. No use of the repository.
             │   ├── <name>.deaths.json how many clone workers died in a row on this checkout, kept
             │   │                      when gc removes a dead clone's record (so an OOM-killed
             │   │                      worker still ends in WORKER_DIED); removed when a clone
@@ -203,6 +213,9 @@ alone (a rollback cannot corrupt what a newer version made).
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │   │                      were dropped since (a repack is then due at the interval);
             │   │                      lfs_pending: an LFS prune of lfs/ could not run yet.
+            │   ├── held.json          gc's own: since when each checkout held by a reader's lock has
+            │   │                      been held, as its runs saw it (a checkout seen free leaves it):
+            │   │                      past CHECKOUTCACHE_MAX_HOLD_AGE the hold no longer protects it.
             │   └── unremovable.json   what gc's last run could not delete in trash/ (path from the
             │                          root, errno name, stuck since); gone when trash/ empties.
             ├── logs/history.log   the background history's attempts, as a clone's log (a merge-
@@ -297,9 +310,12 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
     <key>/locks/base-<name>   exclusive  its starter, then the merge-base     the search
                                          search process
     .git/checkoutcache-ready  shared     a ready answer (briefly); an exec    the answer / the
-                                         or /v1/hold (the command's run)      command
+                                         or /v1/hold (the command's run)      command (bounded:
+                                                                              max-held, max-hold-age)
                               exclusive  eviction, moving a checkout aside   one rename (never
                                                                               waits)
+    holds/<pid>-<nonce>.hold  exclusive  its holder (an exec's command too)   the hold
+                              (try)      gc (a free one is removed)           a look
     locks/.health-<nonce>     exclusive  /readyz (a fresh file per probe)    a probe
     serve/<pid>-<nonce>.journal exclusive its serve; gc (never waits)        the serve's life
 
@@ -351,6 +367,43 @@ class NotBeneath(OSError):
 
     def __init__(self, path: str, why: str):
         super().__init__(errno.ELOOP, f"{why}: the store never follows a symlink (move it away)", path)
+
+
+class NotAFile(OSError):
+    """A lock or record path that names something other than a regular file (a FIFO, a
+    socket, a device, a directory), as anyone who may write that directory can make it: it
+    is never read, written, locked or waited on (DESIGN invariant 18), and its caller skips
+    it and counts it (records.errno_name: NOT_A_FILE)."""
+
+    code = "NOT_A_FILE"
+
+    def __init__(self, path: str, kind: str):
+        super().__init__(errno.EINVAL, f"{kind} where a regular file should be: skipped, never waited on", path)
+        self.kind = kind
+
+
+def file_kind(mode: int) -> str:
+    """What an entry is, in words, for NotAFile's message."""
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def refuse_unless_regular(fd: int, path: str) -> os.stat_result:
+    """fstat of a descriptor just opened (O_NONBLOCK, so a FIFO's open did not wait); closes
+    it and raises NotAFile unless it is a regular file."""
+    try:
+        info = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotAFile(path, file_kind(info.st_mode))
+    return info
 
 
 # Every root this process works in: a path below one is reached beneath it
@@ -551,6 +604,13 @@ class RootPaths:
         """Where the image's serve listens (CHECKOUTCACHE_UNIX_SOCKET's default there), and
         where the CLI looks for a serve of this root to hand a new commit to."""
         return os.path.join(self.root, "checkoutcache.sock")
+
+    @property
+    def holds_dir(self) -> str:
+        return os.path.join(self.root, "holds")
+
+    def hold_record(self, pid: int, nonce: str) -> str:
+        return os.path.join(self.root, "holds", f"{pid}-{nonce}.hold")
 
     @property
     def limits_record(self) -> str:
@@ -844,6 +904,10 @@ class RepoPaths:
     @property
     def seed_record(self) -> str:
         return os.path.join(self.state_dir, "mirror-seed.json")
+
+    @property
+    def held_record(self) -> str:
+        return os.path.join(self.base, "state", "held.json")
 
     @property
     def unremovable_record(self) -> str:

@@ -31,10 +31,12 @@ settings tables and checks it before anything is written.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 from checkoutcache.sharing import GROUP, WRITER, sharing
+from checkoutcache.store.layout import NotAFile, refuse_unless_regular
 
 # (directory mode, file mode, umask for git) per sharing mode
 _MODES = {WRITER: (0o755, 0o644, 0o022), GROUP: (0o2775, 0o664, 0o002)}
@@ -67,9 +69,17 @@ def _own_mode(fd: int, mode: int) -> None:
 
 
 def open_created(path: str, flags: int, dir_fd: int | None = None) -> int:
-    """os.open with O_CREAT, and the store's file mode on a file we created (or own)."""
+    """os.open with O_CREAT, and the store's file mode on a file we created (or own).
+    Never blocks on what was there already: O_NONBLOCK, and anything but a regular file
+    (a FIFO, a socket someone put at the path) raises layout.NotAFile, untouched."""
     mode = file_mode()
-    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO with no reader, or a socket: open(2) with O_NONBLOCK
+            raise NotAFile(os.fsdecode(path), "a FIFO or a socket") from None
+        raise
+    refuse_unless_regular(fd, os.fsdecode(path))
     try:
         _own_mode(fd, mode)
     except BaseException:

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import time
 
 # The evictor holds the exclusive lock only to re-check and rename (milliseconds);
@@ -30,7 +31,9 @@ SHARED_LOCK_WAIT = 2.0
 def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | None:
     """A descriptor holding the marker's shared lock while the marker is in place, else None."""
     try:
-        fd = os.open(marker, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO where the marker should be (a peer's, in the group mode) must not
+        # hold the answer in open(2); it is no marker (S_ISREG below).
+        fd = os.open(marker, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
@@ -47,7 +50,9 @@ def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | Non
                     return None
                 time.sleep(0.001)
         try:
-            in_place = os.path.samestat(os.fstat(fd), os.stat(marker)) and _reached_directly(fd, marker)
+            info = os.fstat(fd)
+            in_place = stat.S_ISREG(info.st_mode) and os.path.samestat(info, os.stat(marker)) \
+                and _reached_directly(fd, marker)
         except (FileNotFoundError, NotADirectoryError):
             in_place = False
         if not in_place:
@@ -137,7 +142,10 @@ def layout_version_of(repo_json: str) -> int | None:
     """The layout version a repository's store says it was written in (repo.json); None when
     there is no store yet or its record says none (stores before the field: version 1)."""
     try:
-        with open(repo_json, "rb") as handle:
+        fd = os.open(repo_json, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)  # never a FIFO's wait
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             record = json.loads(handle.read(1 << 16))
     except (OSError, ValueError):
         return None
@@ -151,7 +159,9 @@ def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT,
     wait: how long to wait for the evictor's exclusive lock (0: not at all).
     on_unrecorded: called, with the shared lock still held, when this process may not record
     the use itself; so the writer's record of it comes before any eviction decision
-    (invariant 4: the evictor cannot take the exclusive lock until we let go)."""
+    (invariant 4: the evictor cannot take the exclusive lock until we let go). It returns
+    False when the writer answered that the checkout is not ready (it is moving away): the
+    answer is then None."""
     fd = open_marker_shared(marker, wait)
     if fd is None:
         return None
@@ -159,8 +169,17 @@ def ready_record(marker: str, wait: float = SHARED_LOCK_WAIT,
         record = marker_record(fd)
         if not looks_intact(os.path.dirname(os.path.dirname(marker)), record):
             return None
-        if not record_use(fd) and on_unrecorded is not None:
-            on_unrecorded()
+        if not record_use(fd) and on_unrecorded is not None and on_unrecorded() is False:
+            return None  # the writer, asked to record the use, says it is not ready: never answered so
+        # Looked at once more after the use was recorded: past the bounds on readers' holds gc may
+        # move a held checkout without the exclusive lock (store/checkouts.py
+        # move_held_checkout_aside); a use recorded before this look makes it put the checkout
+        # back, and a move before it is seen here.
+        try:
+            if not os.path.samestat(os.fstat(fd), os.stat(marker)):
+                return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         return record
     finally:
         os.close(fd)

@@ -53,11 +53,16 @@ def write_json(path: str, value: dict) -> None:
 
 def load_json(path: str) -> Any:
     """The parsed content; None when the file is missing or is not JSON. OSError otherwise
-    (tree.NotBeneath for a record reached through a symlink: never read)."""
+    (tree.NotBeneath for a record reached through a symlink, tree.NotAFile for a FIFO, socket
+    or device where it should be: neither is ever read)."""
     try:
         fd = tree.open_file(path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except tree.NotAFile as exc:
+        if exc.kind == "a directory":
+            return None  # not a record, and opening it waited for nothing
+        raise  # a FIFO, a socket, a device: never read (it could block), counted by the caller
     except tree.NotBeneath:
         raise
     except OSError as exc:
@@ -65,10 +70,7 @@ def load_json(path: str) -> Any:
             return None  # the record itself is a symlink: not a record, never followed
         raise
     with os.fdopen(fd, "rb") as handle:
-        try:
-            data = handle.read(MAX_RECORD_BYTES + 1)
-        except IsADirectoryError:
-            return None
+        data = handle.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
         return None
     try:
@@ -144,10 +146,10 @@ def schema(required: dict[str, Check], optional_fields: dict[str, Check] | None 
 MARKER = schema({"commit": sha, "top": list_of(text)},
                 {"published_at": finite, "pid": count, "lfs": one_of("content", "pointers", "off"),
                  "lfs_why": text, "submodules": one_of("included", "none"), "borrows": list_of(pair(key, sha)),
-                 "sparse": list_of(text)})
+                 "sparse": list_of(text), "lfs_filter": one_of(True, False), "conversion": text})
 CLONE = schema({"started_at": finite, "commit": sha},
                {"pid": count, "pid_start": finite, "pidns": text, "progress": mapping, "deaths": count,
-                "transport": text, "borrows": list_of(pair(key, sha))})
+                "transport": text, "borrows": list_of(pair(key, sha)), "queue": mapping})
 FAILURE = schema({"code": code, "message": text, "next": text, "attempts": count, "failed_at": finite,
                   "retry_at": finite}, {"repo": text, "scope": text})
 DEATHS = schema({"deaths": count, "at": finite}, {"commit": sha})
@@ -155,7 +157,7 @@ SIZE = schema({"bytes": count}, {"use_at_measure": finite, "index": list_of(coun
 # A spare (spares/<name>.<nonce>/spare.json): what a worker needs to know to update it in place.
 SPARE = schema({"commit": sha, "name": text, "bytes": count, "index": list_of(count), "spared_at": finite},
                {"lfs": one_of("content", "pointers", "off"), "submodules": one_of("included", "none"),
-                "submodules_setting": one_of("recursive", "none"), "sparse": list_of(text)})
+                "submodules_setting": one_of("recursive", "none"), "sparse": list_of(text), "conversion": text})
 LAST_USE = schema({"at": finite})
 REPO = schema({"url": text, "scope": text}, {"is_local": one_of(True, False), "layout_version": count,
                                               "created_at": finite, "lfs": one_of("on", "off"),
@@ -177,6 +179,8 @@ BASES = schema({"bases": mapping}, {"at": finite})
 LIMITS = schema({"limits": mapping, "writer": one_of("serve", "gc"), "at": finite},
                 {"pid": count, "version": text})
 UNREMOVABLE = schema({"entries": list_of(mapping)}, {"checked_at": finite})
+# state/held.json: since when gc has seen each held checkout held (upkeep/gc.py note_held).
+HELD = schema({"since": mapping})
 
 
 def invalid(value: Any, kind: Schema) -> str | None:
@@ -231,7 +235,8 @@ class Reader:
 
 
 def errno_name(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    """What a report calls an entry's error: NOT_A_FILE (layout.NotAFile), else the errno's name."""
+    return getattr(exc, "code", None) or errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
 @attrs.frozen

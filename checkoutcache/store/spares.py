@@ -18,8 +18,11 @@ owner dies (invariant 3's owner lock rule): an interrupted update is never
 served, never left behind.
 
 Nothing in a spare's tree is trusted (clone/tree.py proves the updated tree
-exact); spare.json, written by gc, says only which tree it was and the
-identity of the index git wrote when that checkout was published.
+exact); spare.json, written by gc, says only which tree it was, the
+identity of the index git wrote when that checkout was published, and what
+its ready marker recorded of how its files were written (LFS, cone,
+submodules, and the conversion digest of git/backend.py checkout_conversion:
+a spare is only updated into a commit whose checkout would write alike).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ def spare_record_for(paths: RepoPaths, name: str, marker: dict, submodules_setti
     record = {"commit": commit_of(name), "name": name, "bytes": int(size.get("bytes", 0)),
               "index": list(size["index"]), "spared_at": time.time(),
               "submodules_setting": submodules_setting}
-    for field in ("lfs", "submodules", "sparse"):
+    for field in ("lfs", "submodules", "sparse", "conversion"):
         if marker.get(field) is not None:
             record[field] = marker[field]
     return record

@@ -38,13 +38,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 from collections.abc import Iterator
 
-from checkoutcache.store.layout import NotBeneath, entries, open_step, open_store_dir, root_of
+from checkoutcache.store.layout import (NotAFile, NotBeneath, entries, open_step, open_store_dir,
+                                        refuse_unless_regular, root_of)
 from checkoutcache.store.modes import make_dir, open_created
 
-__all__ = ["NotBeneath"]  # raised here too; layout.py owns it (its listings raise it)
+__all__ = ["NotAFile", "NotBeneath"]  # raised here too; layout.py owns them (its listings raise NotBeneath)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -123,13 +125,26 @@ def parent_of(path: str, create: bool = False) -> Iterator[tuple[int, str]]:
 
 
 def open_file(path: str, flags: int, create: bool = False) -> int:
-    """os.open beneath the root, the last component never followed; create: O_CREAT,
-    with the store's file mode (modes.open_created)."""
+    """os.open of a lock, record or log beneath the root, the last component never followed;
+    create: O_CREAT, with the store's file mode (modes.open_created).
+
+    Never blocks (DESIGN invariant 18): whoever may write the directory (a review in its own
+    workspaces volume, a peer in the group mode) can put a FIFO where a lock or record should
+    be, and a plain open(2) of it waits for a writer for ever. So O_NONBLOCK, then fstat:
+    anything but a regular file raises NotAFile, closed, never read, written or locked. (On
+    a regular file O_NONBLOCK changes nothing.)"""
     with parent_of(path) as (fd, name):
-        flags |= os.O_NOFOLLOW | os.O_CLOEXEC
+        flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         if create:
-            return open_created(name, flags, dir_fd=fd)
-        return os.open(name, flags, dir_fd=fd)
+            return open_created(name, flags, dir_fd=fd)  # its own NotAFile check
+        try:
+            handle = os.open(name, flags, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # O_WRONLY on a FIFO with no reader, or a socket
+                raise NotAFile(path, "a FIFO or a socket") from None
+            raise
+        refuse_unless_regular(handle, path)
+        return handle
 
 
 # The sorted names in a store directory (none if it does not exist); NotBeneath when it is a
@@ -207,6 +222,25 @@ def fd_name(fd: int) -> bytes:
     """Where the kernel says a descriptor's directory is now (for mountinfo, and for
     messages): never used to open anything."""
     return os.fsencode(os.readlink(f"/proc/self/fd/{fd}"))
+
+
+def mount_points_under(path: bytes) -> set[bytes]:
+    """Mount points strictly inside path, as /proc/self/mountinfo names them (a bind mount
+    of the same file system shares st_dev with its parent: only this tells it). Read once
+    per walk (checkouts.remove_tree, sizes.measure): a walk never enters one."""
+    found = set()
+    prefix = path.rstrip(b"/") + b"/"
+    try:
+        with open("/proc/self/mountinfo", "rb") as handle:
+            for line in handle:
+                fields = line.split(b" ")
+                if len(fields) > 4:
+                    point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+                    if point.startswith(prefix):
+                        found.add(point)
+    except OSError:
+        pass
+    return found
 
 
 # What a repository's store holds that is a directory: gc lists, writes or deletes in each

@@ -28,6 +28,7 @@ see read-only. Rules:
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 import attrs
@@ -60,25 +61,38 @@ class WorkspaceFacts:
     record: dict  # owner.json, {} when unreadable
 
 
-def workspace_facts(paths: WorkspacePaths) -> list[WorkspaceFacts]:
-    """Every published workspace (no lock kept: a snapshot)."""
+def workspace_facts(paths: WorkspacePaths, problems: list[dict] | None = None) -> list[WorkspaceFacts]:
+    """Every published workspace (no lock kept: a snapshot). The directory is the review's:
+    an owner.lock or owner.json that cannot be read, or is not a regular file (a FIFO it
+    made, whose plain open would block for ever), leaves that workspace alive as far as we
+    know (never reaped on a guess), read no further, and noted in problems."""
     found = []
     for name in entries(paths.base):
         if not WORKSPACE_NAME.fullmatch(name):
             continue
         path = paths.workspace(name)
         try:
-            uid = os.lstat(path).st_uid
+            info = os.lstat(path)
         except OSError:
             continue
+        if not stat.S_ISDIR(info.st_mode):
+            continue  # a symlink or file by a workspace's name: no workspace, never followed
         try:
             record = records.read_json(paths.owner_json(path), WORKSPACE_RECORD) or {}
             alive = locks.is_locked(paths.owner_lock(path))
-        except OSError:
+        except OSError as exc:
             record, alive = {}, True
-        found.append(WorkspaceFacts(name=name, path=path, tree=paths.tree(path), alive=alive, uid=uid,
+            note_problem(problems, exc, "its owner files cannot be read: left as it is")
+        found.append(WorkspaceFacts(name=name, path=path, tree=paths.tree(path), alive=alive, uid=info.st_uid,
                                     record=record))
     return found
+
+
+def note_problem(problems: list[dict] | None, exc: OSError, why: str) -> None:
+    """One entry of a workspaces directory that cost itself only (gc's and status's problems)."""
+    if problems is not None:
+        problems.append({"path": str(exc.filename), "error": records.errno_name(exc),
+                         "why": f"{why} ({exc.strerror or exc})"[:200]})
 
 
 @attrs.define
@@ -160,8 +174,11 @@ def may_delete(uid: int | None) -> bool:
     return euid == 0 or uid == euid
 
 
-def reap_dead(paths: WorkspacePaths, now: float | None = None) -> tuple[list[Reaped], list[NotReaped]]:
-    """Reap every dead workspace this process may delete; list the dead ones it may not."""
+def reap_dead(paths: WorkspacePaths, now: float | None = None,
+              problems: list[dict] | None = None) -> tuple[list[Reaped], list[NotReaped]]:
+    """Reap every dead workspace this process may delete; list the dead ones it may not.
+    An owner.lock that is not a regular file (layout.NotAFile) or cannot be opened is never
+    waited on: that entry is skipped and noted in problems."""
     now = time.time() if now is None else now
     reaped: list[Reaped] = []
     left: list[NotReaped] = []
@@ -175,8 +192,15 @@ def reap_dead(paths: WorkspacePaths, now: float | None = None) -> tuple[list[Rea
             info = os.lstat(path)
         except OSError:
             continue
+        if not stat.S_ISDIR(info.st_mode):
+            continue  # a symlink or file by such a name: nothing of ours, never followed
         if not may_delete(info.st_uid):
-            if WORKSPACE_NAME.fullmatch(name) and not locks.is_locked(paths.owner_lock(path)):
+            try:
+                dead = WORKSPACE_NAME.fullmatch(name) and not locks.is_locked(paths.owner_lock(path))
+            except OSError as exc:
+                note_problem(problems, exc, "its owner.lock cannot be locked: left as it is")
+                continue
+            if dead:
                 left.append(NotReaped(name, info.st_uid, f"dead; only uid {info.st_uid} (its owner) or root may "
                                                            f"delete it: its next workspace call does"))
             continue
@@ -188,15 +212,16 @@ def reap_dead(paths: WorkspacePaths, now: float | None = None) -> tuple[list[Rea
             continue
         try:
             lock = locks.try_lock(paths.owner_lock(path), create=False)
-        except OSError:
-            continue  # a lock we may not even open: never reaped on a guess
+        except OSError as exc:
+            note_problem(problems, exc, "its owner.lock cannot be locked: left as it is")
+            continue  # a lock we may not even open (or a FIFO): never reaped on a guess
         if lock is None and os.path.lexists(paths.owner_lock(path)):
             continue  # its owner lives
         record = {}
         try:
             record = records.read_json(paths.owner_json(path), WORKSPACE_RECORD) or {}
-        except OSError:
-            pass
+        except OSError as exc:
+            note_problem(problems, exc, "its owner.json cannot be read")
         try:
             removal = discard(paths, path, lock)
         except OSError as exc:  # a read-only view of the directory (the writer's gc in the pod)

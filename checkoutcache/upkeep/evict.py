@@ -8,7 +8,10 @@ exec or a hold uses and a running clone are never removed, even with
 repository goes whole only when nothing is in it: no checkout, no running
 clone, and no other repository's checkout borrowing objects from its mirror
 (submodules). Its last use is its checkouts' latest, kept in
-state/last-use.json when they are evicted.
+state/last-use.json when they are evicted; a failed clone is no use (asks for
+commits that do not exist never keep an idle repository), but gc keeps a
+repository while one of its failures is within its back-off (dropping it would
+forget the back-off: the next ask would clone at once).
 
 A repository is removed by one rename of repos/<key> to
 repos/.dropped-<key>-..., taken under its mirror lock (bounded wait: a fetch
@@ -41,6 +44,7 @@ CLONING = "cloning"
 BORROWED = "borrowed"
 MIRROR_BUSY = "mirror-busy"
 HISTORY = "history"  # the background history of its mirror is running (clone/history.py)
+BACKING_OFF = "backing-off"
 
 
 def note_last_use(paths: RepoPaths, at: float | None) -> None:
@@ -53,15 +57,15 @@ def note_last_use(paths: RepoPaths, at: float | None) -> None:
 
 
 def repo_last_use(info: RepoInfo) -> float:
-    """The repository's last use: its checkouts' latest, the latest evicted one's, or a
-    failure's (someone asked); a store that never had any: when it was made (a first
-    clone about to start)."""
+    """The repository's last use: its checkouts' latest, or the latest evicted one's; a store
+    that never had any: when it was made (a first clone about to start). A failure is no use
+    (asks for commits that do not exist would keep an idle repository for good); while its
+    back-off runs it keeps the repository otherwise (backing_off)."""
     paths = info.paths
     uses = [c.last_used for c in info.checkouts if c.last_used is not None]
     record = records.read_json(paths.last_use_record, records.LAST_USE)
     if record is not None:
         uses.append(float(record["at"]))
-    uses += [failure.failed_at for failure in info.failures.values()]
     if uses:
         return max(uses)
     try:
@@ -84,6 +88,14 @@ def repo_busy(info: RepoInfo, borrowed_keys: frozenset[str]) -> str | None:
     return None
 
 
+def backing_off(info: RepoInfo, now: float) -> str | None:
+    """BACKING_OFF while one of the repository's failures is within its back-off: dropping
+    the store would forget it, and the next ask would clone at once instead of answering the
+    failure until its retry time. Keeps it from gc alone (an operator's `evict REPO` is the
+    way to forget a back-off by hand)."""
+    return BACKING_OFF if any(now < failure.retry_at for failure in info.failures.values()) else None
+
+
 def borrowed_keys_of(repos: list[RepoInfo]) -> frozenset[str]:
     """The keys of mirrors any checkout or running clone borrows objects from (submodules)."""
     return frozenset(key for info in repos for item in (*info.checkouts, *info.clones)
@@ -93,7 +105,7 @@ def borrowed_keys_of(repos: list[RepoInfo]) -> frozenset[str]:
 def repo_entry(info: RepoInfo, borrowed_keys: frozenset[str], with_size: bool = True) -> RepoEntry:
     return RepoEntry(repo=info.key, last_used=repo_last_use(info),
                      size=disk_usage(info.paths.base) if with_size else 0,
-                     busy=repo_busy(info, borrowed_keys))
+                     busy=repo_busy(info, borrowed_keys) or backing_off(info, time.time()))
 
 
 @contextlib.contextmanager
@@ -121,8 +133,9 @@ class Dropped:
 
 
 def drop_repository(root_paths: RootPaths, key: str, borrowed_keys: frozenset[str], dry_run: bool = False,
-                    mirror_wait: float = locks.MIRROR_WAIT_FOR_GC) -> Dropped:
-    """Remove one whole repository if nothing is in it (re-checked under its locks)."""
+                    mirror_wait: float = locks.MIRROR_WAIT_FOR_GC, by_hand: bool = False) -> Dropped:
+    """Remove one whole repository if nothing is in it (re-checked under its locks); gc's
+    drop (not by_hand) also keeps one whose failure is within its back-off."""
     from checkoutcache.store.inventory import NO_SIZES, repo_info
 
     paths = root_paths.repo(key)
@@ -135,7 +148,8 @@ def drop_repository(root_paths: RootPaths, key: str, borrowed_keys: frozenset[st
     except FileNotFoundError:
         return Dropped(GONE)
     with mirror_lock:
-        busy = repo_busy(repo_info(paths, NO_SIZES), borrowed_keys)
+        info = repo_info(paths, NO_SIZES)
+        busy = repo_busy(info, borrowed_keys) or (None if by_hand else backing_off(info, time.time()))
         if busy is not None:
             return Dropped(busy)
         with _all_clone_locks(paths) as ours:
@@ -230,7 +244,7 @@ def run_evict(root_paths: RootPaths, key: str, sha: str | None, grace: float, fo
     if sha is None and not answer["kept"]:
         borrowed = borrowed_keys_of([info for info in inventory(root_paths, sizes=NO_SIZES) if info.key != key])
         size = disk_usage(paths.base)
-        dropped = drop_repository(root_paths, key, borrowed, mirror_wait=30.0)
+        dropped = drop_repository(root_paths, key, borrowed, mirror_wait=30.0, by_hand=True)
         if dropped.kept is None:
             answer["repository_removed"] = True
             answer["removed"].append({"name": "(repository)", "bytes": dropped.removal.freed if dropped.removal

@@ -10,13 +10,22 @@ never silently dropped. Free-space targets use hysteresis: eviction for disk
 starts only below `min_free` and then goes on until `min_free + headroom`, so
 gc does not thrash at the boundary.
 
+Holds are bounded too (DESIGN invariant 18): a checkout held by a reader's lock (the
+marker's shared flock: an exec, a workspace's source, any process that took it, through
+a read-only mount too) is kept past a limit only while it is one of the `max_held` most
+recently used held ones and has been held (as gc's runs saw it: `held_since`) for less
+than `max_hold_age`; past either, it is evicted like any other when a limit needs it,
+without its exclusive lock (gc.py: evict_held). serve's own holds (`writer_hold`) have
+their own count and ttl and keep their protection.
+
 Clocks are not trusted: a last use in the future (a clock that jumped back, a
 restored backup) counts as now, never as "used in a negative time"; otherwise
 such a checkout would stay inside the grace window forever (gc repairs the
 marker's mtime to now, see gc.py).
 
 Whole repositories (plan_repo_drops) go only when nothing is in them: no
-checkout, no hold, no clone; then when unused past repo_max_idle, and, while
+checkout, no hold, no clone, no failure within its back-off (a failure is no
+use: its repository's last use is its checkouts'); then when unused past repo_max_idle, and, while
 min-free is still unmet after the checkouts' evictions, past the grace window
 (least recently used first). The dropper re-checks all of it under the
 repository's locks (evict.py).
@@ -35,6 +44,9 @@ LRU = "lru"
 AGE = "age"
 GRACE = "grace"
 HELD = "held"
+# Why a reader's hold no longer protects a checkout (Eviction.broke_hold).
+HELD_TOO_LONG = "held-too-long"
+HELD_OVER_COUNT = "held-over-count"
 
 
 @attrs.frozen
@@ -44,6 +56,8 @@ class Entry:
     last_used: float
     size: int
     held: bool = False
+    held_since: float | None = None  # when gc first saw it held, in an unbroken run of looks
+    writer_hold: bool = False  # held by serve's own /v1/hold (bounded there)
 
 
 @attrs.frozen
@@ -55,12 +69,15 @@ class Limits:
     free_headroom: FreeTarget = FreeTarget(percent=2.0)
     max_age: float | None = None
     repo_max_idle: float | None = None
+    max_held: int | None = None  # None: a reader's hold is never broken
+    max_hold_age: float | None = None
 
     @classmethod
     def from_config(cls, config) -> "Limits":
         return cls(grace=config.grace, max_checkouts=config.max_checkouts, max_bytes=config.max_bytes,
                    min_free=config.min_free, free_headroom=config.free_headroom, max_age=config.max_age,
-                   repo_max_idle=getattr(config, "repo_max_idle", None))
+                   repo_max_idle=getattr(config, "repo_max_idle", None),
+                   max_held=getattr(config, "max_held", None), max_hold_age=getattr(config, "max_hold_age", None))
 
 
 @attrs.frozen
@@ -74,6 +91,7 @@ class Eviction:
     entry: Entry
     reason: str  # lru or age
     limit: str  # max-checkouts, max-bytes, min-free, max-age
+    broke_hold: str | None = None  # held-too-long, held-over-count: evicted though a reader holds it
 
 
 @attrs.frozen
@@ -107,12 +125,30 @@ def idle_seconds(last_used: float, now: float) -> float:
     return now - last_use(last_used, now)
 
 
-def protection(entry: Entry, grace: float, now: float) -> str | None:
-    if entry.held:
+def protection(entry: Entry, grace: float, now: float, broken: dict | None = None) -> str | None:
+    """Why the checkout is kept whatever a limit says (None: it may go). broken: the held
+    entries whose reader's hold no longer protects them (broken_holds)."""
+    if entry.held and (broken is None or (entry.repo, entry.name) not in broken):
         return HELD
     if idle_seconds(entry.last_used, now) <= grace:
         return GRACE
     return None
+
+
+def broken_holds(entries: list[Entry], limits: Limits, now: float) -> dict[tuple[str, str], str]:
+    """The held checkouts a reader's hold no longer protects, and why: held longer than
+    max_hold_age, or beyond the max_held most recently used ones still held. serve's own
+    holds are never among them."""
+    readers = [e for e in entries if e.held and not e.writer_hold]
+    broken = {}
+    if limits.max_hold_age is not None:
+        broken = {(e.repo, e.name): HELD_TOO_LONG for e in readers
+                  if e.held_since is not None and now - e.held_since > limits.max_hold_age}
+    if limits.max_held is not None:
+        left = sorted((e for e in readers if (e.repo, e.name) not in broken),
+                      key=lambda e: (-last_use(e.last_used, now), e.repo, e.name))
+        broken.update({(e.repo, e.name): HELD_OVER_COUNT for e in left[limits.max_held:]})
+    return broken
 
 
 def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: float,
@@ -123,11 +159,16 @@ def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: 
     kept: list[Kept] = []
     chosen: set[tuple[str, str]] = set()
     order = sorted(entries, key=lambda e: (last_use(e.last_used, now), e.repo, e.name))
+    broken = broken_holds(entries, limits, now)
+
+    def eviction(entry: Entry, reason: str, limit: str) -> Eviction:
+        return Eviction(entry, reason, limit, broken.get((entry.repo, entry.name)) if entry.held else None)
 
     if limits.max_age is not None:
         for entry in order:
-            if idle_seconds(entry.last_used, now) > limits.max_age and protection(entry, limits.grace, now) is None:
-                evict.append(Eviction(entry, AGE, "max-age"))
+            if idle_seconds(entry.last_used, now) > limits.max_age and \
+                    protection(entry, limits.grace, now, broken) is None:
+                evict.append(eviction(entry, AGE, "max-age"))
                 chosen.add((entry.repo, entry.name))
 
     count = len(entries) - len(evict)
@@ -154,11 +195,11 @@ def plan_eviction(entries: list[Entry], limits: Limits, disk: Disk | None, now: 
             break
         if (entry.repo, entry.name) in chosen:
             continue
-        why = protection(entry, limits.grace, now)
+        why = protection(entry, limits.grace, now, broken)
         if why is not None:
             kept.append(Kept(entry, why, limit))
             continue
-        evict.append(Eviction(entry, LRU, limit))
+        evict.append(eviction(entry, LRU, limit))
         chosen.add((entry.repo, entry.name))
         count -= 1
         size -= entry.size
@@ -183,7 +224,7 @@ class RepoEntry:
     repo: str  # the repository key
     last_used: float  # its checkouts' latest use, or the latest one evicted (state/last-use.json)
     size: int  # what dropping it frees: mirror, LFS objects, records
-    busy: str | None = None  # what keeps it whatever a limit says: checkouts, held, cloning
+    busy: str | None = None  # what keeps it whatever a limit says: checkouts, held, cloning, backing-off
 
 
 @attrs.frozen
@@ -195,7 +236,7 @@ class RepoDrop:
 @attrs.frozen
 class RepoKept:
     repo: str
-    why: str  # checkouts, held, cloning, grace
+    why: str  # checkouts, held, cloning, borrowed, backing-off, grace
 
 
 def free_targets(limits: Limits, disk: Disk | None) -> tuple[int, int] | None:

@@ -21,7 +21,9 @@ overlap, the second reports that it skipped):
    Workspaces (store/workspaces.py, in CHECKOUTCACHE_WORKSPACES as this gc
    sees it): dead ones are reaped where gc may delete them (its own uid's, or
    as root; others are listed for their uid's next call), and the bytes of live
-   ones count against max-bytes (their source checkouts stay held meanwhile);
+   ones count against max-bytes (their source checkouts stay held meanwhile;
+   each is measured by a walk bounded in entries and time, store/sizes.py:
+   past a bound what it counted is its bytes, a lower bound the report says);
    Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
    of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
    is above 0, space is not short and no process gc can see works in the tree (/proc:
@@ -40,9 +42,10 @@ overlap, the second reports that it skipped):
    commits of the remaining checkouts and of running clones, whose keep-refs
    their workers made under this same lock before downloading). A stale
    `.keep` (a killed fetch's) removed there makes the repack due; partial LFS
-   downloads an hour old go too;
+   downloads an hour old go too; then records of what is over are forgotten
+   (forget.py: deaths, failures a day past their retry time, finished commits' locks and logs);
 5. between 3 and 4, drop whole repositories with nothing in them (no
-   checkout, hold, clone, or borrower) unused past repo_max_idle, or past the
+   checkout, hold, clone, borrower, or failure within its back-off) unused past repo_max_idle, or past the
    grace window while min-free is still unmet (eviction.plan_repo_drops, pure;
    evict.drop_repository re-checks under the repository's locks), and finish
    such removals a killed gc left at the start of the run. Unmet limits are
@@ -60,7 +63,6 @@ import errno
 import logging
 import os
 import shutil
-import stat
 import time
 from collections.abc import Callable, Iterator
 
@@ -71,11 +73,12 @@ from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git import mirror
 from checkoutcache.git.backend import BUNDLE_REFS
 from checkoutcache.git.transport import pick_backend
-from checkoutcache.store import locks, records, tree
+from checkoutcache.store import holds, locks, records, tree
 from checkoutcache.store.checkouts import (
     GONE,
     is_published,
     move_checkout_aside,
+    move_held_checkout_aside,
     Removal,
     Unremovable,
     remove_tree,
@@ -83,15 +86,22 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
-from checkoutcache.store.sizes import disk_usage
+from checkoutcache.store.sizes import WORKSPACE_BOUNDS, disk_usage, measure
 from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
 from checkoutcache.store.ready import layout_version_of
-from checkoutcache.store.records import read_failure
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.store.liveness import in_use_beneath, paths_in_use
 from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import format_bytes, iso
+from checkoutcache.upkeep.forget import (
+    drop_dead_clone_record,
+    forget_finished_commits,
+    forget_old_deaths,
+    forget_old_failures,
+    forget_stale_journals,
+    forget_unreachable,
+)
 from checkoutcache.upkeep.history import follow_history
 from checkoutcache.upkeep.evict import (
     borrowed_keys_of,
@@ -119,7 +129,6 @@ log = logging.getLogger(__name__)
 REPOSITORY = "repository"  # a Removed whole repository (name empty)
 
 USED_MEANWHILE = "used-meanwhile"
-DEATHS_MEMORY = 86400.0  # a commit nobody asked for a day after its last worker died starts counting anew
 STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
 
 
@@ -131,6 +140,8 @@ class Removed:
     bytes: int = 0
     limit: str | None = None
     spare: bool = False  # an evicted checkout kept as a spare (its bytes are not freed)
+    # Evicted though a reader's lock held it: held-too-long or held-over-count (eviction.py)
+    broke_hold: str | None = None
 
 
 @attrs.frozen
@@ -159,7 +170,9 @@ class GcReport:
     problems: list[dict] = attrs.Factory(list)
     disk_before: dict | None = None
     disk_after: dict | None = None
-    # The workspaces directory as this gc sees it: {"dir", "live", "bytes", "dead_left": [...]}.
+    # The workspaces directory as this gc sees it: {"dir", "live", "bytes", "dead_left": [...],
+    # "partial": [{"workspace", "bytes", "entries", "why"}]: live ones measured only in part,
+    # whose counted bytes are a lower bound}.
     workspaces: dict | None = None
     # What the store holds after this run (ready, intact checkouts): computed
     # from the inventory gc already made, so callers need no second walk.
@@ -315,111 +328,6 @@ def tidy(info: RepoInfo, report: GcReport) -> None:
             remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.name, checkout.size))
 
 
-def drop_dead_clone_record(paths: RepoPaths, name: str) -> None:
-    """Remove a dead clone's record, keeping its count of worker deaths (state/<name>.deaths.json),
-    so that a worker that always dies still ends in WORKER_DIED. Caller holds the clone lock."""
-    record = records.read_json(paths.clone_record(name), records.CLONE)
-    if record is not None:
-        try:
-            deaths = max(0, int(record.get("deaths", 0)))
-        except (TypeError, ValueError):
-            deaths = 0
-        # Written first: killed in between, both say the same.
-        records.write_json(paths.deaths_record(name), {"commit": commit_of(name), "deaths": deaths,
-                                                       "at": time.time()})
-    records.remove_quietly(paths.clone_record(name))
-
-
-def forget_old_deaths(paths: RepoPaths, report: GcReport) -> None:
-    """Deaths records of commits nobody asked for in DEATHS_MEMORY go (under the clone lock)."""
-    if report.dry_run:
-        return
-    for name in paths.deaths_record_names():
-        def old(name: str = name) -> bool:
-            at = (records.read_json(paths.deaths_record(name), records.DEATHS) or {}).get("at", 0)
-            return not isinstance(at, (int, float)) or time.time() - at > DEATHS_MEMORY
-
-        if old():
-            with locks.rechecked(locks.clone_of(paths, name), old) as clone_lock:
-                if clone_lock is not None:
-                    records.remove_quietly(paths.deaths_record(name))
-
-
-def forget_unreachable(root_paths: RootPaths, report: GcReport, now: float) -> None:
-    """Records of repositories never reached go a day after their retry time (nobody asked since)."""
-    if report.dry_run:
-        return
-    try:
-        found = root_paths.unreachable_records()
-    except OSError:  # unreachable/ a symlink: never listed through
-        return
-    for _key, path in found:
-        failure = read_failure(path)
-        if failure is None or now - failure.retry_at > DEATHS_MEMORY:
-            records.remove_quietly(path)
-
-
-STALE_JOURNAL_AGE = 86400.0
-
-
-def forget_stale_journals(root_paths: RootPaths, report: GcReport, now: float) -> None:
-    """A serve's journal left behind: by a serve killed (SIGKILL, OOM), or written anew by a
-    worker that outlived its serve (O_APPEND|O_CREAT). A running serve holds its journal's
-    lock for its whole life, so one whose lock is free is removed, however recent (its age
-    proves nothing: serves of equal pids in other containers share this directory), and
-    removed while we hold that lock. An older version's <pid>.journal has no lock: it goes
-    once untouched for a day."""
-    if report.dry_run:
-        return
-    try:
-        journals = root_paths.serve_journals()
-    except OSError:  # serve/ a symlink: never listed through
-        return
-    for path in journals:
-        try:
-            if not RootPaths.journal_has_owner_lock(path):
-                if now - tree.lstat(path).st_mtime > STALE_JOURNAL_AGE:
-                    records.remove_quietly(path)
-                continue
-            if stat.S_ISLNK(tree.lstat(path).st_mode):
-                records.remove_quietly(path)  # never a journal: nothing to lock through it
-                continue
-            held = locks.abandoned_journal(path)
-            if held is not None:
-                with held:
-                    records.remove_quietly(path)
-        except OSError:
-            continue
-
-
-def forget_finished_commits(paths: RepoPaths, report: GcReport) -> None:
-    """Drop the clone lock file and log of commits with no checkout, clone or failure.
-
-    The lock file is unlinked while we hold it; every acquirer re-checks that the
-    path still names the inode it locked (store/locks.py), so nobody is left
-    holding a lock on a file that no longer exists.
-    """
-    if report.dry_run:
-        return
-    for name in paths.clone_lock_names():
-        def finished(name: str = name) -> bool:
-            return not tree.lexists(paths.checkout(name)) and not tree.lexists(paths.failure_record(name)) \
-                and not tree.lexists(paths.deaths_record(name))
-
-        if not finished():
-            continue
-        with locks.rechecked(locks.existing_clone_of(paths, name), finished) as clone_lock:
-            if clone_lock is None:
-                continue  # a clone is running (or the file just went, or it is needed again)
-            drop_dead_clone_record(paths, name)
-            if tree.lexists(paths.deaths_record(name)):
-                continue  # a dead clone's record just became a deaths record: keep its lock and log
-            records.remove_quietly(paths.clone_log(name))
-            records.remove_quietly(paths.previous_clone_log(name))
-            records.remove_quietly(paths.size_record(name))
-            records.remove_quietly(paths.clone_lock(name))
-
-
 def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcReport) -> None:
     """Set a marker's mtime that lies in the future back to now, under its exclusive lock, never waiting."""
     marker = paths.ready_marker(name)
@@ -440,13 +348,23 @@ def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcRe
 
 
 def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
-                   report: GcReport, spare: dict | None = None) -> tuple[str | None, Removal | None]:
+                   report: GcReport, spare: dict | None = None, held: bool = False) -> tuple[str | None, Removal | None]:
     """Rename one checkout into trash/ and delete it: (why it was kept instead, or None; what deleting freed).
-    spare: its spare.json, to keep its tree as a spare instead (store/spares.py; nothing freed)."""
+    spare: its spare.json, to keep its tree as a spare instead (store/spares.py; nothing freed).
+    held: a reader's hold no longer protects it (eviction.broken_holds): moved without the
+    marker's exclusive lock (store/checkouts.py move_held_checkout_aside)."""
     def recheck(last_use: float) -> str | None:
         if time.time() - last_use <= grace:
             return USED_MEANWHILE
         return "dry-run" if dry_run else None
+
+    if held:
+        if dry_run:
+            return None, None
+        moved = move_held_checkout_aside(paths, name, recheck)
+        if moved.slot is None:
+            return moved.kept or GONE, None
+        return None, delete(paths, moved.slot, report)
 
     if spare is not None and not dry_run:
         moved = evict_to_spare(paths, name, spare, recheck)
@@ -458,6 +376,35 @@ def evict_checkout(paths: RepoPaths, name: str, grace: float, dry_run: bool,
         return moved.kept or GONE, None
     checkpoint("gc-after-evict-rename")
     return None, delete(paths, moved.slot, report)
+
+
+def note_held(info: RepoInfo, now: float, dry_run: bool, workspaces: set[str] = frozenset(),
+              workspaces_since: dict[str, float] | None = None) -> dict[str, float]:
+    """Since when each held checkout of a repository has been held, as gc's runs saw it
+    (state/held.json, gc's own): a checkout seen held keeps its first sighting, one seen free
+    leaves the record. {name: since}. A record that cannot be read starts anew. workspaces:
+    the live workspaces pinning this repository, whose first sightings go the same way (into
+    workspaces_since)."""
+    paths = info.paths
+    try:
+        record = records.read_json(paths.held_record, records.HELD) or {}
+    except OSError:
+        record = {}
+    before, pinned = record.get("since", {}), record.get("workspaces") if isinstance(record.get("workspaces"), dict) else {}
+    held = {c.name for c in info.checkouts if c.ready and c.held and not c.unreadable}
+    since = {name: float(before[name]) if records.finite(before.get(name)) else now for name in held}
+    pins = {name: float(pinned[name]) if records.finite(pinned.get(name)) else now for name in workspaces}
+    if workspaces_since is not None:
+        workspaces_since.update(pins)
+    if not dry_run and (since != before or pins != pinned):
+        try:
+            if since or pins:
+                records.write_json(paths.held_record, {"since": since, **({"workspaces": pins} if pins else {})})
+            else:
+                records.remove_quietly(paths.held_record)
+        except OSError:
+            pass  # the age is then counted anew: the count bound still holds
+    return since
 
 
 def drop_spares(spares: list[tuple[RepoPaths, Spare]], report: GcReport, why: str,
@@ -657,25 +604,74 @@ def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
     return True
 
 
-def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport) -> int:
-    """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts)."""
+def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, problems: list[dict],
+                     borrows: set[tuple[str, str, str]]) -> int:
+    """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts).
+    What could not be read there goes to problems; the (key, commit, workspace) whose objects
+    each live workspace borrows, to borrows: their keep-refs stay even once the source checkout
+    went (a workspace's hold of its source is bounded like any reader's; so are these pins:
+    bounded_pins). A live workspace measured only in part (sizes.WORKSPACE_BOUNDS met, or
+    entries it may not read) counts what was measured and is listed under the report's
+    workspaces.partial and in problems."""
     from checkoutcache.store import workspaces
     from checkoutcache.workspaces import workspaces_dir_of
 
     paths = workspaces_dir_of(root_paths.root, config)
-    seen = {"dir": paths.base, "live": 0, "bytes": 0, "dead_left": []}
+    seen = {"dir": paths.base, "live": 0, "bytes": 0, "dead_left": [], "partial": []}
     report.workspaces = seen
     if not os.path.isdir(paths.base):
         return 0
+    # The directory is the reviews' to write: whatever they made there that is no lock or record
+    # (a FIFO where owner.lock should be) costs that entry, counted in problems, never the run.
+    found: list[dict] = []
     if not report.dry_run:
-        reaped, left = workspaces.reap_dead(paths)
+        reaped, left = workspaces.reap_dead(paths, problems=found)
         report.removed += [Removed("dead-workspace", "", r.name, r.bytes) for r in reaped]
         seen["dead_left"] = [{"workspace": n.name, "uid": n.uid, "why": n.why} for n in left]
-    for fact in workspaces.workspace_facts(paths):
+    facts = workspaces.workspace_facts(paths, problems=found)
+    problems += list({(p["path"], p["error"]): p for p in found}.values())  # each entry once
+    for fact in facts:
         if fact.alive:
             seen["live"] += 1
-            seen["bytes"] += size_of(fact.path)
+            # The review's own tree, walked as it changes it: bounded, and past a bound
+            # what was counted stands as its bytes (a lower bound, said so).
+            usage = measure(fact.path, bounds=WORKSPACE_BOUNDS)
+            seen["bytes"] += usage.bytes
+            if usage.partial:
+                seen["partial"].append({"workspace": fact.name, "bytes": usage.bytes, "entries": usage.entries,
+                                        "why": list(usage.partial)})
+                problems.append({"path": fact.path, "error": "SIZE_AT_LEAST",
+                                 "why": f"its size walk stopped short ({', '.join(usage.partial)}; "
+                                        f"{usage.entries} entries): at least {format_bytes(usage.bytes)} counted"})
+            key, commit = fact.record.get("key"), fact.record.get("commit")
+            if key and commit and borrows_from(fact, key):  # its git borrows that commit's objects
+                borrows.add((key, commit, fact.name))
     return seen["bytes"]
+
+
+def borrows_from(fact, key: str) -> bool:
+    """Whether a live workspace's git really borrows from repository KEY's mirror: its tree's
+    .git/objects/info/alternates names that mirror's objects (an owner.json alone is the
+    review's word: it could name any repository to pin it)."""
+    alternates = os.path.join(fact.tree, ".git", "objects", "info", "alternates")
+    try:
+        fd = tree.open_file(alternates, os.O_RDONLY)  # never blocks, never a FIFO's or a link's
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as handle:
+        lines = handle.read(1 << 14).decode("utf-8", "replace").splitlines()
+    return any(line.rstrip("/").endswith(f"/repos/{key}/mirror.git/objects") for line in lines)
+
+
+def bounded_pins(pins: set[tuple[str, str, str]], since: dict[str, float], config: Config,
+                 now: float) -> set[tuple[str, str]]:
+    """Of live workspaces' pins (key, commit, workspace), those gc keeps: bounded as readers'
+    locks are (max-held, the most recently seen first; max-hold-age, as gc's runs saw them:
+    since, workspace -> first sighting), since a review makes them as it likes."""
+    kept = [(key, commit, name) for key, commit, name in pins
+            if now - since.get(name, now) <= config.max_hold_age]
+    kept.sort(key=lambda pin: -since.get(pin[2], now))
+    return {(key, commit) for key, commit, _name in kept[:config.max_held]}
 
 
 def spares_of(info, report: GcReport | None) -> list:
@@ -753,8 +749,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             with going_on(report, info.paths, root_paths):
                 for slot in ([] if dry_run else drop_unfinished(info.paths)):  # a killed gc's
                     remove_moved(info.paths, slot, report, Removed("spare", info.paths.key, os.path.basename(slot)))
+        workspace_pins: set[tuple[str, str, str]] = set()
         try:
-            pinned_bytes = workspace_upkeep(root_paths, config, report)
+            pinned_bytes = workspace_upkeep(root_paths, config, report, newer, workspace_pins)
         except OSError as exc:  # a workspaces directory this gc may not read: said, never the run's end
             pinned_bytes = 0
             newer.append({"path": str(exc.filename), "error": errno.errorcode.get(exc.errno or 0, "OSError"),
@@ -771,8 +768,20 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         by_key = {info.key: info for info in repos}
         limits = Limits.from_config(config)
         now = time.time()
+        pins_of = collections.defaultdict(set)
+        for key, _commit, name in workspace_pins:
+            pins_of[key].add(name)
+        seen_since: dict[str, float] = {}
+        held_since = {info.key: note_held(info, now, dry_run, pins_of.get(info.key, set()), seen_since)
+                      for info in repos if not info.refused}
+        workspace_borrows = bounded_pins({p for p in workspace_pins if p[0] in held_since}, seen_since, config, now)
+        # Registered holds (store/holds.py: an exec's, a workspace copy's, serve's /v1/hold, of the
+        # writer alone): no bound on readers' locks breaks them.
+        writer_holds = holds.registered(root_paths, dry_run=dry_run)
         entries = [Entry(repo=info.key, name=c.name, size=c.size, held=c.held,
-                         last_used=now if (info.key, c.name) in used_within_grace else c.last_used)
+                         last_used=now if (info.key, c.name) in used_within_grace else c.last_used,
+                         held_since=held_since.get(info.key, {}).get(c.name),
+                         writer_hold=(info.key, c.name) in writer_holds)
                    for info in repos for c in info.checkouts if c.ready and c.intact and not c.unreadable]
         for info in repos:
             for c in info.checkouts:
@@ -813,13 +822,15 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             limits.max_bytes - pinned_bytes - (checkout_bytes - sum(e.entry.size for e in plan.evict))
         free_room = disk.free - 2 * spare_bytes
         evicted = set()
-        in_use: list[str] | None = None  # what processes have open, looked up once, when a tree could be spared
+        in_use = None  # what processes have open, looked up once, when a tree could be spared
         for eviction in plan.evict:
             entry = eviction.entry
             spare = None
             if not short and eviction.limit in ("max-checkouts", "max-age") and (room is None or entry.size <= room) \
                     and 2 * entry.size <= free_room:
                 spare = spare_record(by_key[entry.repo], entry.name, config)
+            if eviction.broke_hold is not None:
+                spare = None  # its holder may still work in it: never anyone's next tree
             if spare is not None:
                 # A tree a process still works in (its working directory, an open file, a mapped
                 # one) is never made a spare: whatever it writes later would land in the next
@@ -829,7 +840,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                     spare = None
             try:
                 kept_why, removal = evict_checkout(by_key[entry.repo].paths, entry.name, limits.grace, dry_run,
-                                                   report, spare)
+                                                   report, spare, held=eviction.broke_hold is not None)
             except OSError as exc:  # one checkout that cannot be moved never stops the others
                 report.unremovable.append({"repo": entry.repo, "path": os.path.relpath(
                     by_key[entry.repo].paths.checkout(entry.name), root_paths.root),
@@ -844,7 +855,11 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                     free_room -= 2 * entry.size
                     continue
                 freed = entry.size if removal is None else removal.freed
-                report.removed.append(Removed(eviction.reason, entry.repo, entry.name, freed, eviction.limit))
+                report.removed.append(Removed(eviction.reason, entry.repo, entry.name, freed, eviction.limit,
+                                              broke_hold=eviction.broke_hold))
+                if eviction.broke_hold is not None:
+                    log.warning("gc evicted %s of %s though a reader holds it (%s)", entry.name, entry.repo,
+                                eviction.broke_hold)
             elif kept_why != GONE:
                 report.kept.append(KeptOver(entry.repo, commit_of(entry.name), kept_why, eviction.limit, entry.name))
         report.kept += [KeptOver(k.entry.repo, commit_of(k.entry.name), k.why, k.limit, k.entry.name)
@@ -854,7 +869,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                 with going_on(report, by_key[eviction.entry.repo].paths, root_paths):
                     note_last_use(by_key[eviction.entry.repo].paths, eviction.entry.last_used)
         freed = sum(r.bytes for r in report.removed if r.reason in ("lru", "age"))
-        dropped, repos_kept = drop_repositories(root_paths, limits, before, freed, now, report, keys)
+        dropped, repos_kept = drop_repositories(root_paths, limits, before, freed, now, report, keys,
+                                                {key for key, _commit in workspace_borrows})
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
@@ -866,7 +882,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             drop_spares(spares, report, "max-spares", lambda _freed: len(spares) <= config.max_spares)
         report.spares_after = len(spares)
         report.spare_bytes_after = sum(s.bytes for _, s in spares)
-        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows)
+        borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows) \
+            | frozenset(workspace_borrows)
         repos = [info for info in repos if info.key not in dropped]
         for info in repos:
             if info.refused:
@@ -876,6 +893,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
                                 frozenset(spare.sha for paths, spare in spares if paths.key == info.key))
             with going_on(report, info.paths, root_paths):
                 forget_old_deaths(info.paths, report)
+                forget_old_failures(info.paths, report)
                 forget_finished_commits(info.paths, report)
             with going_on(report, info.paths, root_paths):
                 record_unremovable(info.paths, report, now)
@@ -891,13 +909,14 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
 
 
 def drop_repositories(root_paths: RootPaths, limits: Limits, disk: Disk, freed: int, now: float,
-                      report: GcReport, keys: list[str] | None = None) -> tuple[dict[str, int], list[RepoKept]]:
+                      report: GcReport, keys: list[str] | None = None,
+                      workspace_keys: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, int], list[RepoKept]]:
     """Whole repositories with nothing in them, unused past repo_max_idle (or past the grace
     window while min-free is unmet): {key: bytes freed} of those removed, and those min-free
     wanted that had to stay. keys: the repositories of our layout (a newer version's are
     never touched), though every repository's borrows count."""
     everything = inventory(root_paths, sizes=NO_SIZES)
-    borrowed = borrowed_keys_of(everything)
+    borrowed = borrowed_keys_of(everything) | set(workspace_keys)  # a live workspace borrows its mirror too
     # A refused store (a symlink where one of its directories should be) is never dropped through.
     repos = [info for info in everything if (keys is None or info.key in keys) and not info.refused]
     targets = free_targets(limits, disk)

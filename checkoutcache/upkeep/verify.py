@@ -2,10 +2,15 @@
 
 The ready path only makes a cheap check (the marker, the top-level names).
 verify makes the deep one through the git interface (git/backend.py): HEAD at
-the commit, the commit's objects readable through the mirror, and no tracked
-file differing from the commit (without taking git's index lock, so a review's
-own git commands in the checkout are never disturbed). Untracked files, a
-review's build outputs, are not damage. With remove_broken, a broken checkout
+the commit, the commit's objects readable through the mirror, git's status
+clean (without taking git's index lock, so a review's own git commands in the
+checkout are never disturbed), and, on the git CLI, every tracked path byte for
+byte what a fresh checkout of the commit writes (git/written.py: the commit's
+own attributes, our checkout config, LFS content or pointers as the marker
+says; status alone trusts a file whose stat its index holds). It writes nothing
+in the store: a reader with a read-only mount may run it (its scratch is the
+system's temporary directory). Untracked files, a review's build outputs, are
+not damage. With remove_broken, a broken checkout
 that no command holds is moved into trash (store/checkouts.py), so the next
 ensure clones it again; a held one is left for its command and reported.
 """
@@ -39,8 +44,22 @@ def verify_checkout(paths: RepoPaths, name: str, backend: GitBackend) -> dict:
         problems.append(f"HEAD is {head[:60]!r}, not the commit")
     elif not problems:
         problems += backend.deep_problems(path, sha)
+        if not problems and getattr(backend, "name", None) == "cli":
+            # What git's status cannot see (it trusts a file whose stat its index holds): the
+            # bytes, as a fresh checkout of the commit would write them with its attributes.
+            from checkoutcache.git.written import differences
+
+            problems += differences(backend.git, path, paths.mirror_objects, sha,
+                                    tuple(record.get("sparse") or ()), lfs_filter_of(record))
     return {"commit": sha, "name": name, "path": path, "ok": not problems, "problems": problems,
             "held": locks.checkout_held(paths.ready_marker(name))}
+
+
+def lfs_filter_of(marker: dict) -> bool:
+    """Whether the checkout's top-level tree went through git-lfs's smudge (its LFS files hold
+    their content): recorded since issue 33; before, an answer of content said so."""
+    recorded = marker.get("lfs_filter")
+    return recorded if recorded is not None else marker.get("lfs") == "content"
 
 
 def marker_identity(paths: RepoPaths, name: str) -> tuple[int, int] | None:

@@ -5,7 +5,7 @@ only fixtures; test files import what they need from here.
 - repos.py    git(), Upstream: real repositories made by the tests.
 - daemons.py  GitDaemon and free_port (one helper for tests and benchmarks).
 - cli.py      run_cli() and wait_ready(): the CLI run as a user runs it.
-- tree.py     walk(): the one tree walker; files_under, grep_tree, content_snapshot.
+- tree.py     walk(): the one tree walker; files_under, grep_tree, content_snapshot, exchange.
 - store.py    store paths through checkoutcache.store.layout, store snapshots,
               assert_checkout_matches, making a checkout look idle.
 - waiting.py  wait_until(): a bounded wait for an event instead of a fixed sleep.
@@ -29,11 +29,11 @@ from .store import (
     settled,
     store_snapshot,
 )
-from .tree import content_snapshot, files_under, grep_tree, walk
+from .tree import content_snapshot, exchange, files_under, grep_tree, walk
 from .waiting import pid_alive, wait_until
 
 __all__ = [
-    "AWS_TEST_SECRET", "MotoS3", "GIT_ENV", "GitDaemon", "SCOPED", "SHORT_BACKOFF", "Serve", "TOKEN", "Upstream", "assert_checkout_matches", "blob_id", "content_snapshot", "files_under",
+    "AWS_TEST_SECRET", "MotoS3", "GIT_ENV", "GitDaemon", "SCOPED", "SHORT_BACKOFF", "Serve", "TOKEN", "Upstream", "assert_checkout_matches", "blob_id", "content_snapshot", "exchange", "files_under",
     "free_port", "git", "grep_tree", "make_idle", "marker", "only_repo", "pid_alive", "run_cli", "settled", "store_snapshot",
     "wait_ready", "wait_until", "walk",
 ]

@@ -103,6 +103,10 @@ class PackTailProxy(GatedProxy):
     def hold_tails(self) -> None:
         self._tail_open.clear()
 
+    def release_tails(self) -> None:
+        """The held ends go on: each waiting fetch finishes (updates its refs, removes its `.keep`)."""
+        self._tail_open.set()
+
     def close(self) -> None:
         self._tail_open.set()
         super().close()

@@ -7,8 +7,11 @@ Always) and its probes are newer than its kube support. So each container of
 the pod spec becomes a podman container of the image, with what the spec says:
 the uid and gid (and fsGroup, if any, as a supplementary group), a read-only
 root, dropped and added capabilities, no privilege escalation, the memory
-limit, the environment (secret references get the test's token), the command,
-and the volume mounts, read-only where the spec says readOnly. An emptyDir
+limit, the environment (secret references get the Secret's values), the command,
+and the volume mounts, read-only where the spec says readOnly. The Secrets the
+spec names are made as deploy/ says (`checkoutcache tokens --secret NAME`); a
+secret volume becomes a host directory with a file per item, root's, with its
+defaultMode, mounted read-only. An emptyDir
 becomes a podman volume prepared as the kubelet prepares one: root's, 0777
 (with an fsGroup: that group, 02777); a persistentVolumeClaim a volume as a
 new PersistentVolume usually starts, root's and 0755 (or a volume the test
@@ -21,7 +24,9 @@ Where this machine differs from a cluster (and why): the pod's shared network
 namespace is the host network (no CNI here; containers still have their own
 PID namespaces), so the listening ports are replaced by free ones (the host
 network is shared with the machine) and no NetworkPolicy applies; probes are
-run by the test, by HTTP on 127.0.0.1, when it asks (`probe`); restarts are
+run by the test, by HTTP on 127.0.0.1, when it asks (`probe`); the allow-list
+(`CHECKOUTCACHE_API_REPOS`, which the manifest says to edit) names the test's
+repository; restarts are
 `start()` after `stop()`; the test starts the containers (the sidecar first,
 as a kubelet does) and may start more than one copy of a container, as
 another uid; resource requests (cpu, ephemeral-storage) are not enforced.
@@ -31,7 +36,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 
 from .containers import Container, Containers, podman
 from .daemons import free_port
@@ -48,13 +57,25 @@ def podman_memory(quantity: str) -> str:
     return f"{number}{unit[0].lower()}"
 
 
+def shipped_secret(name: str = "checkoutcache-tokens") -> dict[str, str]:
+    """The Secret as deploy/ says to make it (`checkoutcache tokens --secret NAME`): its keys."""
+    done = subprocess.run([sys.executable, "-m", "checkoutcache", "tokens", "--secret", name], capture_output=True,
+                          text=True, timeout=60, check=True)
+    return json.loads(done.stdout)["stringData"]
+
+
 class ManifestPod:
-    def __init__(self, containers: Containers, spec: dict, token: str, claims: dict[str, str] | None = None):
-        """claims: persistentVolumeClaim name -> an existing podman volume (a cache that outlives
-        a pod); a claim not given gets a new volume."""
+    def __init__(self, containers: Containers, spec: dict, secrets: dict[str, dict[str, str]] | None = None,
+                 claims: dict[str, str] | None = None, where: str | None = None, repos: str | None = None):
+        """secrets: Secret name -> its keys' values (default: each Secret the spec names, made as
+        deploy/ says: shipped_secret); claims: persistentVolumeClaim name -> an existing podman
+        volume (a cache that outlives a pod), a claim not given gets a new volume; where: a host
+        directory for the secret volumes' files."""
         self.containers = containers
         self.spec = spec
-        self.token = token
+        self.repos = repos  # CHECKOUTCACHE_API_REPOS as an operator edits it: the test's repositories
+        names = {v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+        self.secrets = secrets if secrets is not None else {name: shipped_secret(name) for name in names}
         self.grace = int(spec.get("terminationGracePeriodSeconds", 30))
         self.fs_group = spec.get("securityContext", {}).get("fsGroup")
         self.volumes: dict[str, str | None] = {}  # pod volume name -> podman volume (None: a tmpfs)
@@ -62,6 +83,9 @@ class ManifestPod:
                        if m["mountPath"] == "/tmp"}
         for volume in spec.get("volumes", []):
             name = volume["name"]
+            if "secret" in volume:
+                self.volumes[name] = self._secret_volume(name, volume["secret"], where)
+                continue
             if "emptyDir" in volume:
                 assert set(volume) == {"name", "emptyDir"}, volume
                 self.volumes[name] = None if name in tmp_volumes else self._prepared("0:0", "0777")
@@ -84,6 +108,21 @@ class ManifestPod:
                self.containers.image, "-c", f"chown {owner} /v && chmod {mode} /v")
         return volume
 
+    def _secret_volume(self, name: str, secret: dict, where: str | None) -> str:
+        """A secret volume as the kubelet makes one: a file per item (key -> path) holding the
+        key's value, root's, with defaultMode (0644 unless said); mounted read-only."""
+        assert set(secret) <= {"secretName", "items", "defaultMode"}, secret
+        values = self.secrets[secret["secretName"]]
+        directory = tempfile.mkdtemp(prefix=f"secret-{name}-", dir=where)
+        os.chmod(directory, 0o755)
+        for item in secret.get("items") or [{"key": k, "path": k} for k in values]:
+            assert set(item) == {"key", "path"} and "/" not in item["path"], item
+            path = os.path.join(directory, item["path"])
+            with open(path, "w") as handle:
+                handle.write(values[item["key"]])
+            os.chmod(path, secret.get("defaultMode", 0o644))
+        return directory
+
     def all_containers(self) -> list[dict]:
         return self.spec.get("initContainers", []) + self.spec["containers"]
 
@@ -101,13 +140,16 @@ class ManifestPod:
         env = {}
         for item in container.get("env", []):
             if "valueFrom" in item:
-                env[item["name"]] = self.token
+                ref = item["valueFrom"]["secretKeyRef"]
+                env[item["name"]] = self.secrets[ref["name"]][ref["key"]].strip()
             else:
                 env[item["name"]] = str(item["value"])
         for setting in PORT_SETTINGS:
             if setting in env:
                 host = env[setting].rpartition(":")[0]
                 env[setting] = f"{host}:{self.ports[setting]}"
+        if "CHECKOUTCACHE_API_REPOS" in env and self.repos is not None:
+            env["CHECKOUTCACHE_API_REPOS"] = self.repos
         if "CHECKOUTCACHE_API_URL" in env:
             env["CHECKOUTCACHE_API_URL"] = f"http://127.0.0.1:{self.ports['CHECKOUTCACHE_LISTEN']}"
         return env
@@ -146,6 +188,8 @@ class ManifestPod:
                 options.append(f"--tmpfs={mount['mountPath']}")
             else:
                 volumes[source] = mount["mountPath"] + (":ro" if mount.get("readOnly") else "")
+        secret_mounts = [m for m in spec.get("volumeMounts", []) if m["name"] in self.secret_volume_names()]
+        assert all(m.get("readOnly") for m in secret_mounts), "the kubelet mounts secrets read-only"
         command = spec.get("command")
         entrypoint = json.dumps(command) if command else None
         return self.containers.run(name=as_name or name, user=user, env={**self.env(spec), **(env or {})},
@@ -175,6 +219,19 @@ class ManifestPod:
             return response.status, json.loads(response.read() or b"{}")
         finally:
             conn.close()
+
+    def secret_volume_names(self) -> set[str]:
+        return {v["name"] for v in self.spec.get("volumes", []) if "secret" in v}
+
+    def token(self, secret: str, key: str) -> str:
+        """A Secret key's value as the pod's containers read it (a token: one line)."""
+        return self.secrets[secret][key].strip()
+
+    def tokens_file(self, secret: str = "checkoutcache-tokens") -> list[tuple[str, object]]:
+        """The grants of the sidecar's tokens file (the Secret's `tokens` key)."""
+        from checkoutcache.serve.policy import parse_tokens
+
+        return list(parse_tokens(self.secrets[secret]["tokens"], "tokens"))
 
     def mountpoint(self, volume_name: str) -> str:
         """Where the host sees a pod volume (for checks after the fact)."""

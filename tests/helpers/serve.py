@@ -54,9 +54,11 @@ class Serve:
         wait_until(started, 30, "serve to write its ready file")
 
     def client(self, token: str | None = TOKEN) -> Client:
+        """The typed client, on this machine: it reads the root serve writes (its ready paths
+        are checked there)."""
         if self.unix:
-            return Client(unix=self.unix, token=token)
-        return Client(f"http://127.0.0.1:{self.port}", token=token)
+            return Client(unix=self.unix, token=token, root=self.root)
+        return Client(f"http://127.0.0.1:{self.port}", token=token, root=self.root)
 
     def connection(self) -> http.client.HTTPConnection:
         if self.unix:

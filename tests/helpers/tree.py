@@ -1,9 +1,11 @@
 """The one tree walker of the tests. It never follows symlinks (a symlink,
 even to a directory, is a leaf), yields entries in sorted order, and can skip
-names at the top (a checkout's .git)."""
+names at the top (a checkout's .git). exchange(): what a review swapping two
+names of its tree does (renameat2 RENAME_EXCHANGE: both names always exist)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 from typing import Iterator, NamedTuple
@@ -74,3 +76,13 @@ def content_snapshot(path: str, ignore: tuple[str, ...] = ()) -> dict[str, tuple
             with open(entry.path, "rb") as handle:
                 found[entry.rel] = (handle.read(), entry.info.st_mode)
     return found
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
+    """Swap two names atomically (renameat2 RENAME_EXCHANGE), as a review does in its own tree
+    while a walker looks: at no instant is either name missing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number), os.fspath(a))

@@ -1,0 +1,198 @@
+// RepositoryBreaker's rules (src/breaker.ts), each driven by real calls of the built client against
+// a real serve: an unavailable sidecar, a checkout that could not be started, missed waits, a
+// success's reset, a call that succeeds after the breaker tripped, and a new breaker per turn.
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import { CheckoutCache, CheckoutCacheError, RepositoryBreaker, type Answer } from "@checkoutcache/client";
+import { TOKEN, freePort, waitUntil, world, type World } from "./helpers/index.js";
+
+let w: World;
+let client: CheckoutCache;
+let nobody: CheckoutCache; // a sidecar that is not there: every call UNAVAILABLE
+
+before(async () => {
+  w = await world("breaker");
+  client = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN });
+  nobody = new CheckoutCache({ baseUrl: `http://127.0.0.1:${await freePort()}`, token: TOKEN });
+  assert.equal((await client.ensure({ repo: w.repo, commit: w.upstream.shas[0]!, wait: 60 })).state, "ready");
+});
+after(async () => {
+  await w?.close();
+});
+
+async function rejection(promise: Promise<unknown>): Promise<CheckoutCacheError> {
+  try {
+    await promise;
+  } catch (error) {
+    assert.ok(error instanceof CheckoutCacheError, String(error));
+    return error;
+  }
+  assert.fail("the call did not throw");
+}
+
+/** run() refuses at once, without calling fn, with a next step to the read-only source tools. */
+async function assertRefused(breaker: RepositoryBreaker, repo: string): Promise<CheckoutCacheError> {
+  let called = 0;
+  const error = await rejection(breaker.run(repo, async () => { called++; return client.ensure({ repo, commit: w.upstream.shas[0]! }); }));
+  assert.equal(called, 0, "fn was not called");
+  assert.equal(error.code, "REPOSITORY_DOWN");
+  assert.match(error.next, /read-only source tools/);
+  assert.equal(error.status, undefined);
+  return error;
+}
+
+const missing = (n: number) => `${n}`.padStart(4, "0") + "456789abcdef0123456789abcdef01234567";
+
+describe("a repository goes down", () => {
+  it("when a call reports the sidecar unavailable", async () => {
+    const breaker = new RepositoryBreaker();
+    const error = await rejection(breaker.run(w.repo, () => nobody.ensure({ repo: w.repo, commit: w.upstream.shas[0]!, wait: 30 })));
+    assert.equal(error.code, "UNAVAILABLE"); // the call's own error passes through
+    assert.equal(breaker.isDown(w.repo), true);
+    assert.equal(breaker.state(w.repo).reason, "UNAVAILABLE");
+    const refused = await assertRefused(breaker, w.repo);
+    assert.match(refused.message, /UNAVAILABLE/);
+    // Only that repository: another one is asked as before.
+    const other = w.daemon.url("project/.git");
+    assert.equal((await breaker.run(other, () => client.ensure({ repo: other, commit: w.upstream.shas[0]!, wait: 60 }))).state, "ready");
+    assert.equal(breaker.isDown(other), false);
+  });
+
+  it("when a call runs past its budget (the sidecar did not answer)", async () => {
+    const breaker = new RepositoryBreaker();
+    const sha = w.fresh();
+    w.proxy.shut();
+    const error = await rejection(breaker.run(w.gatedRepo, () => client.ensure({ repo: w.gatedRepo, commit: sha, wait: 300, budget: 0.5 })));
+    assert.equal(error.code, "TIMEOUT");
+    await assertRefused(breaker, w.gatedRepo);
+    w.proxy.open();
+    assert.equal((await client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 })).state, "ready");
+  });
+
+  it("when its checkout could not be started: a failed answer, returned as it came", async () => {
+    const breaker = new RepositoryBreaker();
+    const answer = await breaker.run(w.repo, () => client.ensure({ repo: w.repo, commit: missing(1), wait: 60 }));
+    assert.equal(answer.state, "failed");
+    assert.equal((answer as { error: string }).error, "UNKNOWN_COMMIT");
+    assert.equal(breaker.state(w.repo).reason, "UNKNOWN_COMMIT");
+    await assertRefused(breaker, w.repo);
+  });
+
+  it("when a hold's checkout could not be started, or the repository is refused", async () => {
+    const held = new RepositoryBreaker();
+    await rejection(held.run(w.repo, () => client.hold({ repo: w.repo, commit: missing(2), wait: 60 })));
+    assert.equal(held.state(w.repo).reason, "UNKNOWN_COMMIT");
+    await assertRefused(held, w.repo);
+    const refused = new RepositoryBreaker();
+    const local = w.upstream.path; // serve runs without --allow-local: FORBIDDEN_REPOSITORY (403)
+    assert.equal((await rejection(refused.run(local, () => client.ensure({ repo: local, commit: w.upstream.shas[0]! })))).status, 403);
+    await assertRefused(refused, local);
+    const unauthorized = new RepositoryBreaker();
+    const wrong = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: "not-the-token-at-all-000" });
+    assert.equal((await rejection(unauthorized.run(w.repo, () => wrong.ensure({ repo: w.repo, commit: w.upstream.shas[0]! })))).status, 401);
+    assert.equal(unauthorized.isDown(w.repo), true);
+  });
+
+  it("after two missed waits (the checkout still cloning when each wait ended)", async () => {
+    const breaker = new RepositoryBreaker();
+    const sha = w.fresh();
+    w.proxy.shut();
+    const miss = () => breaker.run(w.gatedRepo, () => client.ensure({ repo: w.gatedRepo, commit: sha, wait: 0.2 }));
+    assert.equal((await miss()).state, "cloning");
+    assert.deepEqual(breaker.state(w.gatedRepo), { down: false, missed: 1, reason: undefined, detail: undefined });
+    assert.equal((await miss()).state, "cloning");
+    assert.equal(breaker.isDown(w.gatedRepo), true);
+    assert.equal(breaker.state(w.gatedRepo).reason, "MISSED_WAITS");
+    await assertRefused(breaker, w.gatedRepo);
+    // A hold that ends still cloning (NOT_HELD) is a missed wait too.
+    const holds = new RepositoryBreaker();
+    for (let n = 0; n < 2; n++) assert.equal((await rejection(holds.run(w.gatedRepo, () => client.hold({ repo: w.gatedRepo, commit: sha, wait: 0.2 })))).code, "NOT_HELD");
+    assert.equal(holds.state(w.gatedRepo).reason, "MISSED_WAITS");
+    w.proxy.open();
+    assert.equal((await client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 })).state, "ready");
+  });
+});
+
+describe("what does not put it down, and what never brings it back", () => {
+  it("a success resets the count of missed waits", async () => {
+    const breaker = new RepositoryBreaker();
+    const sha = w.fresh();
+    w.proxy.shut();
+    const miss = () => breaker.run(w.gatedRepo, () => client.ensure({ repo: w.gatedRepo, commit: sha, wait: 0.2 }));
+    assert.equal((await miss()).state, "cloning");
+    assert.equal((await breaker.run(w.gatedRepo, () => client.ensure({ repo: w.gatedRepo, commit: w.upstream.shas[0]! }))).state, "ready");
+    assert.equal(breaker.state(w.gatedRepo).missed, 0);
+    assert.equal((await miss()).state, "cloning");
+    assert.deepEqual(breaker.state(w.gatedRepo), { down: false, missed: 1, reason: undefined, detail: undefined });
+    w.proxy.open();
+    assert.equal((await breaker.run(w.gatedRepo, () => client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 }))).state, "ready");
+    assert.equal(breaker.isDown(w.gatedRepo), false);
+  });
+
+  it("a call that started before the breaker tripped and succeeded after does not reset it", async () => {
+    const breaker = new RepositoryBreaker();
+    const sha = w.fresh();
+    w.proxy.shut();
+    const heldBefore = w.proxy.held;
+    let progressed = 0;
+    const early = breaker.run(w.gatedRepo, () => client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120, every: 0.2,
+      onProgress: () => { progressed++; } }));
+    await waitUntil(() => w.proxy.held > heldBefore && progressed > 0, 30_000, "the early call to be waiting on its clone");
+    await rejection(breaker.run(w.gatedRepo, () => nobody.status())); // the sidecar unavailable: down
+    assert.equal(breaker.isDown(w.gatedRepo), true);
+    w.proxy.open();
+    const answer: Answer = await early;
+    assert.equal(answer.state, "ready"); // its own result is passed on...
+    assert.equal(breaker.isDown(w.gatedRepo), true); // ...but down stays down for the turn
+    await assertRefused(breaker, w.gatedRepo);
+  });
+
+  it("a miss while a success was in flight is not reset by it", async () => {
+    const breaker = new RepositoryBreaker();
+    const sha = w.fresh();
+    let finish: (answer: Answer) => void = () => undefined;
+    const inFlight = breaker.run(w.gatedRepo, () => new Promise<Answer>((done) => { finish = done; }));
+    w.proxy.shut();
+    assert.equal((await breaker.run(w.gatedRepo, () => client.ensure({ repo: w.gatedRepo, commit: sha, wait: 0.2 }))).state, "cloning");
+    finish(await client.ensure({ repo: w.gatedRepo, commit: w.upstream.shas[0]! }));
+    assert.equal((await inFlight).state, "ready");
+    assert.equal(breaker.state(w.gatedRepo).missed, 1); // the success started before the miss
+    assert.equal((await breaker.run(w.gatedRepo, () => client.ensure({ repo: w.gatedRepo, commit: sha, wait: 0.2 }))).state, "cloning");
+    assert.equal(breaker.isDown(w.gatedRepo), true);
+    w.proxy.open();
+    assert.equal((await client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 })).state, "ready");
+  });
+
+  it("the caller's own errors count for nothing and pass through", async () => {
+    const breaker = new RepositoryBreaker();
+    const bad = await rejection(breaker.run(w.repo, () => client.ensure({ repo: w.repo, commit: "not-a-commit" })));
+    assert.equal(bad.code, "BAD_COMMIT");
+    const aborted = new AbortController();
+    aborted.abort();
+    assert.equal((await rejection(breaker.run(w.repo, () => client.status({ signal: aborted.signal })))).code, "ABORTED");
+    await assert.rejects(breaker.run(w.repo, async () => { throw new RangeError("the tool's own bug"); }), RangeError);
+    assert.deepEqual(breaker.state(w.repo), { down: false, missed: 0, reason: undefined, detail: undefined });
+    assert.equal((await breaker.run(w.repo, () => client.ensure({ repo: w.repo, commit: w.upstream.shas[0]! }))).state, "ready");
+  });
+
+  it("a new breaker is a new turn", async () => {
+    const turn1 = new RepositoryBreaker();
+    await rejection(turn1.run(w.repo, () => nobody.status()));
+    await assertRefused(turn1, w.repo);
+    const turn2 = new RepositoryBreaker();
+    assert.equal(turn2.isDown(w.repo), false);
+    assert.equal((await turn2.run(w.repo, () => client.ensure({ repo: w.repo, commit: w.upstream.shas[0]! }))).state, "ready");
+    await assertRefused(turn1, w.repo); // the old turn's breaker is unchanged
+  });
+
+  it("takes the executor's own next step and number of misses", async () => {
+    const breaker = new RepositoryBreaker({ missedWaits: 1, next: (repo) => `read ${repo} with the read-only source tools: read_file, grep` });
+    const sha = w.fresh();
+    w.proxy.shut();
+    assert.equal((await breaker.run(w.gatedRepo, () => client.ensure({ repo: w.gatedRepo, commit: sha, wait: 0.2 }))).state, "cloning");
+    const refused = await assertRefused(breaker, w.gatedRepo);
+    assert.match(refused.next, /read_file, grep/);
+    w.proxy.open();
+    assert.equal((await client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 })).state, "ready");
+  });
+});
