@@ -86,3 +86,36 @@ def test_the_document_lists_exactly_the_routes_serve_has():
 
     assert {path: sorted(m.upper() for m in ops) for path, ops in SPEC["paths"].items()} == \
         {path: sorted(methods) for path, methods in ROUTES.items()}
+
+
+def properties(name: str) -> set[str]:
+    """The fields a schema names, through allOf (Held is a Ready answer with its hold)."""
+    schema = SPEC["components"]["schemas"][name]
+    named = set(schema.get("properties", {}))
+    for part in schema.get("allOf", []):
+        named |= properties(part["$ref"].rsplit("/", 1)[1]) if "$ref" in part else set(part.get("properties", {}))
+    return named
+
+
+def test_the_document_names_every_field_an_answer_and_a_report_carries(tmp_path):
+    """Regression: a queued clone's `queue`, and gc's problems, disk and totals_after, were
+    sent and not in the document, so generated clients (the TypeScript one) typed them unknown."""
+    import attrs
+
+    from checkoutcache.answers import Answer
+    from checkoutcache.config import Config
+    from checkoutcache.store.layout import RootPaths
+    from checkoutcache.upkeep.gc import GcReport
+    from checkoutcache.upkeep.status import build_status
+
+    answers = {field.name for field in attrs.fields(Answer)}
+    assert {"queue", "progress", "merge_base", "retry_after"} <= answers  # the list is the real one
+    assert answers <= properties("Ready") | properties("Cloning") | properties("Error")
+    assert {"queue", "progress", "pid", "started_at"} <= properties("Cloning")
+    assert {"hold", "expires_in", "path", "history", "merge_base"} <= properties("Held")
+    report = GcReport(dry_run=True).to_json()
+    assert len(report) > 10 and set(report) <= properties("GcReport")
+    root = str(tmp_path / "cache")
+    os.makedirs(os.path.join(root, "repos"))
+    status = build_status(RootPaths(root), Config.from_env({}))
+    assert "unreachable" in status and set(status) <= properties("Status")
