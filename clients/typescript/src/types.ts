@@ -32,20 +32,8 @@ type JsonBody<Op extends keyof operations> = operations[Op] extends {
   ? B
   : never;
 
-/**
- * Fields the API is gaining (requests of a commit's `history` and its merge `base`): typed here
- * until the document names them, then the document's types win (only missing ones are added).
- */
-interface ComingRequestFields {
-  /** "full": the commit's whole history, not a shallow clone. */
-  history?: "full";
-  /** A 40-hex commit: the merge base with it is made available (the answer's merge_base). */
-  base?: string;
-}
-type WithComing<B> = B & Omit<ComingRequestFields, keyof B>;
-
-export type EnsureRequest = WithComing<JsonBody<"ensure">>;
-export type HoldRequest = WithComing<JsonBody<"hold">>;
+export type EnsureRequest = JsonBody<"ensure">;
+export type HoldRequest = JsonBody<"hold">;
 export type GcRequest = NonNullable<JsonBody<"gc">>;
 
 /** Seconds, or a form such as "15m", "1h30m", "500ms" (as the API takes). */

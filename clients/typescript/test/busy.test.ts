@@ -1,4 +1,5 @@
-// SERVER_BUSY: serve with --max-waiting 1 and one request parked on a clone held in its fetch.
+// SERVER_BUSY: serve with --max-waiting 1 and one request parked on a clone held in its fetch;
+// a queued clone: --max-clones 1, a second commit while the first clone is held.
 import assert from "node:assert/strict";
 import { after, before, it } from "node:test";
 import { CheckoutCache, CheckoutCacheError, RepositoryBreaker, type CloningAnswer } from "@checkoutcache/client";
@@ -8,7 +9,7 @@ let w: World;
 let client: CheckoutCache;
 
 before(async () => {
-  w = await world("busy", { args: ["--max-waiting", "1"] });
+  w = await world("busy", { args: ["--max-waiting", "1", "--max-clones", "1"] });
   client = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN });
 });
 after(async () => {
@@ -59,4 +60,24 @@ it("throws SERVER_BUSY (503, Retry-After) past --max-waiting; waitReady then pol
   w.proxy.open();
   assert.equal((await parked).state, "ready");
   assert.equal((await waiting).state, "ready");
+});
+
+it("types a queued clone's place: progress.phase queued and queue (position, bounds)", async () => {
+  const first = w.fresh();
+  const second = w.fresh();
+  w.proxy.shut();
+  const heldBefore = w.proxy.held;
+  assert.equal((await client.ensure({ repo: w.gatedRepo, commit: first })).state, "cloning");
+  await waitUntil(() => w.proxy.held > heldBefore, 30_000, "the first clone held in its fetch");
+  const queued = await client.ensure({ repo: w.gatedRepo, commit: second });
+  assert.equal(queued.state, "cloning", JSON.stringify(queued));
+  if (queued.state !== "cloning") return;
+  assert.equal(queued.progress?.phase, "queued");
+  assert.equal(queued.queue?.position, 1);
+  assert.equal(queued.queue?.max_clones, 1);
+  assert.equal(typeof queued.queue?.max_clones_per_token, "number");
+  w.proxy.open();
+  for (const commit of [first, second]) {
+    assert.equal((await client.waitReady({ repo: w.gatedRepo, commit, wait: 120 })).state, "ready");
+  }
 });

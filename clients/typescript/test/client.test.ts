@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import {
   CheckoutCache, CheckoutCacheError, type Answer, type CloningAnswer, type ReadyAnswer,
 } from "@checkoutcache/client";
-import { DOCUMENT, PACKAGE_DIR, TOKEN, freePort, recordingFetch, waitUntil, world, type World } from "./helpers/index.js";
+import { DOCUMENT, PACKAGE_DIR, TOKEN, freePort, git, recordingFetch, waitUntil, world, type World } from "./helpers/index.js";
 
 let w: World;
 let client: CheckoutCache;
@@ -125,19 +125,18 @@ describe("checkouts", () => {
     assert.ok(!JSON.stringify(status).includes("ftp://"), "a refused repository left nothing in the store");
   });
 
-  it("sends history and base when given (the coming fields) and keeps fields the document does not name", async () => {
-    const sha = w.upstream.shas[0]!;
-    const base = w.upstream.shas[1]!;
-    const recorder = recordingFetch((json) => json["state"] === "ready" ? { ...json, history: "complete", merge_base: base } : json);
-    // bearer: an answer rewritten on its way proves nothing, and a signed client refuses it (signed.test.ts)
-    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth: "bearer", fetch: recorder.fetch });
-    const answer = await watched.ensure({ repo: w.repo, commit: sha, wait: 60, history: "full", base });
+  it("sends history and base when given, and the answer names the merge base", async () => {
+    const sha = w.upstream.shas[1]!;
+    const base = w.upstream.shas[0]!;
+    const recorder = recordingFetch();
+    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: recorder.fetch });
+    const answer = await watched.waitReady({ repo: w.repo, commit: sha, wait: 120, history: "full", base });
     const sent = JSON.parse(recorder.calls.at(-1)!.body!);
     assert.equal(sent.history, "full");
     assert.equal(sent.base, base);
     assert.equal(answer.state, "ready");
-    assert.equal(answer["history"], "complete");
-    assert.equal(answer["merge_base"], base);
+    assert.equal(answer.history, "complete");
+    assert.equal(answer.merge_base, git(["merge-base", sha, base], w.upstream.path));
     const plain = await client.ensure({ repo: w.repo, commit: sha }); // not given: not sent
     assert.equal(plain.state, "ready");
     const recorder2 = recordingFetch();
@@ -145,16 +144,15 @@ describe("checkouts", () => {
     assert.deepEqual(Object.keys(JSON.parse(recorder2.calls[0]!.body!)).sort(), ["commit", "repo"]);
   });
 
-  it("keeps a cloning answer's queue (a field to come) as the server sent it", async () => {
-    const sha = w.fresh();
-    w.proxy.shut();
-    const recorder = recordingFetch((json) => json["state"] === "cloning" ? { ...json, queue: { position: 2, of: 3 } } : json);
+  it("keeps a field the document does not name (a newer server's) as the server sent it", async () => {
+    const sha = w.upstream.shas[0]!;
+    const coming = { position: 2, of: 3 };
+    const recorder = recordingFetch((json) => json["state"] === "ready" ? { ...json, from_a_newer_server: coming } : json);
+    // bearer: an answer rewritten on its way proves nothing, and a signed client refuses it (signed.test.ts)
     const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth: "bearer", fetch: recorder.fetch });
-    const answer = await watched.ensure({ repo: w.gatedRepo, commit: sha });
-    assert.equal(answer.state, "cloning");
-    assert.deepEqual(answer["queue"], { position: 2, of: 3 });
-    w.proxy.open();
-    assert.equal((await client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 })).state, "ready");
+    const answer = await watched.ensure({ repo: w.repo, commit: sha, wait: 60 });
+    assert.equal(answer.state, "ready");
+    assert.deepEqual(answer["from_a_newer_server"], coming);
   });
 });
 

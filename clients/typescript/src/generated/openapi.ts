@@ -185,6 +185,8 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description What ensure answers (the library's and the CLI's JSON too): one of ready, cloning and failed, told apart by state */
+        Answer: components["schemas"]["Ready"] | components["schemas"]["Cloning"] | components["schemas"]["Error"];
         Cloning: {
             /** @description present while the answer waits for the merge base of commit and base */
             base?: string;
@@ -196,12 +198,16 @@ export interface components {
             history?: "shallow" | "complete";
             pid?: number | null;
             pid_namespace?: string | null;
-            progress?: Record<string, unknown>;
+            progress?: components["schemas"]["Progress"];
+            queue?: components["schemas"]["Queue"];
             repo: string;
             /** @description the cone of a sparse checkout (the directories it holds); absent for the whole tree */
             sparse?: string[];
             started_at?: string | null;
-            /** @constant */
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
             state: "cloning";
         };
         Error: {
@@ -214,37 +220,73 @@ export interface components {
             retry_after?: number;
             /** @description the cone of a sparse checkout (the directories it holds); absent for the whole tree */
             sparse?: string[];
-            /** @constant */
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
             state: "failed";
         };
         GcReport: {
             bytes_freed: number;
+            /** @description last uses that lay in the future, set back to now: repo, commit, was */
+            clock_repaired?: Record<string, unknown>[];
+            /** @description the root's file system: total and free bytes */
+            disk_after?: {
+                free?: number;
+                total?: number;
+            } | null;
+            /** @description the root's file system: total and free bytes */
+            disk_before?: {
+                free?: number;
+                total?: number;
+            } | null;
             dry_run: boolean;
             kept_over_limit: unknown[];
+            /** @description mirrors dropped or compacted */
+            mirrors?: Record<string, unknown>[];
+            /** @description entries gc could not read or whose records did not fit: path, error (an errno name, INVALID, NEWER_LAYOUT, ...), why; each is left alone */
+            problems?: Record<string, unknown>[];
             removed: unknown[];
             skipped?: string | null;
+            /** @description what the store holds after this run (ready, intact checkouts) */
+            totals_after?: {
+                bytes?: number | null;
+                checkouts?: number | null;
+                spare_bytes?: number | null;
+                spares?: number | null;
+            };
             unmet: unknown[];
+            /** @description what could not be deleted: repo, path (relative to the root), error (an errno name); kept in trash and retried */
+            unremovable?: Record<string, unknown>[];
+            /** @description the workspaces directory as this gc sees it: dir, live, bytes, dead_left, partial (live ones measured only in part: their bytes are a lower bound) */
             workspaces?: Record<string, unknown> | null;
         };
         Health: {
             ok: boolean;
             stopping?: boolean;
         };
-        Held: {
-            commit?: string;
+        Held: components["schemas"]["Ready"] & {
             expires_in: number;
             hold: string;
-            /**
-             * @description Present when the commit has Git LFS files: content (checked out with their content), pointers (pointer files: git-lfs is absent or the transport cannot run it), off (pointer files: CHECKOUTCACHE_LFS=off).
-             * @enum {string}
-             */
-            lfs?: "content" | "pointers" | "off";
-            path: string;
-            repo?: string;
-            /** @description the cone of a sparse checkout (the directories it holds); absent for the whole tree */
-            sparse?: string[];
-            /** @constant */
-            state: "ready";
+        };
+        /** @description How far a clone is: its phase (starting, queued, receiving objects, resolving deltas, checking out, history, ...) and the counts git reports for it; a newer server may add counts */
+        Progress: {
+            bytes?: number;
+            deltas?: number;
+            done?: number;
+            files?: number;
+            objects?: number;
+            phase?: string;
+            total?: number;
+            total_deltas?: number;
+            total_files?: number;
+            total_objects?: number;
+        };
+        /** @description A clone waiting for one of serve's clone slots: its place in its caller's queue and the bounds it waits under (docs/http-api.md, "Bounds") */
+        Queue: {
+            max_clones: number;
+            max_clones_per_token: number;
+            position: number;
         };
         Readiness: {
             /** @description root_writable, locks_work, git, scheduled_gc_failures (scheduled gc runs failed in a row: 3 make it not ready), scheduled_gc_error, stopping */
@@ -271,11 +313,14 @@ export interface components {
             repo: string;
             /** @description the cone of a sparse checkout (the directories it holds); absent for the whole tree */
             sparse?: string[];
-            /** @constant */
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
             state: "ready";
             /**
              * @description only for a commit with submodules: their work trees are there (included) or not (CHECKOUTCACHE_SUBMODULES=none)
-             * @enum {unknown}
+             * @enum {string}
              */
             submodules?: "included" | "none";
         };
@@ -283,6 +328,8 @@ export interface components {
             repos: Record<string, unknown>[];
             root: string;
             totals: Record<string, unknown>;
+            /** @description repositories whose last clone could not reach them, with the failure and when it is retried */
+            unreachable?: Record<string, unknown>[];
             workspaces?: components["schemas"]["Workspaces"];
         };
         Workspaces: {
