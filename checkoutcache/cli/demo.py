@@ -69,6 +69,17 @@ def _write(repo: pygit2.Repository, entries: dict):
     return builder.write()
 
 
+def _wait_for_history(cache: Cache, timeout: float = 60) -> None:
+    """Until no repository of the cache has its history running (the demo's is a few commits:
+    well under a second), or the timeout."""
+    from checkoutcache.store import locks
+
+    deadline = time.monotonic() + timeout
+    repos = [cache.paths.repo(key) for key in cache.paths.repo_keys()]
+    while any(locks.history_running(paths) for paths in repos) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def run_demo(root: str | None, as_json: bool, keep: bool) -> int:
     base = tempfile.mkdtemp(prefix="checkoutcache-demo-")
     upstream = os.path.join(base, "upstream")
@@ -79,6 +90,10 @@ def run_demo(root: str | None, as_json: bool, keep: bool) -> int:
     try:
         code = _tell(cache, upstream, commit, shas, as_json)
     finally:  # whatever happened, the directory goes unless kept, and the last line says where it was
+        # The first answer was shallow and the mirror's history follows in the background
+        # (clone/history.py), fetching from the demo's upstream into the cache: removed under
+        # it, the history would fail (or write the cache's directory again after its removal).
+        _wait_for_history(cache)
         if not keep:
             import shutil
 
