@@ -78,7 +78,8 @@ def test_a_read_only_reader_gets_ready_answers_and_new_commits_through_the_write
     settled(writer.root)
     before = snapshot_but_markers(writer.root)
     code, answer, out = reader(writer.root, "ensure", url, first, env=through(writer))
-    assert code == 0 and answer == {"state": "ready", "commit": first, "repo": url, "path": path}, out
+    assert code == 0 and answer == {"state": "ready", "commit": first, "repo": url, "path": path,
+                                    "history": "complete"}, out
     assert "not recorded" not in out, out
     assert time.time() - os.stat(marker(path)).st_mtime < 600, "the writer recorded the reader's use"
     assert snapshot_but_markers(writer.root) == before, "a ready answer wrote nothing but the writer's use"
@@ -136,6 +137,7 @@ def test_exec_through_a_read_only_mount_holds_against_the_writers_gc(writer, ser
         wait_until(lambda: started.exists() or proc.poll() is not None, 90, "the command to start")
         assert started.exists(), proc.communicate()
         path = only_repo(writer.root).checkout(sha)
+        settled(writer.root)  # the history's finish empties its scratch through trash/: not this test's
         make_idle(path, 7200)
         # cron's gc, the writer's uid: nothing but the reader's hold (a shared flock taken through
         # the read-only mount) keeps it (serve's gc would also remember answering it)
@@ -209,6 +211,7 @@ def test_another_uid_outside_the_group_changes_nothing_in_the_store(served_upstr
         attempts = [f"echo changed > {path}/README.md", f"touch {path}/planted", f"rm -f {path}/README.md",
                     f"chmod 0777 {path}", f"mv {paths.trash_dir} {paths.trash_dir}.x",
                     f"ln -s / {paths.base}/planted", f"touch {marker(path)}", f"touch {root}/planted"]
+        settled(root)  # the worker's tidying and the history write the store after the answer
         before = store_snapshot(root)
         for attempt in attempts:
             done = subprocess.run(["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", "sh", "-c",
