@@ -21,6 +21,7 @@ from .helpers import (
     marker,
     only_repo,
     run_cli,
+    settled,
     wait_ready,
     wait_until,
 )
@@ -45,6 +46,9 @@ def test_ensure_over_http_answers_like_the_cli(server, root, upstream):
     status, ready = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": sha, "wait": 60})
     assert status == 200 and ready["state"] == "ready"
     assert_checkout_matches(ready["path"], upstream.path, sha)
+    settled(root)  # its history may arrive between the answers compared below (shallow, then complete)
+    status, ready = server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": sha})
+    assert status == 200 and ready["history"] == "complete"
     # Same store, same answer, side by side with the CLI.
     code, cli_answer, _ = run_cli("ensure", upstream.path, sha, root=root)
     assert code == 0 and cli_answer == ready
