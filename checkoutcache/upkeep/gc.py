@@ -18,12 +18,10 @@ overlap, the second reports that it skipped):
    checkout: take its marker's exclusive lock without waiting, re-check its
    last use against the grace window, rename it into trash/, release, delete.
    A checkout held by an exec or touched meanwhile is skipped, not waited on.
-   Workspaces (store/workspaces.py, in CHECKOUTCACHE_WORKSPACES as this gc
-   sees it): dead ones are reaped where gc may delete them (its own uid's, or
-   as root; others are listed for their uid's next call), and the bytes of live
-   ones count against max-bytes (their source checkouts stay held meanwhile;
-   each is measured by a walk bounded in entries and time, store/sizes.py:
-   past a bound what it counted is its bytes, a lower bound the report says);
+   Workspaces (workspace_upkeep.py, before the plan): dead ones are reaped where
+   gc may delete them, and the bytes of live ones count against max-bytes (their
+   source checkouts stay held meanwhile; each measured by a bounded walk, whose
+   count past a bound is a lower bound the report says);
    Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
    of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
    is above 0, space is not short and no process gc can see works in the tree (/proc:
@@ -77,14 +75,14 @@ from checkoutcache.store.checkouts import (
 )
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
-from checkoutcache.store.sizes import WORKSPACE_BOUNDS, disk_usage, measure
+from checkoutcache.store.sizes import disk_usage
 from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
 from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.store.liveness import in_use_beneath, paths_in_use
 from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
-from checkoutcache.units import format_bytes, iso
+from checkoutcache.units import iso
 from checkoutcache.upkeep.forget import (
     drop_dead_clone_record,
     forget_finished_commits,
@@ -117,6 +115,7 @@ from checkoutcache.upkeep.eviction import (
 from checkoutcache.upkeep.limits import record_limits
 from checkoutcache.upkeep.mirror_upkeep import maintain_mirror
 from checkoutcache.upkeep.report import REPOSITORY, USED_MEANWHILE, GcReport, KeptOver, Removed
+from checkoutcache.upkeep.workspace_upkeep import bounded_pins, workspace_upkeep
 
 log = logging.getLogger(__name__)
 
@@ -355,76 +354,6 @@ def spare_record(info: RepoInfo, name: str, config: Config) -> dict | None:
         return None
     marker = next((c.marker for c in info.checkouts if c.name == name), {})
     return spare_record_for(info.paths, name, marker, info.meta.get("submodules", "recursive"))
-
-
-def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, problems: list[dict],
-                     borrows: set[tuple[str, str, str]]) -> int:
-    """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts).
-    What could not be read there goes to problems; the (key, commit, workspace) whose objects
-    each live workspace borrows, to borrows: their keep-refs stay even once the source checkout
-    went (a workspace's hold of its source is bounded like any reader's; so are these pins:
-    bounded_pins). A live workspace measured only in part (sizes.WORKSPACE_BOUNDS met, or
-    entries it may not read) counts what was measured and is listed under the report's
-    workspaces.partial and in problems."""
-    from checkoutcache.store import workspaces
-    from checkoutcache.workspaces import workspaces_dir_of
-
-    paths = workspaces_dir_of(root_paths.root, config)
-    seen = {"dir": paths.base, "live": 0, "bytes": 0, "dead_left": [], "partial": []}
-    report.workspaces = seen
-    if not os.path.isdir(paths.base):
-        return 0
-    # The directory is the reviews' to write: whatever they made there that is no lock or record
-    # (a FIFO where owner.lock should be) costs that entry, counted in problems, never the run.
-    found: list[dict] = []
-    if not report.dry_run:
-        reaped, left = workspaces.reap_dead(paths, problems=found)
-        report.removed += [Removed("dead-workspace", "", r.name, r.bytes) for r in reaped]
-        seen["dead_left"] = [{"workspace": n.name, "uid": n.uid, "why": n.why} for n in left]
-    facts = workspaces.workspace_facts(paths, problems=found)
-    problems += list({(p["path"], p["error"]): p for p in found}.values())  # each entry once
-    for fact in facts:
-        if fact.alive:
-            seen["live"] += 1
-            # The review's own tree, walked as it changes it: bounded, and past a bound
-            # what was counted stands as its bytes (a lower bound, said so).
-            usage = measure(fact.path, bounds=WORKSPACE_BOUNDS)
-            seen["bytes"] += usage.bytes
-            if usage.partial:
-                seen["partial"].append({"workspace": fact.name, "bytes": usage.bytes, "entries": usage.entries,
-                                        "why": list(usage.partial)})
-                problems.append({"path": fact.path, "error": "SIZE_AT_LEAST",
-                                 "why": f"its size walk stopped short ({', '.join(usage.partial)}; "
-                                        f"{usage.entries} entries): at least {format_bytes(usage.bytes)} counted"})
-            key, commit = fact.record.get("key"), fact.record.get("commit")
-            if key and commit and borrows_from(fact, key):  # its git borrows that commit's objects
-                borrows.add((key, commit, fact.name))
-    return seen["bytes"]
-
-
-def borrows_from(fact, key: str) -> bool:
-    """Whether a live workspace's git really borrows from repository KEY's mirror: its tree's
-    .git/objects/info/alternates names that mirror's objects (an owner.json alone is the
-    review's word: it could name any repository to pin it)."""
-    alternates = os.path.join(fact.tree, ".git", "objects", "info", "alternates")
-    try:
-        fd = tree.open_file(alternates, os.O_RDONLY)  # never blocks, never a FIFO's or a link's
-    except OSError:
-        return False
-    with os.fdopen(fd, "rb") as handle:
-        lines = handle.read(1 << 14).decode("utf-8", "replace").splitlines()
-    return any(line.rstrip("/").endswith(f"/repos/{key}/mirror.git/objects") for line in lines)
-
-
-def bounded_pins(pins: set[tuple[str, str, str]], since: dict[str, float], config: Config,
-                 now: float) -> set[tuple[str, str]]:
-    """Of live workspaces' pins (key, commit, workspace), those gc keeps: bounded as readers'
-    locks are (max-held, the most recently seen first; max-hold-age, as gc's runs saw them:
-    since, workspace -> first sighting), since a review makes them as it likes."""
-    kept = [(key, commit, name) for key, commit, name in pins
-            if now - since.get(name, now) <= config.max_hold_age]
-    kept.sort(key=lambda pin: -since.get(pin[2], now))
-    return {(key, commit) for key, commit, _name in kept[:config.max_held]}
 
 
 def spares_of(info, report: GcReport | None) -> list:
