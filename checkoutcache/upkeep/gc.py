@@ -3,14 +3,15 @@
 One run, under locks/gc.lock (taken without waiting: two crons never
 overlap, the second reports that it skipped):
 
-1. finish interrupted deletions (everything in trash/ goes: whatever a tree
+1. finish interrupted deletions (leftovers.py: everything in trash/ goes: whatever a tree
    holds, read-only directories, any depth or name; what cannot be removed,
    e.g. a mount point, is reported with its cause under "unremovable", kept in
    state/unremovable.json for `status`, retried by every later run, and never
    stops the rest of the run);
-2. reap scratch whose owner is dead (store/scratch.py), drop records of dead
-   clones (keeping their count of worker deaths in state/<name>.deaths.json), and move aside checkouts a killed worker renamed but never marked,
-   or damaged ones no command holds (store/checkouts.py);
+2. (leftovers.py) reap scratch whose owner is dead (store/scratch.py), drop records of
+   dead clones (keeping their count of worker deaths in state/<name>.deaths.json), and
+   move aside checkouts a killed worker renamed but never marked, or damaged ones no
+   command holds (store/checkouts.py);
 3. repair last uses in the future (a clock that jumped back, a restored
    backup): the marker's mtime is set to now under its exclusive lock, taken
    without waiting (a holder's own touch repairs it anyway);
@@ -63,28 +64,17 @@ import attrs
 
 from checkoutcache.config import Config
 from checkoutcache.store import holds, locks, records, tree
-from checkoutcache.store.checkouts import (
-    GONE,
-    is_published,
-    move_checkout_aside,
-    move_held_checkout_aside,
-    Removal,
-    Unremovable,
-    remove_tree,
-    trash_entries,
-)
+from checkoutcache.store.checkouts import GONE, Removal, move_checkout_aside, move_held_checkout_aside
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
 from checkoutcache.store.sizes import disk_usage
-from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of
 from checkoutcache.store.ready import layout_version_of
-from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.store.liveness import in_use_beneath, paths_in_use
 from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import iso
 from checkoutcache.upkeep.forget import (
-    drop_dead_clone_record,
     forget_finished_commits,
     forget_old_deaths,
     forget_old_failures,
@@ -112,6 +102,7 @@ from checkoutcache.upkeep.eviction import (
     plan_repo_drops,
     unmet_after,
 )
+from checkoutcache.upkeep.leftovers import delete, empty_trash, record_unremovable, remove_moved, tidy
 from checkoutcache.upkeep.limits import record_limits
 from checkoutcache.upkeep.mirror_upkeep import maintain_mirror
 from checkoutcache.upkeep.report import REPOSITORY, USED_MEANWHILE, GcReport, KeptOver, Removed
@@ -119,54 +110,10 @@ from checkoutcache.upkeep.workspace_upkeep import bounded_pins, workspace_upkeep
 
 log = logging.getLogger(__name__)
 
-STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
-
 
 def disk_of(path: str) -> Disk:
     usage = shutil.disk_usage(path)
     return Disk(total=usage.total, free=usage.free)
-
-
-def size_of(path: str) -> int:
-    try:
-        return disk_usage(path) if tree.is_dir(path) else 0  # never measured through a symlink
-    except OSError:
-        return 0
-
-
-def note_unremovable(report: GcReport, paths: RepoPaths, path: str, removal: Removal) -> None:
-    """Report what a removal left behind, each with its path relative to the root."""
-    where = os.path.relpath(path, paths.root)
-    for stuck in removal.unremovable:
-        report.unremovable.append({"repo": paths.key, "path": os.path.join(where, stuck.path) if stuck.path else where,
-                                   "error": stuck.error, "entry": os.path.basename(path)})
-
-
-def delete(paths: RepoPaths, path: str, report: GcReport) -> Removal:
-    """remove_tree, whose leftovers go to the report; nothing here ever stops the run."""
-    try:
-        removal = remove_tree(path)
-    except Exception as exc:  # remove_tree never raises; if it ever did, the rest of the run goes on
-        removal = Removal(unremovable=[Unremovable("", type(exc).__name__)])
-    note_unremovable(report, paths, path, removal)
-    return removal
-
-
-def empty_trash(paths: RepoPaths, report: GcReport) -> None:
-    for path in trash_entries(paths):
-        if report.dry_run:
-            report.removed.append(Removed("trash", paths.key, os.path.basename(path), size_of(path)))
-            continue
-        removal = delete(paths, path, report)
-        if removal.complete or removal.freed:
-            report.removed.append(Removed("trash", paths.key, os.path.basename(path), removal.freed))
-
-
-def remove_moved(paths: RepoPaths, slot: str | None, report: GcReport, removed: Removed) -> None:
-    """Delete what was moved to trash (a dry run moved nothing) and report what that freed."""
-    if slot is not None:
-        removed = attrs.evolve(removed, bytes=delete(paths, slot, report).freed)
-    report.removed.append(removed)
 
 
 @contextlib.contextmanager
@@ -179,76 +126,6 @@ def going_on(report: GcReport, paths: RepoPaths, root_paths: RootPaths) -> Itera
         where = os.path.relpath(exc.filename, root_paths.root) if isinstance(exc.filename, str) else paths.key
         report.unremovable.append({"repo": paths.key, "path": where, "entry": None,
                                    "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__)})
-
-
-def record_unremovable(paths: RepoPaths, report: GcReport, now: float) -> None:
-    """Keep this run's leftovers of one repository for `status` (since when each is stuck)."""
-    if report.dry_run:
-        return
-    previous = {(e.get("path"), e.get("error")): e.get("since", now)
-                for e in (records.read_json(paths.unremovable_record, records.UNREMOVABLE) or {}).get("entries", [])}
-    mine = [dict(e, since=previous.get((e["path"], e["error"]), now))
-            for e in report.unremovable if e["repo"] == paths.key]
-    if mine:
-        records.write_json(paths.unremovable_record, {"checked_at": now, "entries": mine})
-    else:
-        records.remove_quietly(paths.unremovable_record)
-
-
-def still_damaged(paths: RepoPaths, name: str):
-    """A recheck under the marker's exclusive lock: a clone may have replaced the
-    damaged checkout with a whole one since the inventory looked."""
-    def recheck(_last_use: float) -> str | None:
-        return None if not is_published(paths, name) else "replaced-meanwhile"
-
-    return recheck
-
-
-def tidy(info: RepoInfo, report: GcReport) -> None:
-    """Leftovers of dead processes: scratch, clone records, temp files, unmarked or damaged checkouts."""
-    paths = info.paths
-    for directory in (paths.state_dir, paths.base):
-        for name in entries(directory):  # listed beneath the root, never through a symlink
-            path = os.path.join(directory, name)
-            if name.startswith(".") and name.endswith(records.TMP_SUFFIX) and not report.dry_run and \
-                    time.time() - tree.lstat(path).st_mtime > STRAY_TMP_AGE:
-                records.remove_quietly(path)
-    for name, slot in reap_dead_scratch(paths, dry_run=report.dry_run):
-        size = 0 if report.dry_run else size_of(slot)
-        remove_moved(paths, slot or None, report, Removed("dead-scratch", paths.key, name, size))
-    for clone in info.clones:
-        if not clone.alive and not report.dry_run:
-            def dead(name: str = clone.name) -> bool:
-                return tree.lexists(paths.clone_record(name))
-
-            with locks.rechecked(locks.clone_of(paths, clone.name), dead) as clone_lock:
-                if clone_lock is not None:  # not alive meanwhile: its record is a dead owner's
-                    drop_dead_clone_record(paths, clone.name)
-    for checkout in info.checkouts:
-        if checkout.ready:
-            # Damaged (top-level entries gone): never served again; removed unless a command holds it.
-            if not checkout.intact:
-                if report.dry_run:
-                    report.removed.append(Removed("damaged", paths.key, checkout.name, checkout.size))
-                    continue
-                moved = move_checkout_aside(paths, checkout.name, "damaged", still_damaged(paths, checkout.name))
-                if moved.slot is not None:
-                    remove_moved(paths, moved.slot, report,
-                                 Removed("damaged", paths.key, checkout.name, checkout.size))
-            continue
-        # No marker: a worker renamed it but died before the marker, or is about to
-        # write it. Only a free clone lock (no live worker) makes it a leftover.
-        unmarked = lambda name=checkout.name: not tree.lexists(paths.ready_marker(name))  # noqa: E731
-        with locks.rechecked(locks.clone_of(paths, checkout.name), unmarked) as clone_lock:
-            if clone_lock is None:
-                continue
-            slot = None
-            if not report.dry_run:
-                moved = move_checkout_aside(paths, checkout.name, "unpublished", clone_lock_held=True)
-                if moved.slot is None:
-                    continue
-                slot = moved.slot
-            remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.name, checkout.size))
 
 
 def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcReport) -> None:
