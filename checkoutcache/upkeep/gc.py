@@ -11,7 +11,7 @@ overlap, the second reports that it skipped):
 2. (leftovers.py) reap scratch whose owner is dead (store/scratch.py), drop records of
    dead clones (keeping their count of worker deaths in state/<name>.deaths.json), and
    move aside checkouts a killed worker renamed but never marked, or damaged ones no
-   command holds (store/checkouts.py);
+   command holds (store/checkouts.py); spares a killed gc was making go to trash/;
 3. repair last uses in the future (a clock that jumped back, a restored
    backup): the marker's mtime is set to now under its exclusive lock, taken
    without waiting (a holder's own touch repairs it anyway);
@@ -23,14 +23,10 @@ overlap, the second reports that it skipped):
    gc may delete them, and the bytes of live ones count against max-bytes (their
    source checkouts stay held meanwhile; each measured by a bounded walk, whose
    count past a bound is a lower bound the report says);
-   Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
-   of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
-   is above 0, space is not short and no process gc can see works in the tree (/proc:
-   a later write of its would land in the next commit's tree); spares count against max-bytes and min-free and are
-   the first thing deleted (oldest first) when either is short, when a clone's last
-   attempt failed with DISK_FULL, or when they hold more than half the disk's free space, before
-   any checkout is planned; past max-spares the oldest go; spares a killed gc was making
-   go to trash/;
+   Spares (spare_upkeep.py): an evicted tree is kept as a spare instead of deleted when
+   it was evicted for max-checkouts or max-age and space is not short; spares count
+   against max-bytes and min-free and are the first thing deleted (oldest first) when
+   space is short, before any checkout is planned; past max-spares the oldest go;
 4. mirror maintenance (mirror_upkeep.py) under the mirror lock (bounded wait, skipped if
    busy): spares' refs kept, keep-refs of commits with neither a checkout, a live clone nor
    a borrower dropped, stale git leftovers removed, a repack at most every
@@ -46,7 +42,7 @@ overlap, the second reports that it skipped):
    logged at WARNING and reported with what an operator needs (unmet_entries).
 
 gc never holds a lock a ready answer waits on for longer than one rename.
-With dry_run nothing is changed: the report says what a real run would do.
+With dry_run nothing is changed: the report (report.py) says what a real run would do.
 """
 
 from __future__ import annotations
@@ -58,7 +54,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import attrs
 
@@ -71,7 +67,7 @@ from checkoutcache.store.sizes import disk_usage
 from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of
 from checkoutcache.store.ready import layout_version_of
 from checkoutcache.store.liveness import in_use_beneath, paths_in_use
-from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
+from checkoutcache.store.spares import drop_unfinished, evict_to_spare
 from checkoutcache.testhooks import checkpoint
 from checkoutcache.units import iso
 from checkoutcache.upkeep.forget import (
@@ -106,6 +102,7 @@ from checkoutcache.upkeep.leftovers import delete, empty_trash, record_unremovab
 from checkoutcache.upkeep.limits import record_limits
 from checkoutcache.upkeep.mirror_upkeep import maintain_mirror
 from checkoutcache.upkeep.report import REPOSITORY, USED_MEANWHILE, GcReport, KeptOver, Removed
+from checkoutcache.upkeep.spare_upkeep import drop_spares_first, drop_spares_past_max, spare_record
 from checkoutcache.upkeep.workspace_upkeep import bounded_pins, workspace_upkeep
 
 log = logging.getLogger(__name__)
@@ -207,48 +204,6 @@ def note_held(info: RepoInfo, now: float, dry_run: bool, workspaces: set[str] = 
     return since
 
 
-def drop_spares(spares: list[tuple[RepoPaths, Spare]], report: GcReport, why: str,
-                enough: Callable[[int], bool]) -> int:
-    """Delete spares, oldest first, until enough(bytes freed so far) or none is left (they go
-    first whenever space is short); what they freed. Removes them from the list."""
-    freed = 0
-    while spares and not enough(freed):
-        paths, spare = spares.pop(0)
-        size = spare.bytes
-        if not report.dry_run:
-            slot = drop_spare(paths, spare)
-            if slot is None:
-                continue  # a worker took it meanwhile
-            size = delete(paths, slot, report).freed or spare.bytes
-        freed += size
-        report.removed.append(Removed("spare", paths.key, spare.name, size, why))
-    return freed
-
-
-def spare_record(info: RepoInfo, name: str, config: Config) -> dict | None:
-    """What an evicted checkout's spare.json would say; None when it is not kept as one."""
-    if config.max_spares <= 0:
-        return None
-    marker = next((c.marker for c in info.checkouts if c.name == name), {})
-    return spare_record_for(info.paths, name, marker, info.meta.get("submodules", "recursive"))
-
-
-def spares_of(info, report: GcReport | None) -> list:
-    """A repository's spares; none for a refused store, and a spares/ that is a symlink is a
-    problem of that repository (listed in report, once, never followed), never the run's end."""
-    if info.refused:
-        return []
-    try:
-        return list_spares(info.paths)
-    except OSError as exc:
-        if report is None:
-            return []
-        report.problems.append({"path": os.path.relpath(info.paths.spares_dir, info.paths.root),
-                                "error": errno.errorcode.get(exc.errno or 0, "OSError"),
-                                "why": f"spares/ cannot be listed ({exc.strerror or exc}): its spares are left alone"})
-        return []
-
-
 def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
     """The repository stores this version may change: one a newer version wrote (its layout
     version above ours) is not even measured (its size records stay as they are), and said:
@@ -346,30 +301,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             for c in info.checkouts:
                 if c.ready and c.last_used is not None and c.last_used > now:
                     repair_future_last_use(info.paths, c.name, now, report)
-        # Spares go first when space is short: before any checkout, whatever its last use.
-        spares = [(info.paths, spare) for info in repos for spare in spares_of(info, report)]
-        spares.sort(key=lambda pair: pair[1].spared_at)
-        drop_spares([p for p in spares if not p[1].record], report, "unreadable", lambda _freed: False)
-        spares = [p for p in spares if p[1].record]
         checkout_bytes = sum(e.size for e in entries)
-        if limits.max_bytes is not None:
-            over = checkout_bytes + pinned_bytes + sum(s.bytes for _, s in spares) - limits.max_bytes
-            drop_spares(spares, report, "max-bytes", lambda freed: freed >= over)
-        disk = before
-        if limits.min_free is not None:
-            low = limits.min_free.bytes_of(before.total)
-            high = low + limits.free_headroom.bytes_of(before.total)
-            if before.free < low:
-                freed_for_disk = drop_spares(spares, report, "min-free", lambda freed: before.free + freed >= high)
-                disk = Disk(total=before.total, free=before.free + freed_for_disk)
-        # A clone that failed for want of space says space is short, min-free set or not.
-        disk_full = any(f.code == "DISK_FULL" for info in repos for f in info.failures.values())
-        if disk_full:
-            drop_spares(spares, report, "disk-full", lambda _freed: False)
-        # Spares never hold more than half of what the disk has free: a spare only saves time,
-        # and its bytes are better free when a fresh tree of its size would not fit beside it.
-        drop_spares(spares, report, "free-space",
-                    lambda _freed: 2 * sum(s.bytes for _, s in spares) <= disk.free)
+        # Spares go first when space is short: before any checkout, whatever its last use.
+        spares, disk, disk_full = drop_spares_first(repos, report, limits, before, checkout_bytes, pinned_bytes)
         spare_bytes = sum(s.bytes for _, s in spares)
         if limits.max_bytes is not None:  # the spares left count against it too
             limits = attrs.evolve(limits, max_bytes=max(0, limits.max_bytes - spare_bytes))
@@ -433,12 +367,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
-        # At most max_spares: the oldest go (spares just made are listed afresh with their real names).
-        spares = sorted(((info.paths, spare) for info in repos for spare in spares_of(info, None)
-                         if spare.record), key=lambda pair: pair[1].spared_at) if not dry_run else spares
-        excess = len(spares) - config.max_spares
-        if excess > 0:
-            drop_spares(spares, report, "max-spares", lambda _freed: len(spares) <= config.max_spares)
+        spares = drop_spares_past_max(repos, spares, report, config)
         report.spares_after = len(spares)
         report.spare_bytes_after = sum(s.bytes for _, s in spares)
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows) \
