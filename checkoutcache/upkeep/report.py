@@ -6,7 +6,8 @@ serve's /v1/gc, docs/operations.md), and nothing of what gc does.
 - KeptOver: one checkout a limit wanted gone that gc kept, and why (grace, held,
   used-meanwhile).
 - GcReport: the whole run, filled in by gc.py and the modules it calls (leftovers.py,
-  workspace_upkeep.py, mirror_upkeep.py, forget.py, history.py), each appending its part.
+  workspace_upkeep.py, spare_upkeep.py, mirror_upkeep.py; history.py in its repository's
+  `mirrors` entry), each appending its part.
 
 Invariants: a report lives for one run (what must outlive it is a record under state/,
 layout.py); to_json's keys are the public answer's, so a field added here is added to
