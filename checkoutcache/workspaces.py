@@ -158,7 +158,7 @@ def make_workspace(cache: Cache, repo: str, commit: str, wait: float = 0.0, scop
         hold.release()
         raise
     # Copied: its source is held from now on like any reader's (bounded), and its objects stay
-    # while it lives (gc keeps its commit's keep-ref: upkeep/gc.py workspace_upkeep).
+    # while it lives (gc keeps its commit's keep-ref: upkeep/workspace_upkeep.py).
     hold.unregister()
     return Workspace(answer, made, hold, answer.path)
 

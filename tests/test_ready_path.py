@@ -46,7 +46,9 @@ NEVER_ON_THE_READY_PATH = {"pygit2", "psutil", "subprocess", "checkoutcache.clon
                            "checkoutcache.clone.worker", "prometheus_client", "setproctitle",
                            "click", "attrs", "attr"}  # cli/fast.py answers before either
 NEVER_ON_THE_SLOW_PATH = {"pygit2", "portalocker", "prometheus_client", "checkoutcache.serve.http",
-                          "checkoutcache.upkeep.gc", "uvicorn", "schemathesis"}
+                          "checkoutcache.upkeep.gc", "checkoutcache.upkeep.mirror_upkeep",
+                          "checkoutcache.upkeep.spare_upkeep", "checkoutcache.upkeep.workspace_upkeep",
+                          "checkoutcache.upkeep.leftovers", "uvicorn", "schemathesis"}
 
 
 def test_cli_import_budgets(root, upstream):

@@ -383,11 +383,11 @@ def test_gc_stops_a_workspace_walk_at_its_entries_bound(root, upstream, monkeypa
     from checkoutcache.cache import Cache
     from checkoutcache.config import Config
     from checkoutcache.store.sizes import Bounds
-    from checkoutcache.upkeep import gc
+    from checkoutcache.upkeep import gc, workspace_upkeep
 
     with live_workspace(root, upstream, monkeypatch) as made:
         files(os.path.join(made.path, "build"), 5000, 4096)
-        monkeypatch.setattr(gc, "WORKSPACE_BOUNDS", Bounds(entries=3000))
+        monkeypatch.setattr(workspace_upkeep, "WORKSPACE_BOUNDS", Bounds(entries=3000))
         report = gc.run_gc(Cache(root).paths, Config.from_env())
         (partial,) = report.workspaces["partial"]
         assert partial["why"] == ["entries"] and partial["entries"] == 3000, partial

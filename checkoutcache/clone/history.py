@@ -101,7 +101,7 @@ YIELD_TO_CLONES = 60.0
 # Free space the history wants beyond the reserve before it starts (its size is unknown
 # until it arrives: the watch during the fetch is the real bound).
 HISTORY_ROOM = 8 << 20
-# The reserve when no min-free is set: as gc keeps for a repack (upkeep/gc.py REPACK_RESERVE).
+# The reserve when no min-free is set: as gc keeps for a repack (upkeep/mirror_upkeep.py REPACK_RESERVE).
 RESERVE_SHARE = 0.05
 SPACE_CHECK_EVERY = 0.5
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT, EXIT_STOPPED = 0, 1, 3, 143
@@ -641,7 +641,7 @@ class History(Job):
     def install_bundle_refs(self) -> None:
         """What seeding took in (refs/bundles/ of history.git, each checked connected there) is the
         mirror's too, as when a mirror was seeded itself: its commits count as present, and a
-        later fetch offers them as haves; gc drops them once upstream was fetched from (upkeep/gc.py)."""
+        later fetch offers them as haves; gc drops them once upstream was fetched from (upkeep/mirror_upkeep.py)."""
         from checkoutcache.git.backend import BUNDLE_REFS
 
         theirs = {ref: sha for ref, (sha, _kind) in self.backend.refs_named(self.repo, BUNDLE_REFS).items()}

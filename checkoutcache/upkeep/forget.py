@@ -23,7 +23,7 @@ from checkoutcache.store.records import read_failure
 
 
 class GcRun(Protocol):
-    """What these need of gc's report (gc.GcReport): whether the run is a dry run."""
+    """What these need of gc's report (report.GcReport): whether the run is a dry run."""
 
     dry_run: bool
 

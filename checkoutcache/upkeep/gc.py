@@ -3,14 +3,15 @@
 One run, under locks/gc.lock (taken without waiting: two crons never
 overlap, the second reports that it skipped):
 
-1. finish interrupted deletions (everything in trash/ goes: whatever a tree
+1. finish interrupted deletions (leftovers.py: everything in trash/ goes: whatever a tree
    holds, read-only directories, any depth or name; what cannot be removed,
    e.g. a mount point, is reported with its cause under "unremovable", kept in
    state/unremovable.json for `status`, retried by every later run, and never
    stops the rest of the run);
-2. reap scratch whose owner is dead (store/scratch.py), drop records of dead
-   clones (keeping their count of worker deaths in state/<name>.deaths.json), and move aside checkouts a killed worker renamed but never marked,
-   or damaged ones no command holds (store/checkouts.py);
+2. (leftovers.py) reap scratch whose owner is dead (store/scratch.py), drop records of
+   dead clones (keeping their count of worker deaths in state/<name>.deaths.json), and
+   move aside checkouts a killed worker renamed but never marked, or damaged ones no
+   command holds (store/checkouts.py); spares a killed gc was making go to trash/;
 3. repair last uses in the future (a clock that jumped back, a restored
    backup): the marker's mtime is set to now under its exclusive lock, taken
    without waiting (a holder's own touch repairs it anyway);
@@ -18,32 +19,21 @@ overlap, the second reports that it skipped):
    checkout: take its marker's exclusive lock without waiting, re-check its
    last use against the grace window, rename it into trash/, release, delete.
    A checkout held by an exec or touched meanwhile is skipped, not waited on.
-   Workspaces (store/workspaces.py, in CHECKOUTCACHE_WORKSPACES as this gc
-   sees it): dead ones are reaped where gc may delete them (its own uid's, or
-   as root; others are listed for their uid's next call), and the bytes of live
-   ones count against max-bytes (their source checkouts stay held meanwhile;
-   each is measured by a walk bounded in entries and time, store/sizes.py:
-   past a bound what it counted is its bytes, a lower bound the report says);
-   Spares (store/spares.py, clone/tree.py): an evicted tree is kept as a spare instead
-   of deleted when the eviction was for max-checkouts or max-age, CHECKOUTCACHE_MAX_SPARES
-   is above 0, space is not short and no process gc can see works in the tree (/proc:
-   a later write of its would land in the next commit's tree); spares count against max-bytes and min-free and are
-   the first thing deleted (oldest first) when either is short, when a clone's last
-   attempt failed with DISK_FULL, or when they hold more than half the disk's free space, before
-   any checkout is planned; past max-spares the oldest go; spares a killed gc was making
-   go to trash/;
-4. mirror maintenance under the mirror lock (bounded wait, skipped if busy):
-   keep refs/spares/<sha> for the spares' commits (their history stays; LFS objects go by
-   keep-refs alone), drop keep-refs of commits with neither a checkout nor a live clone,
-   remove stale git lock files, and repack/prune at most every
-   mirror_gc_interval so objects no checkout needs go away (a repack stays due
-   when refs were dropped by an earlier run, until it is done); when refs were
-   dropped, delete from lfs/ the Git LFS objects no kept commit references (the
-   commits of the remaining checkouts and of running clones, whose keep-refs
-   their workers made under this same lock before downloading). A stale
-   `.keep` (a killed fetch's) removed there makes the repack due; partial LFS
-   downloads an hour old go too; then records of what is over are forgotten
-   (forget.py: deaths, failures a day past their retry time, finished commits' locks and logs);
+   Workspaces (workspace_upkeep.py, before the plan): dead ones are reaped where
+   gc may delete them, and the bytes of live ones count against max-bytes (their
+   source checkouts stay held meanwhile; each measured by a bounded walk, whose
+   count past a bound is a lower bound the report says);
+   Spares (spare_upkeep.py): an evicted tree is kept as a spare instead of deleted when
+   it was evicted for max-checkouts or max-age and space is not short; spares count
+   against max-bytes and min-free and are the first thing deleted (oldest first) when
+   space is short, before any checkout is planned; past max-spares the oldest go;
+4. mirror maintenance (mirror_upkeep.py) under the mirror lock (bounded wait, skipped if
+   busy): spares' refs kept, keep-refs of commits with neither a checkout, a live clone nor
+   a borrower dropped, stale git leftovers removed, a repack at most every
+   mirror_gc_interval (due until done), and the Git LFS objects no kept commit references
+   deleted; then records of what is over are forgotten (forget.py: deaths, failures a day
+   past their retry time, finished commits' locks and logs), what could not be removed is
+   recorded, and a shallow mirror's background history is followed (history.py);
 5. between 3 and 4, drop whole repositories with nothing in them (no
    checkout, hold, clone, borrower, or failure within its back-off) unused past repo_max_idle, or past the
    grace window while min-free is still unmet (eviction.plan_repo_drops, pure;
@@ -52,7 +42,7 @@ overlap, the second reports that it skipped):
    logged at WARNING and reported with what an operator needs (unmet_entries).
 
 gc never holds a lock a ready answer waits on for longer than one rename.
-With dry_run nothing is changed: the report says what a real run would do.
+With dry_run nothing is changed: the report (report.py) says what a real run would do.
 """
 
 from __future__ import annotations
@@ -64,38 +54,23 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import attrs
 
 from checkoutcache.config import Config
-from checkoutcache.errors import CheckoutCacheError
-from checkoutcache.git import mirror
-from checkoutcache.git.backend import BUNDLE_REFS
-from checkoutcache.git.transport import pick_backend
 from checkoutcache.store import holds, locks, records, tree
-from checkoutcache.store.checkouts import (
-    GONE,
-    is_published,
-    move_checkout_aside,
-    move_held_checkout_aside,
-    Removal,
-    Unremovable,
-    remove_tree,
-    trash_entries,
-)
+from checkoutcache.store.checkouts import GONE, Removal, move_checkout_aside, move_held_checkout_aside
 from checkoutcache.store.create import make_dirs, root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
-from checkoutcache.store.sizes import WORKSPACE_BOUNDS, disk_usage, measure
-from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of, entries
+from checkoutcache.store.sizes import disk_usage
+from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of
 from checkoutcache.store.ready import layout_version_of
-from checkoutcache.store.scratch import reap_dead_scratch
 from checkoutcache.store.liveness import in_use_beneath, paths_in_use
-from checkoutcache.store.spares import Spare, drop_spare, drop_unfinished, evict_to_spare, list_spares, spare_record_for
+from checkoutcache.store.spares import drop_unfinished, evict_to_spare
 from checkoutcache.testhooks import checkpoint
-from checkoutcache.units import format_bytes, iso
+from checkoutcache.units import iso
 from checkoutcache.upkeep.forget import (
-    drop_dead_clone_record,
     forget_finished_commits,
     forget_old_deaths,
     forget_old_failures,
@@ -123,127 +98,19 @@ from checkoutcache.upkeep.eviction import (
     plan_repo_drops,
     unmet_after,
 )
+from checkoutcache.upkeep.leftovers import delete, empty_trash, record_unremovable, remove_moved, tidy
 from checkoutcache.upkeep.limits import record_limits
+from checkoutcache.upkeep.mirror_upkeep import maintain_mirror
+from checkoutcache.upkeep.report import REPOSITORY, USED_MEANWHILE, GcReport, KeptOver, Removed
+from checkoutcache.upkeep.spare_upkeep import drop_spares_first, drop_spares_past_max, spare_record
+from checkoutcache.upkeep.workspace_upkeep import bounded_pins, workspace_upkeep
 
 log = logging.getLogger(__name__)
-REPOSITORY = "repository"  # a Removed whole repository (name empty)
-
-USED_MEANWHILE = "used-meanwhile"
-STRAY_TMP_AGE = 3600.0  # far longer than any record write takes
-
-
-@attrs.frozen
-class Removed:
-    reason: str  # lru, age, dead-scratch, trash, unpublished, damaged, spare
-    repo: str
-    name: str
-    bytes: int = 0
-    limit: str | None = None
-    spare: bool = False  # an evicted checkout kept as a spare (its bytes are not freed)
-    # Evicted though a reader's lock held it: held-too-long or held-over-count (eviction.py)
-    broke_hold: str | None = None
-
-
-@attrs.frozen
-class KeptOver:
-    repo: str
-    commit: str
-    why: str  # grace, held, used-meanwhile
-    limit: str
-    name: str  # the checkout's name: the commit, or with a sparse checkout's cone digest
-
-
-@attrs.define
-class GcReport:
-    dry_run: bool
-    skipped: str | None = None
-    removed: list[Removed] = attrs.Factory(list)
-    kept: list[KeptOver] = attrs.Factory(list)
-    unmet: list[dict] = attrs.Factory(list)
-    # Last uses that lay in the future, set back to now: {"repo", "commit", "was"}.
-    clock_repaired: list[dict] = attrs.Factory(list)
-    mirrors: list[dict] = attrs.Factory(list)
-    # What could not be deleted: {"repo", "path" (relative to the root), "error" (errno name)}.
-    unremovable: list[dict] = attrs.Factory(list)
-    # Entries gc could not read or whose records did not fit (a peer's chmod, a bad record):
-    # {"path", "error" (errno name or INVALID), "why"}; each is left alone.
-    problems: list[dict] = attrs.Factory(list)
-    disk_before: dict | None = None
-    disk_after: dict | None = None
-    # The workspaces directory as this gc sees it: {"dir", "live", "bytes", "dead_left": [...],
-    # "partial": [{"workspace", "bytes", "entries", "why"}]: live ones measured only in part,
-    # whose counted bytes are a lower bound}.
-    workspaces: dict | None = None
-    # What the store holds after this run (ready, intact checkouts): computed
-    # from the inventory gc already made, so callers need no second walk.
-    checkouts_after: int | None = None
-    bytes_after: int | None = None
-    spares_after: int | None = None
-    spare_bytes_after: int | None = None
-
-    @property
-    def bytes_freed(self) -> int:
-        return sum(r.bytes for r in self.removed)
-
-    def to_json(self) -> dict:
-        return {
-            "dry_run": self.dry_run, "skipped": self.skipped,
-            "removed": [attrs.asdict(r) for r in self.removed],
-            "kept_over_limit": [attrs.asdict(k) for k in self.kept],
-            "unmet": self.unmet, "mirrors": self.mirrors, "bytes_freed": self.bytes_freed,
-            "unremovable": self.unremovable, "clock_repaired": self.clock_repaired, "problems": self.problems,
-            "workspaces": self.workspaces,
-            "disk_before": self.disk_before, "disk_after": self.disk_after,
-            "totals_after": {"checkouts": self.checkouts_after, "bytes": self.bytes_after,
-                             "spares": self.spares_after, "spare_bytes": self.spare_bytes_after},
-        }
 
 
 def disk_of(path: str) -> Disk:
     usage = shutil.disk_usage(path)
     return Disk(total=usage.total, free=usage.free)
-
-
-def size_of(path: str) -> int:
-    try:
-        return disk_usage(path) if tree.is_dir(path) else 0  # never measured through a symlink
-    except OSError:
-        return 0
-
-
-def note_unremovable(report: GcReport, paths: RepoPaths, path: str, removal: Removal) -> None:
-    """Report what a removal left behind, each with its path relative to the root."""
-    where = os.path.relpath(path, paths.root)
-    for stuck in removal.unremovable:
-        report.unremovable.append({"repo": paths.key, "path": os.path.join(where, stuck.path) if stuck.path else where,
-                                   "error": stuck.error, "entry": os.path.basename(path)})
-
-
-def delete(paths: RepoPaths, path: str, report: GcReport) -> Removal:
-    """remove_tree, whose leftovers go to the report; nothing here ever stops the run."""
-    try:
-        removal = remove_tree(path)
-    except Exception as exc:  # remove_tree never raises; if it ever did, the rest of the run goes on
-        removal = Removal(unremovable=[Unremovable("", type(exc).__name__)])
-    note_unremovable(report, paths, path, removal)
-    return removal
-
-
-def empty_trash(paths: RepoPaths, report: GcReport) -> None:
-    for path in trash_entries(paths):
-        if report.dry_run:
-            report.removed.append(Removed("trash", paths.key, os.path.basename(path), size_of(path)))
-            continue
-        removal = delete(paths, path, report)
-        if removal.complete or removal.freed:
-            report.removed.append(Removed("trash", paths.key, os.path.basename(path), removal.freed))
-
-
-def remove_moved(paths: RepoPaths, slot: str | None, report: GcReport, removed: Removed) -> None:
-    """Delete what was moved to trash (a dry run moved nothing) and report what that freed."""
-    if slot is not None:
-        removed = attrs.evolve(removed, bytes=delete(paths, slot, report).freed)
-    report.removed.append(removed)
 
 
 @contextlib.contextmanager
@@ -256,76 +123,6 @@ def going_on(report: GcReport, paths: RepoPaths, root_paths: RootPaths) -> Itera
         where = os.path.relpath(exc.filename, root_paths.root) if isinstance(exc.filename, str) else paths.key
         report.unremovable.append({"repo": paths.key, "path": where, "entry": None,
                                    "error": errno.errorcode.get(exc.errno or 0, type(exc).__name__)})
-
-
-def record_unremovable(paths: RepoPaths, report: GcReport, now: float) -> None:
-    """Keep this run's leftovers of one repository for `status` (since when each is stuck)."""
-    if report.dry_run:
-        return
-    previous = {(e.get("path"), e.get("error")): e.get("since", now)
-                for e in (records.read_json(paths.unremovable_record, records.UNREMOVABLE) or {}).get("entries", [])}
-    mine = [dict(e, since=previous.get((e["path"], e["error"]), now))
-            for e in report.unremovable if e["repo"] == paths.key]
-    if mine:
-        records.write_json(paths.unremovable_record, {"checked_at": now, "entries": mine})
-    else:
-        records.remove_quietly(paths.unremovable_record)
-
-
-def still_damaged(paths: RepoPaths, name: str):
-    """A recheck under the marker's exclusive lock: a clone may have replaced the
-    damaged checkout with a whole one since the inventory looked."""
-    def recheck(_last_use: float) -> str | None:
-        return None if not is_published(paths, name) else "replaced-meanwhile"
-
-    return recheck
-
-
-def tidy(info: RepoInfo, report: GcReport) -> None:
-    """Leftovers of dead processes: scratch, clone records, temp files, unmarked or damaged checkouts."""
-    paths = info.paths
-    for directory in (paths.state_dir, paths.base):
-        for name in entries(directory):  # listed beneath the root, never through a symlink
-            path = os.path.join(directory, name)
-            if name.startswith(".") and name.endswith(records.TMP_SUFFIX) and not report.dry_run and \
-                    time.time() - tree.lstat(path).st_mtime > STRAY_TMP_AGE:
-                records.remove_quietly(path)
-    for name, slot in reap_dead_scratch(paths, dry_run=report.dry_run):
-        size = 0 if report.dry_run else size_of(slot)
-        remove_moved(paths, slot or None, report, Removed("dead-scratch", paths.key, name, size))
-    for clone in info.clones:
-        if not clone.alive and not report.dry_run:
-            def dead(name: str = clone.name) -> bool:
-                return tree.lexists(paths.clone_record(name))
-
-            with locks.rechecked(locks.clone_of(paths, clone.name), dead) as clone_lock:
-                if clone_lock is not None:  # not alive meanwhile: its record is a dead owner's
-                    drop_dead_clone_record(paths, clone.name)
-    for checkout in info.checkouts:
-        if checkout.ready:
-            # Damaged (top-level entries gone): never served again; removed unless a command holds it.
-            if not checkout.intact:
-                if report.dry_run:
-                    report.removed.append(Removed("damaged", paths.key, checkout.name, checkout.size))
-                    continue
-                moved = move_checkout_aside(paths, checkout.name, "damaged", still_damaged(paths, checkout.name))
-                if moved.slot is not None:
-                    remove_moved(paths, moved.slot, report,
-                                 Removed("damaged", paths.key, checkout.name, checkout.size))
-            continue
-        # No marker: a worker renamed it but died before the marker, or is about to
-        # write it. Only a free clone lock (no live worker) makes it a leftover.
-        unmarked = lambda name=checkout.name: not tree.lexists(paths.ready_marker(name))  # noqa: E731
-        with locks.rechecked(locks.clone_of(paths, checkout.name), unmarked) as clone_lock:
-            if clone_lock is None:
-                continue
-            slot = None
-            if not report.dry_run:
-                moved = move_checkout_aside(paths, checkout.name, "unpublished", clone_lock_held=True)
-                if moved.slot is None:
-                    continue
-                slot = moved.slot
-            remove_moved(paths, slot, report, Removed("unpublished", paths.key, checkout.name, checkout.size))
 
 
 def repair_future_last_use(paths: RepoPaths, name: str, now: float, report: GcReport) -> None:
@@ -405,289 +202,6 @@ def note_held(info: RepoInfo, now: float, dry_run: bool, workspaces: set[str] = 
         except OSError:
             pass  # the age is then counted anew: the count bound still holds
     return since
-
-
-def drop_spares(spares: list[tuple[RepoPaths, Spare]], report: GcReport, why: str,
-                enough: Callable[[int], bool]) -> int:
-    """Delete spares, oldest first, until enough(bytes freed so far) or none is left (they go
-    first whenever space is short); what they freed. Removes them from the list."""
-    freed = 0
-    while spares and not enough(freed):
-        paths, spare = spares.pop(0)
-        size = spare.bytes
-        if not report.dry_run:
-            slot = drop_spare(paths, spare)
-            if slot is None:
-                continue  # a worker took it meanwhile
-            size = delete(paths, slot, report).freed or spare.bytes
-        freed += size
-        report.removed.append(Removed("spare", paths.key, spare.name, size, why))
-    return freed
-
-
-def spare_record(info: RepoInfo, name: str, config: Config) -> dict | None:
-    """What an evicted checkout's spare.json would say; None when it is not kept as one."""
-    if config.max_spares <= 0:
-        return None
-    marker = next((c.marker for c in info.checkouts if c.name == name), {})
-    return spare_record_for(info.paths, name, marker, info.meta.get("submodules", "recursive"))
-
-
-def names_of_commit(paths: RepoPaths, sha: str) -> set[str]:
-    """The names of every checkout of the commit the store knows of: published, being made,
-    or only locked (the whole tree's name always)."""
-    known = set(paths.checkout_names()) | set(paths.clone_lock_names()) | set(paths.clone_record_names())
-    return {name for name in known if commit_of(name) == sha} | {sha}
-
-
-def sync_spare_refs(paths: RepoPaths, backend, spared: frozenset[str], keep_fds: tuple[int, ...]) -> None:
-    """refs/spares/<sha> for exactly the commits of this repository's spares (under the mirror
-    lock, before keep-refs are dropped: an evicted checkout's history stays without a gap)."""
-    if not getattr(backend, "supports_spares", False):
-        return
-    have = set(backend.spare_refs(paths.mirror))
-    backend.set_spare_refs(paths.mirror, sorted(spared - have), sorted(have - spared), keep_fds)
-
-
-def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: float,
-                    borrowed: frozenset[tuple[str, str]] = frozenset(), spared: frozenset[str] = frozenset()) -> None:
-    """borrowed: (key, commit) pairs published checkouts of any repository borrow
-    objects from (submodules): their keep-refs stay whatever this store holds.
-    spared: the commits of this repository's spares (their history stays: refs/spares/)."""
-    backend = pick_backend(config.transport)
-    if not backend.is_usable(paths.mirror):
-        return
-    entry = {"repo": paths.key, "refs_dropped": 0, "stale_locks": [], "repacked": False}
-    try:
-        mirror_lock = locks.mirror_write(paths, timeout=locks.MIRROR_WAIT_FOR_GC)
-    except locks.LockTimeout:
-        entry["skipped"] = "a clone is fetching"
-        report.mirrors.append(entry)
-        return
-    with mirror_lock:
-        if not report.dry_run:
-            sync_spare_refs(paths, backend, spared, (mirror_lock.fileno(),))
-        for sha in backend.kept(paths.mirror):
-            def unused(sha: str = sha) -> bool:
-                # Every checkout of the commit counts, whole or sparse: one keep-ref serves them all.
-                names = names_of_commit(paths, sha)
-                return not any(tree.lexists(paths.checkout(n)) for n in names) and \
-                    not any(locks.clone_running(paths, n) for n in names if n != sha) and \
-                    (paths.key, sha) not in borrowed
-
-            if not unused():
-                continue
-            # A worker making it holds the clone lock: its keep-ref protects what it reads.
-            with locks.rechecked(locks.clone_of(paths, sha), unused) as clone_lock:
-                if clone_lock is None:
-                    continue
-                if not report.dry_run:
-                    backend.drop_keep(paths.mirror, sha)
-                entry["refs_dropped"] += 1
-        if report.dry_run:
-            report.mirrors.append(entry)
-            return
-        removed = mirror.remove_stale_leftovers(paths.mirror)
-        entry["stale_locks"] = [name for name in removed if name.endswith(".lock")]
-        entry["stale_leftovers"] = [name for name in removed if not name.endswith(".lock")]
-        remove_lfs_partials(paths, entry)
-        if drop_bundle_refs(paths, backend):
-            entry["refs_dropped"] += 1
-            entry["bundle_refs_dropped"] = True
-        stamp = records.read_json(paths.mirror_gc_stamp, records.MIRROR_GC) or {}
-        lfs_pending = False
-        if os.path.isdir(paths.lfs_objects) and (entry["refs_dropped"] or stamp.get("lfs_pending")):
-            lfs_pending = not prune_lfs(paths, backend, entry)
-        # A pack a killed fetch kept (its .keep just removed) goes only with a repack: one is due.
-        pending = bool(entry["refs_dropped"] or stamp.get("pending") or freed_kept_packs(entry["stale_leftovers"]))
-        due = now - float(stamp.get("at", 0.0)) >= config.mirror_gc_interval
-        lfs_flag = {"lfs_pending": True} if lfs_pending else {}  # an LFS prune still to do
-        if not pending and lfs_pending != bool(stamp.get("lfs_pending")):
-            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": False, **lfs_flag})
-        if pending and not due:
-            records.write_json(paths.mirror_gc_stamp, {"at": stamp.get("at", 0.0), "pending": True, **lfs_flag})
-        elif pending:
-            short = short_of_space_for_repack(paths, config)
-            repacked = None
-            if short is not None:
-                entry["repack_skipped"] = short
-            else:
-                repacked = backend.repack(paths.mirror, (mirror_lock.fileno(),), config.clone_timeout,
-                                          started=lambda: checkpoint("gc-during-repack"))
-                if repacked is None:
-                    entry["repack_skipped"] = f"the {backend.name} transport cannot repack"
-                elif not repacked:  # what it wrote before failing goes: a repack never leaves the disk fuller
-                    entry["stale_leftovers"] += mirror.remove_stale_leftovers(paths.mirror, min_age=0.0)
-            entry["repacked"] = bool(repacked)
-            records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
-                                                       "pending": not repacked, **lfs_flag})
-    report.mirrors.append(entry)
-
-
-def freed_kept_packs(leftovers: list[str]) -> list[str]:
-    """The `.keep` files among removed leftovers: packs a killed fetch kept, that only a
-    repack drops (their objects are unreachable, or duplicated in another pack)."""
-    return [name for name in leftovers if name.endswith(".keep")]
-
-
-# What a repack keeps free for the reviews' own writes when no min-free is set.
-REPACK_RESERVE = 0.05
-
-
-def short_of_space_for_repack(paths: RepoPaths, config: Config) -> str | None:
-    """Why a repack must wait (None: it fits). git writes the new pack, about the size of
-    the mirror's objects, before it deletes the old ones: that must fit with the reserve
-    (min-free, else 5% of the disk) still free, or reviews meet ENOSPC in their checkouts."""
-    usage = shutil.disk_usage(paths.mirror)
-    need = disk_usage(paths.mirror_objects)
-    reserve = config.min_free.bytes_of(usage.total) if config.min_free else int(usage.total * REPACK_RESERVE)
-    if usage.free - need >= reserve:
-        return None
-    return (f"not enough free space: a repack needs about {format_bytes(need)} with {format_bytes(reserve)} kept "
-            f"free, and {format_bytes(usage.free)} is free (it stays due)")
-
-
-def drop_bundle_refs(paths: RepoPaths, backend) -> bool:
-    """refs/bundles/* serve a seeded mirror's first upstream fetch (git offers them as
-    haves); once the mirror has fetched from upstream they are only weight (checkouts
-    keep what they use with keep-refs), so they go, and the next repack drops what
-    only they held. True when some were dropped. Caller holds the mirror lock."""
-    seed = records.read_json(paths.seed_record, records.SEED) or {}
-    upstream = seed.get("upstream") if isinstance(seed.get("upstream"), dict) else {}
-    if not seed.get("seeded") or not upstream.get("fetches") or seed.get("bundle_refs_dropped"):
-        return False
-    backend.drop_refs_under(paths.mirror, BUNDLE_REFS)
-    records.write_json(paths.seed_record, {**seed, "bundle_refs_dropped": True})
-    return True
-
-
-def remove_lfs_partials(paths: RepoPaths, entry: dict) -> None:
-    """Partial LFS downloads a killed worker left (a worker removes its own after a failed
-    fetch). Caller holds the mirror lock, which every download of ours runs under."""
-    count, freed = mirror.remove_lfs_partials(paths, min_age=mirror.STALE_LFS_PARTIAL_AGE)
-    if count:
-        entry["lfs_partials_removed"] = count
-        entry["lfs_partial_bytes_freed"] = freed
-
-
-def prune_lfs(paths: RepoPaths, backend, entry: dict) -> bool:
-    """Delete from lfs/ every LFS object no commit kept in the mirror references.
-    Caller holds the mirror lock: every clone's commit is kept (refs/keep/) before its
-    worker downloads under that lock, so a running clone's objects are always in use.
-    False when it could not tell what is used (then nothing is deleted, and a later
-    run tries again)."""
-    unsupported = backend.lfs_unsupported()
-    if unsupported is not None:
-        entry["lfs_skipped"] = unsupported
-        return False
-    used: set[str] = set()
-    try:
-        for sha in sorted(set(backend.kept(paths.mirror)) | {commit_of(n) for n in paths.checkout_names()}):
-            used.update(backend.lfs_objects(paths.mirror, sha))
-    except CheckoutCacheError as exc:
-        entry["lfs_skipped"] = exc.detail or exc.code
-        return False
-    removed = freed = 0
-    for oid in paths.lfs_object_oids():
-        if oid in used:
-            continue
-        path = paths.lfs_object(oid)
-        try:
-            size = tree.lstat(path).st_size
-            tree.unlink(path, missing_ok=False)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        removed += 1
-        freed += size
-    entry["lfs_objects_removed"] = removed
-    entry["lfs_bytes_freed"] = freed
-    return True
-
-
-def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, problems: list[dict],
-                     borrows: set[tuple[str, str, str]]) -> int:
-    """Reap dead workspaces gc may delete; the bytes live ones hold (what max-bytes counts).
-    What could not be read there goes to problems; the (key, commit, workspace) whose objects
-    each live workspace borrows, to borrows: their keep-refs stay even once the source checkout
-    went (a workspace's hold of its source is bounded like any reader's; so are these pins:
-    bounded_pins). A live workspace measured only in part (sizes.WORKSPACE_BOUNDS met, or
-    entries it may not read) counts what was measured and is listed under the report's
-    workspaces.partial and in problems."""
-    from checkoutcache.store import workspaces
-    from checkoutcache.workspaces import workspaces_dir_of
-
-    paths = workspaces_dir_of(root_paths.root, config)
-    seen = {"dir": paths.base, "live": 0, "bytes": 0, "dead_left": [], "partial": []}
-    report.workspaces = seen
-    if not os.path.isdir(paths.base):
-        return 0
-    # The directory is the reviews' to write: whatever they made there that is no lock or record
-    # (a FIFO where owner.lock should be) costs that entry, counted in problems, never the run.
-    found: list[dict] = []
-    if not report.dry_run:
-        reaped, left = workspaces.reap_dead(paths, problems=found)
-        report.removed += [Removed("dead-workspace", "", r.name, r.bytes) for r in reaped]
-        seen["dead_left"] = [{"workspace": n.name, "uid": n.uid, "why": n.why} for n in left]
-    facts = workspaces.workspace_facts(paths, problems=found)
-    problems += list({(p["path"], p["error"]): p for p in found}.values())  # each entry once
-    for fact in facts:
-        if fact.alive:
-            seen["live"] += 1
-            # The review's own tree, walked as it changes it: bounded, and past a bound
-            # what was counted stands as its bytes (a lower bound, said so).
-            usage = measure(fact.path, bounds=WORKSPACE_BOUNDS)
-            seen["bytes"] += usage.bytes
-            if usage.partial:
-                seen["partial"].append({"workspace": fact.name, "bytes": usage.bytes, "entries": usage.entries,
-                                        "why": list(usage.partial)})
-                problems.append({"path": fact.path, "error": "SIZE_AT_LEAST",
-                                 "why": f"its size walk stopped short ({', '.join(usage.partial)}; "
-                                        f"{usage.entries} entries): at least {format_bytes(usage.bytes)} counted"})
-            key, commit = fact.record.get("key"), fact.record.get("commit")
-            if key and commit and borrows_from(fact, key):  # its git borrows that commit's objects
-                borrows.add((key, commit, fact.name))
-    return seen["bytes"]
-
-
-def borrows_from(fact, key: str) -> bool:
-    """Whether a live workspace's git really borrows from repository KEY's mirror: its tree's
-    .git/objects/info/alternates names that mirror's objects (an owner.json alone is the
-    review's word: it could name any repository to pin it)."""
-    alternates = os.path.join(fact.tree, ".git", "objects", "info", "alternates")
-    try:
-        fd = tree.open_file(alternates, os.O_RDONLY)  # never blocks, never a FIFO's or a link's
-    except OSError:
-        return False
-    with os.fdopen(fd, "rb") as handle:
-        lines = handle.read(1 << 14).decode("utf-8", "replace").splitlines()
-    return any(line.rstrip("/").endswith(f"/repos/{key}/mirror.git/objects") for line in lines)
-
-
-def bounded_pins(pins: set[tuple[str, str, str]], since: dict[str, float], config: Config,
-                 now: float) -> set[tuple[str, str]]:
-    """Of live workspaces' pins (key, commit, workspace), those gc keeps: bounded as readers'
-    locks are (max-held, the most recently seen first; max-hold-age, as gc's runs saw them:
-    since, workspace -> first sighting), since a review makes them as it likes."""
-    kept = [(key, commit, name) for key, commit, name in pins
-            if now - since.get(name, now) <= config.max_hold_age]
-    kept.sort(key=lambda pin: -since.get(pin[2], now))
-    return {(key, commit) for key, commit, _name in kept[:config.max_held]}
-
-
-def spares_of(info, report: GcReport | None) -> list:
-    """A repository's spares; none for a refused store, and a spares/ that is a symlink is a
-    problem of that repository (listed in report, once, never followed), never the run's end."""
-    if info.refused:
-        return []
-    try:
-        return list_spares(info.paths)
-    except OSError as exc:
-        if report is None:
-            return []
-        report.problems.append({"path": os.path.relpath(info.paths.spares_dir, info.paths.root),
-                                "error": errno.errorcode.get(exc.errno or 0, "OSError"),
-                                "why": f"spares/ cannot be listed ({exc.strerror or exc}): its spares are left alone"})
-        return []
 
 
 def our_keys(root_paths: RootPaths, report: GcReport) -> list[str]:
@@ -787,30 +301,9 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             for c in info.checkouts:
                 if c.ready and c.last_used is not None and c.last_used > now:
                     repair_future_last_use(info.paths, c.name, now, report)
-        # Spares go first when space is short: before any checkout, whatever its last use.
-        spares = [(info.paths, spare) for info in repos for spare in spares_of(info, report)]
-        spares.sort(key=lambda pair: pair[1].spared_at)
-        drop_spares([p for p in spares if not p[1].record], report, "unreadable", lambda _freed: False)
-        spares = [p for p in spares if p[1].record]
         checkout_bytes = sum(e.size for e in entries)
-        if limits.max_bytes is not None:
-            over = checkout_bytes + pinned_bytes + sum(s.bytes for _, s in spares) - limits.max_bytes
-            drop_spares(spares, report, "max-bytes", lambda freed: freed >= over)
-        disk = before
-        if limits.min_free is not None:
-            low = limits.min_free.bytes_of(before.total)
-            high = low + limits.free_headroom.bytes_of(before.total)
-            if before.free < low:
-                freed_for_disk = drop_spares(spares, report, "min-free", lambda freed: before.free + freed >= high)
-                disk = Disk(total=before.total, free=before.free + freed_for_disk)
-        # A clone that failed for want of space says space is short, min-free set or not.
-        disk_full = any(f.code == "DISK_FULL" for info in repos for f in info.failures.values())
-        if disk_full:
-            drop_spares(spares, report, "disk-full", lambda _freed: False)
-        # Spares never hold more than half of what the disk has free: a spare only saves time,
-        # and its bytes are better free when a fresh tree of its size would not fit beside it.
-        drop_spares(spares, report, "free-space",
-                    lambda _freed: 2 * sum(s.bytes for _, s in spares) <= disk.free)
+        # Spares go first when space is short: before any checkout, whatever its last use.
+        spares, disk, disk_full = drop_spares_first(repos, report, limits, before, checkout_bytes, pinned_bytes)
         spare_bytes = sum(s.bytes for _, s in spares)
         if limits.max_bytes is not None:  # the spares left count against it too
             limits = attrs.evolve(limits, max_bytes=max(0, limits.max_bytes - spare_bytes))
@@ -874,12 +367,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         remaining = [e for e in entries if (e.repo, e.name) not in evicted]
         report.checkouts_after = len(remaining)
         report.bytes_after = sum(e.size for e in remaining)
-        # At most max_spares: the oldest go (spares just made are listed afresh with their real names).
-        spares = sorted(((info.paths, spare) for info in repos for spare in spares_of(info, None)
-                         if spare.record), key=lambda pair: pair[1].spared_at) if not dry_run else spares
-        excess = len(spares) - config.max_spares
-        if excess > 0:
-            drop_spares(spares, report, "max-spares", lambda _freed: len(spares) <= config.max_spares)
+        spares = drop_spares_past_max(repos, spares, report, config)
         report.spares_after = len(spares)
         report.spare_bytes_after = sum(s.bytes for _, s in spares)
         borrowed = frozenset(pair for info in repos for c in info.checkouts if c.ready for pair in c.borrows) \
