@@ -322,6 +322,27 @@ def test_gc_starts_a_dead_history_again_and_says_so(root, deep, kill_log):
     assert entry["history"] == "complete" and "history_process" not in entry, entry
 
 
+def test_gc_leaves_a_running_historys_trash_to_it(root, served_upstream):
+    """Regression: a gc at the instant a history finished emptied the history's own trash slot
+    (history.<pid>.<hex>, which the history removes itself) and reported it as gc's removal."""
+    upstream, url = served_upstream
+    wait_ready(root, url, upstream.shas[0])
+    settled(root)
+    paths = only_repo(root)
+    slot = paths.trash_slot("history")
+    os.makedirs(os.path.join(slot, "objects"))
+    running = locks.history_of(paths)  # this test stands in for the running history: its lock
+    assert running is not None
+    with running:
+        code, report, out = run_cli("gc", root=root)
+        assert code == 0 and report["removed"] == [], out
+        assert os.path.isdir(slot)
+    code, report, out = run_cli("gc", root=root)  # a history that died: its slot is gc's
+    assert code == 0 and [(r["reason"], r["name"]) for r in report["removed"]] == \
+        [("trash", os.path.basename(slot))], out
+    assert not os.path.lexists(slot)
+
+
 def test_a_failed_history_backs_off_and_status_says_why(root, tmp_path, daemon):
     """A history the server cannot send (the repository gone from it after the first answer)
     fails with a back-off: the checkout stays, status and --history full say why."""

@@ -15,7 +15,7 @@ marker's shared flock: an exec, a workspace's source, any process that took it, 
 a read-only mount too) is kept past a limit only while it is one of the `max_held` most
 recently used held ones and has been held (as gc's runs saw it: `held_since`) for less
 than `max_hold_age`; past either, it is evicted like any other when a limit needs it,
-without its exclusive lock (gc.py: evict_held). serve's own holds (`writer_hold`) have
+without its exclusive lock (gc.py: evict_checkout with held=True). serve's own holds (`writer_hold`) have
 their own count and ttl and keep their protection.
 
 Clocks are not trusted: a last use in the future (a clock that jumped back, a

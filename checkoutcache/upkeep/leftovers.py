@@ -7,7 +7,8 @@ deletes anything: gc.py's steps 1 and 2, and the deletions of its later steps.
   `unremovable` with its cause, and nothing here ever stops the run;
 - record_unremovable keeps a repository's leftovers in state/unremovable.json for `status`
   (with since when each is stuck); they stay in trash/, so every later run retries them;
-- empty_trash finishes interrupted deletions: everything in trash/ goes;
+- empty_trash finishes interrupted deletions: everything in trash/ goes, but the slots of a
+  running history (it removes them itself, and gc would report its removal as gc's);
 - tidy removes temp files of record writes older than STRAY_TMP_AGE, scratch whose owner is
   dead (store/scratch.py), records of dead clones (their count of worker deaths kept,
   forget.py), checkouts a killed worker renamed but never marked (only while their clone
@@ -71,8 +72,20 @@ def delete(paths: RepoPaths, path: str, report: GcReport) -> Removal:
     return removal
 
 
+HISTORY_SLOT = "history."  # store/layout.py trash_slot("history"): the history's own
+
+
 def empty_trash(paths: RepoPaths, report: GcReport) -> None:
+    # A running history removes what it moved to trash itself (clone/history.py: its finished
+    # history.git, at once): a gc at the same time would count and report the same tree as its
+    # own removal. Its slots wait while its lock is held; a history that died leaves them to gc.
+    history_running = None
     for path in trash_entries(paths):
+        if os.path.basename(path).startswith(HISTORY_SLOT):
+            if history_running is None:
+                history_running = locks.history_running(paths)
+            if history_running:
+                continue
         if report.dry_run:
             report.removed.append(Removed("trash", paths.key, os.path.basename(path), size_of(path)))
             continue
