@@ -40,6 +40,7 @@ def gc(root: str, *args: str, env: dict | None = None) -> dict:
 @pytest.fixture
 def three_ready(root, upstream):
     paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
+    settled(root)  # gc's mirror maintenance is judged on the mirror the history finished (clone/history.py)
     return upstream, paths
 
 

@@ -29,6 +29,9 @@ CLI_MODULES = {
     "checkoutcache.store.ready", "checkoutcache.store.records", "checkoutcache.store.watch", "checkoutcache.units",
     "checkoutcache.store.tree",  # every store path reached beneath the root (standard library only, no ctypes)
     "checkoutcache.signing",  # a hand-off to the writer is signed, never a bearer token (standard library, no hashlib)
+    # The forked child's first step (become_detached), read before its stderr goes to the log:
+    # standard library and store modules this set already has.
+    "checkoutcache.clone.process",
 }
 WORKER_MODULES = {
     "checkoutcache.clone.worker", "checkoutcache.git.cli", "checkoutcache.git.mirror",

@@ -66,10 +66,10 @@ import time
 from typing import Callable
 
 from checkoutcache.clone.decide import next_failure
-from checkoutcache.clone.process import count_upstream, open_attempt_log, stop_on_sigterm, tracking
+from checkoutcache.clone.process import become_detached, count_upstream, open_attempt_log, stop_on_sigterm, \
+    tracking
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
-    CREDENTIAL_VARS,
     Credential,
     credential_env,
     credential_from_env,
@@ -224,34 +224,8 @@ def _fork(paths: RepoPaths, args: list[str], lock_fd: int, config: Config, crede
 
 def _become(paths: RepoPaths, args: list[str], lock_fd: int, config: Config, credential: Credential | None,
             log_name: str) -> None:
-    code = 1
-    try:
-        import setproctitle
-
-        setproctitle.setproctitle(f"checkoutcache-history {paths.key} {' '.join(args)}")
-        devnull = os.open(os.devnull, os.O_RDWR)
-        log = tree.open_file(paths.clone_log(log_name), os.O_WRONLY | os.O_APPEND, create=True)
-        os.dup2(devnull, 0)
-        os.dup2(devnull, 1)
-        os.dup2(log, 2)
-        for entry in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
-            fd = int(entry)
-            if fd > 2 and fd != lock_fd:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        os.chdir("/")
-        for var in CREDENTIAL_VARS:
-            os.environ.pop(var, None)
-        os.environ.update(credential_env(credential))
-        code = run(paths.root, paths.key, config, credential, args)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        os._exit(code)
+    become_detached(paths, log_name, lock_fd, credential, f"checkoutcache-history {paths.key} {' '.join(args)}",
+                    lambda: run(paths.root, paths.key, config, credential, args))
 
 
 def run(root: str, key: str, config: Config, credential: Credential | None, args: list[str]) -> int:

@@ -1,16 +1,59 @@
 """What the detached processes of a repository (a clone worker, the background history)
-share: their log, appended attempt after attempt, how SIGTERM reaches them, and the count
-of what upstream sent since a mirror's seeding (state/mirror-seed.json)."""
+share: how a forked child becomes one (become_detached), their log, appended attempt after
+attempt, how SIGTERM reaches them, and the count of what upstream sent since a mirror's
+seeding (state/mirror-seed.json)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from checkoutcache.store import records, tree
 from checkoutcache.store.layout import CLONE_LOG_CAP, RepoPaths
+
+if TYPE_CHECKING:
+    from checkoutcache.credentials import Credential
+
+
+def become_detached(paths: RepoPaths, log_name: str, lock_fd: int, credential: "Credential | None", title: str,
+                    body: Callable[[], int]) -> NoReturn:
+    """The child side of a fork that becomes a repository's detached process: titled for
+    `ps`, stdin and stdout on /dev/null and stderr on the log, every other descriptor closed
+    but the lock it owns (the caller's pipes and sockets must not stay open in it), in /, the
+    caller's credentials replaced by its own; then body(), whose code is the exit status.
+    Never returns: whatever body raises goes to the log."""
+    code = 1
+    try:
+        import setproctitle
+
+        from checkoutcache.credentials import CREDENTIAL_VARS, credential_env
+
+        setproctitle.setproctitle(title)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        log = tree.open_file(paths.clone_log(log_name), os.O_WRONLY | os.O_APPEND, create=True)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(log, 2)
+        for entry in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+            fd = int(entry)
+            if fd > 2 and fd != lock_fd:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.chdir("/")
+        for var in CREDENTIAL_VARS:
+            os.environ.pop(var, None)
+        os.environ.update(credential_env(credential))
+        code = body()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def open_attempt_log(paths: RepoPaths, name: str):

@@ -33,7 +33,6 @@ import setproctitle
 from checkoutcache.cones import Cone
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
-    CREDENTIAL_VARS,
     Credential,
     credential_env,
     redact,
@@ -153,31 +152,12 @@ def _retitle(name: str) -> None:
 
 def _become_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config: Config,
                    credential: Credential | None, deaths: int, cone: Cone = ()) -> None:
-    code = 1
-    try:
-        _retitle(name)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        log = tree.open_file(paths.clone_log(name), os.O_WRONLY | os.O_APPEND, create=True)
-        os.dup2(devnull, 0)
-        os.dup2(devnull, 1)
-        os.dup2(log, 2)
-        for entry in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
-            fd = int(entry)
-            if fd > 2 and fd != lock_fd:
-                try:
-                    os.close(fd)  # the caller's pipes and sockets must not stay open in us
-                except OSError:
-                    pass
-        os.chdir("/")
-        for var in CREDENTIAL_VARS:
-            os.environ.pop(var, None)
-        os.environ.update(credential_env(credential))
+    # Imported in the child: the CLI's own path (tests/test_import_cost.py) never needs it.
+    from checkoutcache.clone.process import become_detached
+
+    def work() -> int:
         from checkoutcache.clone.worker import run_worker
 
-        code = run_worker(root, paths.key, name, config, credential, deaths, cone)
-    except BaseException:
-        import traceback
+        return run_worker(root, paths.key, name, config, credential, deaths, cone)
 
-        traceback.print_exc()
-    finally:
-        os._exit(code)
+    become_detached(paths, name, lock_fd, credential, f"checkoutcache-worker {name}", work)
