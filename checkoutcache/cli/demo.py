@@ -70,13 +70,20 @@ def _write(repo: pygit2.Repository, entries: dict):
 
 
 def _wait_for_history(cache: Cache, timeout: float = 60) -> None:
-    """Until no repository of the cache has its history running (the demo's is a few commits:
-    well under a second), or the timeout."""
+    """Until no clone worker and no history of the cache runs (the demo's history is a few
+    commits: well under a second), or the timeout. The workers first: a worker starts its
+    mirror's history after its ready answer and before it lets its clone lock go, so once
+    every clone lock is free, a history that will run already holds its own."""
     from checkoutcache.store import locks
 
     deadline = time.monotonic() + timeout
-    repos = [cache.paths.repo(key) for key in cache.paths.repo_keys()]
-    while any(locks.history_running(paths) for paths in repos) and time.monotonic() < deadline:
+
+    def busy() -> bool:
+        repos = [cache.paths.repo(key) for key in cache.paths.repo_keys()]
+        workers = any(locks.clone_running(paths, name) for paths in repos for name in paths.clone_lock_names())
+        return workers or any(locks.history_running(paths) for paths in repos)
+
+    while busy() and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
