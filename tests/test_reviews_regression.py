@@ -131,7 +131,10 @@ def test_six_concurrent_reviews_with_gc_at_a_limit_of_three(root, tmp_path):
     for report in over_the_limit:
         assert [r for r in report["removed"] if r["reason"] in ("lru", "age")] == [], report
         kept = report["kept_over_limit"]
-        assert sorted((k["commit"], k["why"]) for k in kept) == sorted((sha, "grace") for sha in upstream.shas), report
+        # A checkout a review's git is reading at that instant is named "held" (a running command
+        # in it comes first, upkeep/eviction.py); every other one is kept for the window.
+        assert sorted(k["commit"] for k in kept) == sorted(upstream.shas), report
+        assert {k["why"] for k in kept} <= {"grace", "held"} and "grace" in {k["why"] for k in kept}, report
         assert [{k: u[k] for k in ("limit", "target", "actual")} for u in report["unmet"]] == [
             {"limit": "max-checkouts", "target": LIMIT, "actual": REVIEWS}], report
 
