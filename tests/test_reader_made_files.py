@@ -144,3 +144,29 @@ def test_holds_expire_and_tokens_rotate_while_the_scheduled_gc_is_stuck(root, up
     finally:
         serve.proc.kill()
         serve.proc.wait(30)
+
+
+@pytest.mark.slow
+def test_a_symlinked_gitattributes_naming_a_fifo_never_wedges_the_pygit2_worker(root, tmp_path):
+    """A pull request commits `.gitattributes -> /workspaces/<its own>/fifo` and the review makes
+    the FIFO: the pygit2 transport read the checkout's attributes files through the work tree,
+    so its worker sat in open() until the clone timeout, attempt after attempt (git itself
+    reads no symlinked attributes file). Now the blobs are read from the commit."""
+    from .helpers.repos import Upstream
+
+    fifo = tmp_path / "review-volume" / "fifo"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    upstream = Upstream(str(tmp_path / "upstream"))
+    sha = upstream.commit({"a.txt": "a\n"}, symlinks={".gitattributes": str(fifo)})
+    env = {"CHECKOUTCACHE_TRANSPORT": "pygit2", "CHECKOUTCACHE_CLONE_TIMEOUT": "600"}
+    code, answer, err = cli("ensure", upstream.path, sha, "--wait", "30", "--json", root=root, env=env)
+    assert code == 0 and answer["state"] == "ready", (code, answer, err)
+    # What the attributes look-up must still see: a regular file naming the LFS filter.
+    os.unlink(os.path.join(upstream.path, ".gitattributes"))
+    lfs = upstream.commit({".gitattributes": "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+                           "x.bin": "version https://git-lfs.github.com/spec/v1\noid sha256:"
+                                    + "0" * 64 + "\nsize 3\n"})
+    code, answer, err = cli("ensure", upstream.path, lfs, "--wait", "30", "--json", root=root,
+                            env={**env, "CHECKOUTCACHE_LFS": "off"})
+    assert code == 0 and answer["state"] == "ready" and answer["lfs"] == "off", (code, answer, err)

@@ -338,21 +338,21 @@ class Pygit2Backend:
 
     def lfs_in_tree(self, tree_dir: str) -> bool:
         """Whether a .gitattributes of the checkout names the LFS filter (an approximation
-        of git's attribute matching: enough to say that LFS content is absent)."""
+        of git's attribute matching: enough to say that LFS content is absent). The files are
+        read as the commit's blobs, never through the work tree: a repository's symlinked
+        `.gitattributes` could name a FIFO another uid made (a read that never returns), and
+        git itself reads no symlinked attributes file (mode 120000 entries are skipped)."""
         import pygit2
 
+        regular = (pygit2.enums.FileMode.BLOB, pygit2.enums.FileMode.BLOB_EXECUTABLE)
         try:
-            index = pygit2.Repository(tree_dir).index
-            names = [entry.path for entry in index if entry.path.rsplit("/", 1)[-1] == ".gitattributes"]
+            repo = pygit2.Repository(tree_dir)
+            for entry in repo.index:
+                if entry.path.rsplit("/", 1)[-1] == ".gitattributes" and entry.mode in regular:
+                    if b"filter=lfs" in repo[entry.id].data[: 1 << 20]:
+                        return True
         except _errors():
             return False
-        for name in names:
-            try:
-                with open(os.path.join(tree_dir, name), "rb") as handle:
-                    if b"filter=lfs" in handle.read(1 << 20):
-                        return True
-            except OSError:
-                continue
         return False
 
     def checkout(self, tree_dir: str, mirror_objects: str, sha: str, on_progress: Progress, log: Log,
