@@ -9,7 +9,8 @@
 //   ran out) throws CheckoutCacheError with its code, message, next step and HTTP status.
 // - Every call has a budget: its wait plus `timeout` (60 s) unless the caller gives `budget` or an
 //   AbortSignal; when it runs out the call throws TIMEOUT at once, whatever the fetch underneath
-//   does with the abort (a fetch that ignores its signal cannot make a call hang).
+//   does with the abort (a fetch that ignores its signal cannot make a call hang); and once it
+//   has ended nothing of it runs on (no request, no token asked, no onProgress).
 // - The token (a string or a function, asked at each request, so a rotated token is used from the
 //   next request on) never crosses the wire by default: each request is signed (src/signing.ts,
 //   checkoutcache/signing.py), public endpoints included, and an answer (but a 401) that does not
@@ -170,14 +171,19 @@ export class CheckoutCache {
     if (!Number.isFinite(step) || step <= 0) throw new TypeError("waitReady: every must be positive seconds");
     const deadline = Date.now() + total * 1000;
     return this.call(budget ?? total + this.timeout, signal, async (sig) => {
+      // Once the call has ended (its budget, the caller's signal), nothing more runs: no ask, no
+      // token asked, no onProgress, whatever the fetch underneath does with the abort. So the
+      // signal is looked at before each ask and after each await, and a pause ends with it.
       let onServer = true; // wait on the server between asks, until it says it is busy
       for (;;) {
+        sig.throwIfAborted();
         const asked = Date.now();
         const left = (deadline - asked) / 1000;
         let answer: Answer;
         try {
           answer = await this.ensureOnce({ ...request, wait: onServer ? round(Math.max(0, Math.min(left, step))) : 0 }, sig);
         } catch (error) {
+          sig.throwIfAborted();
           if (!(error instanceof CheckoutCacheError) || !SERVER_CONDITIONS.has(error.code)) throw error;
           const pause = (error.retryAfter ?? 1) * 1000;
           if (Date.now() + pause >= deadline) throw error;
@@ -185,6 +191,7 @@ export class CheckoutCache {
           await sleep(pause, sig);
           continue;
         }
+        sig.throwIfAborted(); // an answer that came after the call ended: nobody hears of it
         if (answer.state === "ready") return answer;
         if (answer.state === "cloning") onProgress?.(answer);
         const now = Date.now();
@@ -327,7 +334,8 @@ export class CheckoutCache {
    */
   private async exchange(path: string, signal: AbortSignal, send: (transport: Transport) => Promise<Reply>):
       Promise<{ status: number; body: unknown; response: Response }> {
-    const transport = await this.transport(path);
+    const transport = await this.transport(path, signal);
+    signal.throwIfAborted(); // the call ended while the token was asked for: nothing is sent
     let reply: Reply;
     try {
       reply = await send(transport);
@@ -338,7 +346,7 @@ export class CheckoutCache {
     return { status: reply.response.status, body: bodyOf(reply), response: reply.response };
   }
 
-  private async transport(path: string): Promise<Transport> {
+  private async transport(path: string, signal: AbortSignal): Promise<Transport> {
     if (this.token === undefined || (this.auth === "bearer" && PUBLIC.has(path))) return { headers: {}, fetch: this.send };
     const token = typeof this.token === "function" ? await this.token() : this.token;
     if (typeof token !== "string" || !token) {
@@ -347,7 +355,7 @@ export class CheckoutCache {
     if (this.auth === "bearer") return { headers: { Authorization: `Bearer ${token}` }, fetch: this.send };
     if (this.key?.token !== token) this.key = new TokenKey(token);
     const key = this.key;
-    return { headers: {}, fetch: (request) => this.signed(request, key) };
+    return { headers: {}, fetch: (request) => this.signed(request, key, signal) };
   }
 
   /**
@@ -356,10 +364,11 @@ export class CheckoutCache {
    * proves nothing, and tells nothing a squatter could use). A redirect is not followed: it is
    * an answer like any other, unproven unless serve made it.
    */
-  private async signed(request: Request, key: TokenKey): Promise<Response> {
+  private async signed(request: Request, key: TokenKey, signal: AbortSignal): Promise<Response> {
     const body = new Uint8Array(await request.arrayBuffer());
     const url = new URL(request.url);
     const { authorization, mac } = await key.sign(request.method, url.pathname + url.search, body);
+    signal.throwIfAborted(); // the call ended while it was signed: nothing is sent
     const headers = new Headers(request.headers);
     headers.set("Authorization", authorization);
     const response = await this.send(new Request(request.url, {
@@ -503,15 +512,19 @@ function abortedError(reason: unknown, timedOut: boolean): CheckoutCacheError {
     next: "nothing to do: the caller ended it", cause: reason });
 }
 
+/** A pause that ends with the signal: rejected with its reason (never a pause cut short, then on). */
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted || ms <= 0) return resolve();
-    const done = () => {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(signal.reason);
+    if (ms <= 0) return resolve();
+    const stop = () => {
       clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
+      reject(signal.reason);
     };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", stop);
+      resolve();
+    }, Math.min(MAX_TIMER_MS, ms));
+    signal.addEventListener("abort", stop, { once: true });
   });
 }

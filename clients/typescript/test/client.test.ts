@@ -314,6 +314,42 @@ describe("budgets", () => {
     assert.equal(sent, 2);
   });
 
+  it("waitReady does nothing once it has ended: no request, no token asked, no progress, whatever the fetch does with its signal", async () => {
+    const commit = "5123456789abcdef0123456789abcdef01234567";
+    const cloning = { state: "cloning", repo: w.repo, commit, pid: 1, progress: {} };
+    const failed = { state: "failed", error: "UNREACHABLE", message: "m", next: "n", retry_after: 5 };
+    // Each case: a fetch (one that ignores its signal, or one that honours it as Node's does), when
+    // the caller's signal aborts the call, and what the canned server answers.
+    const cases = [
+      { name: "aborted while a request that ignores its signal is in flight", abortAt: 200, honours: false, delay: 400, body: cloning, status: 202 },
+      { name: "aborted during the pause between asks", abortAt: 300, honours: true, delay: 0, body: { ...cloning, retry_after: 3 }, status: 202 },
+      { name: "aborted during a failed answer's retry_after", abortAt: 300, honours: false, delay: 1, body: failed, status: 503 },
+    ];
+    const lateByCase: Record<string, unknown> = {};
+    for (const c of cases) {
+      let cut = false;
+      const late = { requests: 0, tokens: 0, progress: 0 };
+      const canned = async (request: Request) => {
+        if (cut) late.requests++;
+        if (c.honours) request.signal.throwIfAborted();
+        await new Promise((done) => setTimeout(done, c.delay));
+        if (c.honours) request.signal.throwIfAborted();
+        return Response.json(c.body, { status: c.status });
+      };
+      const cache = new CheckoutCache({ baseUrl: w.serve.baseUrl, auth: "bearer", fetch: canned,
+        token: () => { if (cut) late.tokens++; return TOKEN; } });
+      const controller = new AbortController();
+      setTimeout(() => { cut = true; controller.abort(); }, c.abortAt);
+      const error = await thrown(cache.waitReady({ repo: w.repo, commit, wait: 30, every: 0.2, signal: controller.signal,
+        onProgress: () => { if (cut) late.progress++; } }));
+      assert.equal(error.code, "ABORTED", c.name);
+      await new Promise((done) => setTimeout(done, 1200));
+      lateByCase[c.name] = late;
+    }
+    const none = { requests: 0, tokens: 0, progress: 0 };
+    assert.deepEqual(lateByCase, Object.fromEntries(cases.map((c) => [c.name, none])));
+  });
+
   it("a budget longer than a timer can hold is not a budget of nothing", async () => {
     const deaf = (_request: Request) => new Promise<Response>(() => undefined);
     const patient = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: deaf });
