@@ -62,6 +62,13 @@ export interface CheckoutCacheOptions {
   fetch?: FetchLike | Fetcher | undefined;
   /** Seconds a call may take beyond the wait it asks for (default 60). */
   timeout?: number | undefined;
+  /**
+   * Given the work the client goes on with after a call ended: the release of a hold serve made
+   * for a hold() whose call had ended (its budget, the caller's signal) before the answer came.
+   * In a Worker pass `ctx.waitUntil.bind(ctx)`, so the invocation lives until it is done; in Node
+   * it runs on its own (default: nothing is told). The promise never rejects.
+   */
+  waitUntil?: ((work: Promise<unknown>) => void) | undefined;
 }
 
 export interface CallOptions {
@@ -116,6 +123,7 @@ export class CheckoutCache {
   private readonly token: TokenSource | undefined;
   private readonly api: Api;
   private readonly send: FetchLike;
+  private readonly waitUntil: ((work: Promise<unknown>) => void) | undefined;
   private key: TokenKey | undefined; // the last token's, reused while the token function gives the same
 
   constructor(options: CheckoutCacheOptions) {
@@ -142,6 +150,10 @@ export class CheckoutCache {
       : injected ? (request) => injected.fetch(request)
       : (request) => globalThis.fetch(request); // looked up at each request, never captured
     this.send = send;
+    if (options.waitUntil !== undefined && typeof options.waitUntil !== "function") {
+      throw new TypeError("CheckoutCache: waitUntil must be a function (a Worker's ctx.waitUntil.bind(ctx))");
+    }
+    this.waitUntil = options.waitUntil;
     this.api = createClient<paths>({ baseUrl: this.baseUrl, fetch: send });
   }
 
@@ -206,15 +218,44 @@ export class CheckoutCache {
     });
   }
 
-  /** POST /v1/hold: the checkout, ready and held against gc until release() or its ttl. */
+  /**
+   * POST /v1/hold: the checkout, ready and held against gc until release() or its ttl.
+   *
+   * serve does not stop a hold when its caller goes away, and names the hold only in its answer:
+   * a hold whose call ends first (its budget, the caller's signal) would be made for nobody, and
+   * stay until its ttl. So its request is not cut when the call ends: it runs on (for at most its
+   * wait plus the client's timeout, what serve needs to answer), and a hold its answer makes is
+   * released at once (given to `waitUntil`). A hold whose answer never arrives (the connection
+   * lost, the process or the Worker's invocation gone) stays until its ttl: keep the ttl short.
+   */
   async hold(options: HoldOptions): Promise<Hold> {
     const { signal, budget, ...request } = options;
-    return this.call(budgetFor(budget, request.wait, this.timeout), signal, async (sig) => {
-      const { status, body, response } = await this.exchange("/v1/hold", sig,
-        (transport) => this.api.POST("/v1/hold", { body: request, signal: sig, ...transport }));
-      if (status === 200 && isObject(body) && body["state"] === "ready" && typeof body["hold"] === "string") {
-        return this.held(body as HeldAnswer);
+    const needed = budgetFor(undefined, request.wait, this.timeout); // what serve takes to answer, at most
+    return this.call(budget ?? needed, signal, async (sig) => {
+      // The request's own signal: cut once both the call has ended and serve's time to answer has passed.
+      const own = new AbortController();
+      let due = false;
+      const cut = () => {
+        if (due && sig.aborted) own.abort(sig.reason);
+      };
+      const timer = setTimeout(() => { due = true; cut(); }, Math.min(MAX_TIMER_MS, needed * 1000));
+      sig.addEventListener("abort", cut, { once: true });
+      let reply: { status: number; body: unknown; response: Response };
+      try {
+        reply = await this.exchange("/v1/hold", sig,
+          (transport) => this.api.POST("/v1/hold", { body: request, signal: own.signal, ...transport }));
+      } finally {
+        clearTimeout(timer);
+        sig.removeEventListener("abort", cut);
       }
+      const { status, body, response } = reply;
+      const held = status === 200 && isObject(body) && body["state"] === "ready" && typeof body["hold"] === "string";
+      if (sig.aborted) {
+        // The call has ended: nobody will have this hold. Released now, rather than left to its ttl.
+        if (held) this.afterwards(this.release(body["hold"] as string, { budget: this.timeout }));
+        throw sig.reason;
+      }
+      if (held) return this.held(body as HeldAnswer);
       if (status === 202 && isObject(body) && body["state"] === "cloning") {
         throw new CheckoutCacheError({ code: CLIENT_CODES.NOT_HELD, status,
           message: "the checkout is still cloning: nothing is held", answer: body as CloningAnswer,
@@ -292,6 +333,12 @@ export class CheckoutCache {
       }
     }
     throw errorFrom("POST /v1/ensure", response, body);
+  }
+
+  /** Work that goes on after its call ended: never a rejection, and given to `waitUntil`. */
+  private afterwards(work: Promise<unknown>): void {
+    const done = work.then(() => undefined, () => undefined);
+    this.waitUntil?.(done);
   }
 
   private held(answer: HeldAnswer): Hold {

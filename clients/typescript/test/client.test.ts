@@ -266,6 +266,28 @@ describe("holds", () => {
     assert.equal(await held.release(), false); // gone: not asked again
   });
 
+  it("a hold whose call ended first (its budget) is released when serve's answer comes: nothing is left held", async () => {
+    const sha = w.fresh();
+    w.proxy.shut();
+    const heldBefore = w.proxy.held;
+    const recorder = recordingFetch();
+    const afterwards: Array<Promise<unknown>> = [];
+    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: recorder.fetch,
+      waitUntil: (work) => { afterwards.push(work); } });
+    const error = await thrown(watched.hold({ repo: w.gatedRepo, commit: sha, wait: 60, ttl: "1h", budget: 1 }));
+    assert.equal(error.code, "TIMEOUT");
+    await waitUntil(() => w.proxy.held > heldBefore, 30_000, "the hold's clone held in its fetch");
+    assert.equal(afterwards.length, 0);
+    w.proxy.open(); // serve finishes the hold that nobody waits for any more
+    await waitUntil(() => recorder.calls.some((c) => c.url.endsWith("/v1/release") && c.status === 200), 60_000,
+      "the hold serve made after the call ended to be released");
+    assert.equal(recorder.calls.filter((c) => c.url.endsWith("/v1/hold")).length, 1);
+    assert.equal(recorder.calls.find((c) => c.url.endsWith("/v1/hold"))?.status, 200, "serve did make the hold");
+    assert.equal(afterwards.length, 1, "the release was given to waitUntil");
+    assert.equal(await afterwards[0], undefined);
+    assert.equal(await w.serve.sample("checkoutcache_holds"), 0);
+  });
+
   it("throws NOT_HELD (with the cloning answer) and the failed answer's code when nothing could be held", async () => {
     const sha = w.fresh();
     w.proxy.shut();
