@@ -63,7 +63,10 @@ export function judge(outcome: { value: unknown } | { error: unknown }): { verdi
     return { verdict: "success" };
   }
   const error = outcome.error;
-  if (!(error instanceof CheckoutCacheError) || error.code === CLIENT_CODES.REPOSITORY_DOWN) return { verdict: "neutral" };
+  if (!(error instanceof CheckoutCacheError)) return { verdict: "neutral" };
+  // A breaker's own refusal (REPOSITORY_DOWN, no HTTP status: no answer was asked for) counts for
+  // nothing; the same code in an answer is whatever answered saying it, judged as any answer.
+  if (error.code === CLIENT_CODES.REPOSITORY_DOWN && error.status === undefined) return { verdict: "neutral" };
   const said = { reason: error.code, detail: error.message };
   if (error.answer?.state === "cloning") return { verdict: "missed" }; // hold(): NOT_HELD, still cloning
   if (error.answer?.state === "failed" && error.status === 503 && !UNAVAILABLE_CODES.has(error.code)) {

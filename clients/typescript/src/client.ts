@@ -14,7 +14,8 @@
 // - The token (a string or a function, asked at each request, so a rotated token is used from the
 //   next request on) never crosses the wire by default: each request is signed (src/signing.ts,
 //   checkoutcache/signing.py), public endpoints included, and an answer (but a 401) that does not
-//   prove it comes from the token's holder throws NOT_THE_WRITER with nothing of it used: while
+//   prove it comes from the token's holder throws NOT_THE_WRITER with nothing of it used (a 401,
+//   which serve cannot prove, is UNAUTHORIZED in the error table's words, its body unused): while
 //   serve is down, whatever binds its address learns no token and cannot answer `ready` with a
 //   path of its own. With auth "bearer" the token is sent, only to endpoints that need it.
 // - Answers keep every field the server sent, the ones the document does not name yet included.
@@ -422,8 +423,14 @@ export class CheckoutCache {
       method: request.method, headers, body: request.method === "GET" || request.method === "HEAD" ? null : body,
       signal: request.signal, redirect: "manual",
     }));
+    if (response.status === 401) {
+      // The one answer serve cannot prove (a token it does not hold): whoever made it, nothing of
+      // it is used (a squatter's message, next step, Retry-After), only that it is a 401.
+      response.body?.cancel().catch(() => undefined);
+      throw unauthorized();
+    }
     const answer = new Uint8Array(await response.arrayBuffer());
-    if (response.status !== 401 && !(await key.proves(mac, response.status, answer, response.headers.get(PROOF_HEADER)))) {
+    if (!(await key.proves(mac, response.status, answer, response.headers.get(PROOF_HEADER)))) {
       throw new CheckoutCacheError({ code: CLIENT_CODES.NOT_THE_WRITER,
         message: `${request.method} ${url.pathname}: the answer (HTTP ${response.status}) does not prove it comes from the holder `
           + "of the token: not the sidecar; nothing of it is used",
@@ -533,6 +540,15 @@ function errorFrom(what: string, response: Response, body: unknown): CheckoutCac
   return new CheckoutCacheError({ code: CLIENT_CODES.UNAVAILABLE, status, retryAfter,
     message: `${what}: HTTP ${status} is not an answer of the checkoutcache API (${response.headers.get("content-type") ?? "no content type"})`,
     next: "check that baseUrl (or the injected fetch) reaches `checkoutcache serve`: a proxy, or a sidecar not started, answers so" });
+}
+
+/**
+ * UNAUTHORIZED as docs/errors.md's table says it: what a 401 to a signed request stands for,
+ * in the words the CLI, the hand-off and the Python client use (checkoutcache/handoff.py).
+ */
+function unauthorized(): CheckoutCacheError {
+  return new CheckoutCacheError({ code: "UNAUTHORIZED", status: 401, message: "this request needs a valid bearer token",
+    next: "send `Authorization: Bearer <token>` with the token the platform gave this container" });
 }
 
 function unavailable(path: string, error: unknown): CheckoutCacheError {
