@@ -5,18 +5,21 @@
 // doing that: once a repository's checkout cannot be had, run() refuses it at once, without
 // calling `fn`, with a next step that sends the review to its read-only source tools.
 //
-// Rules (each has a test in test/breaker.test.ts):
+// Rules (each has a test in test/breaker.test.ts; the README lists every code's verdict):
 // - a repository goes down when a call reports the sidecar unavailable (UNAVAILABLE, NOT_THE_WRITER,
 //   TIMEOUT, SERVER_BUSY, SHUTTING_DOWN, INTERNAL_ERROR or any other 5xx), when its checkout could not be
-//   started (a failed answer; the repository refused or unusable: 401, 403, BAD_REPO,
-//   UNSAFE_TRANSPORT, NOT_A_REPOSITORY), or after `missedWaits` (2) missed waits (a call that
-//   ended with the checkout still cloning);
+//   started (a failed answer, but HISTORY_FAILED and NO_MERGE_BASE; the repository or the token
+//   refused: 401, 403 but FORBIDDEN_SCOPE and FORBIDDEN_ENDPOINT, BAD_REPO, UNSAFE_TRANSPORT,
+//   NOT_A_REPOSITORY), or after `missedWaits` (2) missed waits (a call that ended with the
+//   checkout still cloning);
 // - a success resets the count of missed waits (those counted before the call started: a miss
 //   that happened while it was in flight stands), never a repository that is down: down is final
 //   for the turn, so a call that started before the breaker tripped and succeeds after it changes
 //   nothing;
-// - errors that are the caller's own (a bad commit id, a bad scope, ABORTED, TOO_MANY_HOLDS,
-//   UNKNOWN_HOLD, or a non-CheckoutCacheError thrown by fn) count for nothing and pass through;
+// - what is the call's own (a bad commit id, a bad scope, a scope or an endpoint the token may not
+//   use, a base with no merge base, ABORTED, TOO_MANY_HOLDS, UNKNOWN_HOLD, or a non-CheckoutCacheError
+//   thrown by fn) and a history that could not be fetched (the checkout stays usable) count for
+//   nothing and pass through;
 // - a new breaker is a new turn: nothing is shared between instances.
 import { CheckoutCacheError, CLIENT_CODES } from "./errors.js";
 
@@ -46,6 +49,14 @@ const UNAVAILABLE_CODES = new Set<string>([CLIENT_CODES.UNAVAILABLE, CLIENT_CODE
   "SERVER_BUSY", "SHUTTING_DOWN", "INTERNAL_ERROR"]);
 /** Input errors that say this repository's checkout cannot be started (not the call's other arguments). */
 const REPOSITORY_REFUSED = new Set(["BAD_REPO", "UNSAFE_TRANSPORT", "NOT_A_REPOSITORY", "FORBIDDEN_REPOSITORY"]);
+/**
+ * Failed answers that are no failure of the checkout: HISTORY_FAILED (the checkout stays usable
+ * with the history it has) and NO_MERGE_BASE (the call's base has no common history with the
+ * commit; the checkout is there). Every other failed answer means it could not be had.
+ */
+const FAILED_NOT_THE_CHECKOUT = new Set(["HISTORY_FAILED", "NO_MERGE_BASE"]);
+/** 403s for what the call asked of the token (another scope, an endpoint it may not call), not for the repository. */
+const FORBIDDEN_THE_CALL = new Set(["FORBIDDEN_SCOPE", "FORBIDDEN_ENDPOINT"]);
 
 const DEFAULT_NEXT = (repo: string) =>
   `do not ask for a checkout of ${repo} again in this turn: use the read-only source tools (read a file, search ` +
@@ -58,6 +69,7 @@ export function judge(outcome: { value: unknown } | { error: unknown }): { verdi
     if (state === "cloning") return { verdict: "missed" };
     if (state === "failed") {
       const answer = outcome.value as { error?: unknown; message?: unknown };
+      if (typeof answer.error === "string" && FAILED_NOT_THE_CHECKOUT.has(answer.error)) return { verdict: "neutral" };
       return { verdict: "down", reason: String(answer.error ?? "FAILED"), detail: String(answer.message ?? "") };
     }
     return { verdict: "success" };
@@ -70,9 +82,11 @@ export function judge(outcome: { value: unknown } | { error: unknown }): { verdi
   const said = { reason: error.code, detail: error.message };
   if (error.answer?.state === "cloning") return { verdict: "missed" }; // hold(): NOT_HELD, still cloning
   if (error.answer?.state === "failed" && error.status === 503 && !UNAVAILABLE_CODES.has(error.code)) {
-    return { verdict: "down", ...said }; // hold(): the checkout failed
+    // hold(): the checkout failed
+    return FAILED_NOT_THE_CHECKOUT.has(error.code) ? { verdict: "neutral" } : { verdict: "down", ...said };
   }
   if (UNAVAILABLE_CODES.has(error.code)) return { verdict: "down", ...said };
+  if (error.status === 403 && FORBIDDEN_THE_CALL.has(error.code)) return { verdict: "neutral" };
   if (error.status === 401 || error.status === 403 || REPOSITORY_REFUSED.has(error.code)) return { verdict: "down", ...said };
   if (error.status !== undefined && error.status >= 500) return { verdict: "down", ...said };
   return { verdict: "neutral" };

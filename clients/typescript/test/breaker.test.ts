@@ -3,15 +3,19 @@
 // success's reset, a call that succeeds after the breaker tripped, and a new breaker per turn.
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { CheckoutCache, CheckoutCacheError, RepositoryBreaker, type Answer } from "@checkoutcache/client";
-import { TOKEN, freePort, waitUntil, world, type World } from "./helpers/index.js";
+import { SCOPED, TOKEN, Upstream, freePort, git, waitUntil, world, type World } from "./helpers/index.js";
+
+const REVIEW = "tok-" + "d".repeat(28); // every scope, but only ensure and hold (the review's token of the shipped pod)
 
 let w: World;
 let client: CheckoutCache;
 let nobody: CheckoutCache; // a sidecar that is not there: every call UNAVAILABLE
 
 before(async () => {
-  w = await world("breaker");
+  w = await world("breaker", { tokens: `${TOKEN}\n${SCOPED} team-a\n${REVIEW} * can=ensure,hold\n` });
   client = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN });
   nobody = new CheckoutCache({ baseUrl: `http://127.0.0.1:${await freePort()}`, token: TOKEN });
   assert.equal((await client.ensure({ repo: w.repo, commit: w.upstream.shas[0]!, wait: 60 })).state, "ready");
@@ -161,6 +165,56 @@ describe("what does not put it down, and what never brings it back", () => {
     assert.equal(breaker.isDown(w.gatedRepo), true);
     w.proxy.open();
     assert.equal((await client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 })).state, "ready");
+  });
+
+  it("a failed answer about the call's own arguments, or one that leaves the checkout usable, counts for nothing", async () => {
+    // Two histories with no common commit: a base on the other one has no merge base (NO_MERGE_BASE).
+    const two = new Upstream(join(w.daemon.base, "two-roots"));
+    const main = two.commit({ "a.txt": "main\n" }, "main");
+    git(["checkout", "-q", "--orphan", "unrelated"], two.path);
+    const unrelated = two.commit({ "b.txt": "unrelated\n" }, "unrelated");
+    const twoRoots = w.daemon.url("two-roots");
+    // A server that sends a commit without its parent (info/grafts, as tests/test_partial_history.py):
+    // the shallow first answer is ready, the whole history cannot come (HISTORY_FAILED).
+    const work = new Upstream(join(w.dir, "lying-work"));
+    const parent = work.commit({ "p.txt": "parent\n" }, "P");
+    const child = work.commit({ "c.txt": "child\n" }, "C");
+    git(["checkout", "-q", "-b", "other", parent], work.path);
+    const sibling = work.commit({ "d.txt": "sibling\n" }, "D");
+    const served = join(w.daemon.base, "lying.git");
+    git(["clone", "-q", "--bare", work.path, served]);
+    mkdirSync(join(served, "info"), { recursive: true });
+    writeFileSync(join(served, "info", "grafts"), `${child}\n${sibling}\n`);
+    const lying = w.daemon.url("lying.git");
+    assert.equal((await client.ensure({ repo: lying, commit: child, wait: 60 })).state, "ready");
+
+    const breaker = new RepositoryBreaker();
+    const noBase = await breaker.run(twoRoots, () => client.ensure({ repo: twoRoots, commit: main, base: unrelated, history: "full", wait: 60 }));
+    assert.equal(noBase.state === "failed" && noBase.error, "NO_MERGE_BASE", JSON.stringify(noBase));
+    const noHistory = await breaker.run(lying, () => client.ensure({ repo: lying, commit: child, history: "full", wait: 60 }));
+    assert.equal(noHistory.state === "failed" && noHistory.error, "HISTORY_FAILED", JSON.stringify(noHistory));
+    const up = { down: false, missed: 0, reason: undefined, detail: undefined };
+    assert.deepEqual([breaker.state(twoRoots), breaker.state(lying)], [up, up]);
+    // The checkouts are there all along: asked without the argument, each is ready through the same breaker.
+    assert.equal((await breaker.run(twoRoots, () => client.ensure({ repo: twoRoots, commit: main }))).state, "ready");
+    const usable = await breaker.run(lying, () => client.ensure({ repo: lying, commit: child }));
+    assert.deepEqual([usable.state, usable.history], ["ready", "shallow"]);
+  });
+
+  it("a 403 for the call's scope or endpoint counts for nothing; one for the repository puts it down", async () => {
+    const breaker = new RepositoryBreaker();
+    const scoped = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: SCOPED }); // team-a only
+    const scope = await rejection(breaker.run(w.repo, () => scoped.ensure({ repo: w.repo, commit: w.upstream.shas[0]!, scope: "team-b" })));
+    assert.deepEqual([scope.code, scope.status], ["FORBIDDEN_SCOPE", 403]);
+    const review = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: REVIEW }); // can=ensure,hold
+    const endpoint = await rejection(breaker.run(w.repo, () => review.gc({ dry_run: true })));
+    assert.deepEqual([endpoint.code, endpoint.status], ["FORBIDDEN_ENDPOINT", 403]);
+    assert.deepEqual(breaker.state(w.repo), { down: false, missed: 0, reason: undefined, detail: undefined });
+    assert.equal((await breaker.run(w.repo, () => review.ensure({ repo: w.repo, commit: w.upstream.shas[0]! }))).state, "ready");
+    const local = w.upstream.path; // serve runs without --allow-local
+    const refused = await rejection(breaker.run(local, () => review.ensure({ repo: local, commit: w.upstream.shas[0]! })));
+    assert.deepEqual([refused.code, refused.status], ["FORBIDDEN_REPOSITORY", 403]);
+    await assertRefused(breaker, local);
   });
 
   it("the caller's own errors count for nothing and pass through", async () => {
