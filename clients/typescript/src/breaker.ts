@@ -20,7 +20,10 @@
 //   use, a base with no merge base, ABORTED, TOO_MANY_HOLDS, UNKNOWN_HOLD, or a non-CheckoutCacheError
 //   thrown by fn) and a history that could not be fetched (the checkout stays usable) count for
 //   nothing and pass through;
-// - a new breaker is a new turn: nothing is shared between instances.
+// - a new breaker is a new turn: nothing is shared between instances;
+// - a repository is one however it is spelled where serve's reading of the spelling is plain
+//   (repositoryKey: the case of scheme and host, a default port, credentials, a trailing / or
+//   .git, user@host:path as ssh://); anything else (local paths, percent-escapes) is keyed as given.
 import { CheckoutCacheError, CLIENT_CODES } from "./errors.js";
 
 export interface RepositoryBreakerOptions {
@@ -61,6 +64,50 @@ const FORBIDDEN_THE_CALL = new Set(["FORBIDDEN_SCOPE", "FORBIDDEN_ENDPOINT"]);
 const DEFAULT_NEXT = (repo: string) =>
   `do not ask for a checkout of ${repo} again in this turn: use the read-only source tools (read a file, search ` +
   `the code, list a directory) on the repository instead; a new turn tries the checkout again`;
+
+const DEFAULT_PORTS: Record<string, number> = { https: 443, ssh: 22, git: 9418 };
+const SCHEME_ALIASES: Record<string, string> = { "git+ssh": "ssh", "ssh+git": "ssh" };
+const URL_FORM = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/([^/?#]*)(\/[^?#]*)$/;
+const HOST_PORT = /^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(\d*))?$/;
+const SCP_FORM = /^(?:([^@/:\s]+)@)?([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):(.+)$/;
+
+/**
+ * The key a breaker files a repository under: the spellings serve takes for one repository
+ * (checkoutcache/repospec.py, identity()) are one key where that is plain from the string alone:
+ * scheme and host in lower case, no default port, no https credentials, no trailing `/` or
+ * `.git`, `user@host:path` as `ssh://user@host/path`. Anything else (a local path, whose real
+ * path only serve sees; `file://`; percent-escapes; what serve refuses) is its own key, as given:
+ * two spellings are never one key unless serve takes them for one repository.
+ */
+export function repositoryKey(repo: string): string {
+  const url = URL_FORM.exec(repo);
+  if (url) {
+    const given = url[1]!.toLowerCase();
+    const scheme = SCHEME_ALIASES[given] ?? given;
+    const defaultPort = DEFAULT_PORTS[scheme];
+    const authority = url[2]!;
+    const at = authority.lastIndexOf("@");
+    const hostPort = HOST_PORT.exec(authority.slice(at + 1));
+    if (defaultPort === undefined || !hostPort) return repo;
+    const port = hostPort[2] ? Number(hostPort[2]) : defaultPort;
+    // An ssh login is part of the repository's address; https credentials and a git:// user are not (serve drops them).
+    const login = scheme === "ssh" && at >= 0 ? authority.slice(0, at).split(":")[0] : "";
+    const user = login ? `${login}@` : "";
+    return withoutSuffix(`${scheme}://${user}${hostPort[1]!.toLowerCase()}${port === defaultPort ? "" : `:${port}`}${url[3]}`);
+  }
+  const scp = repo.includes("://") || repo.split(":", 1)[0]!.includes("/") ? null : SCP_FORM.exec(repo);
+  if (scp) {
+    const user = scp[1] ? `${scp[1]}@` : "";
+    return withoutSuffix(`ssh://${user}${scp[2]!.toLowerCase()}/${scp[3]!.replace(/^\/+/, "")}`);
+  }
+  return repo;
+}
+
+/** No trailing `/`, then no `.git` (and the `/` before it): as serve's identity() does. */
+function withoutSuffix(url: string): string {
+  const trimmed = url.replace(/\/+$/, "");
+  return trimmed.endsWith(".git") ? trimmed.slice(0, -".git".length).replace(/\/+$/, "") : trimmed;
+}
 
 /** What one outcome of a call says about its repository (pure: the rules above). */
 export function judge(outcome: { value: unknown } | { error: unknown }): { verdict: Outcome; reason?: string; detail?: string } {
@@ -123,7 +170,8 @@ export class RepositoryBreaker {
    * called); judge what it returned or threw, and pass that on unchanged.
    */
   async run<T>(repo: string, fn: () => Promise<T> | T): Promise<T> {
-    const entry = this.entry(repo);
+    const key = repositoryKey(repo);
+    const entry = this.entry(key);
     if (entry.down) throw this.refusal(repo, entry);
     const startedAt = entry.epoch;
     let outcome: { value: T } | { error: unknown };
@@ -132,24 +180,24 @@ export class RepositoryBreaker {
     } catch (error) {
       outcome = { error };
     }
-    this.record(repo, judge(outcome), startedAt);
+    this.record(key, judge(outcome), startedAt);
     if ("error" in outcome) throw outcome.error;
     return outcome.value;
   }
 
-  /** Whether run() would refuse `repo` now. */
+  /** Whether run() would refuse `repo` (any spelling of it) now. */
   isDown(repo: string): boolean {
-    return this.repos.get(repo)?.down ?? false;
+    return this.repos.get(repositoryKey(repo))?.down ?? false;
   }
 
-  /** What the breaker knows of `repo`. */
+  /** What the breaker knows of `repo` (any spelling of it). */
   state(repo: string): RepositoryState {
-    const entry = this.repos.get(repo);
+    const entry = this.repos.get(repositoryKey(repo));
     if (!entry) return { down: false, missed: 0 };
     return { down: entry.down, missed: entry.missed, reason: entry.reason, detail: entry.detail };
   }
 
-  /** The repositories that are down, with why. */
+  /** The repositories that are down (as repositoryKey() spells them), with why. */
   downRepositories(): Array<{ repo: string; reason: string | undefined }> {
     return [...this.repos].filter(([, e]) => e.down).map(([repo, e]) => ({ repo, reason: e.reason }));
   }

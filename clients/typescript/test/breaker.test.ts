@@ -5,8 +5,8 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { CheckoutCache, CheckoutCacheError, RepositoryBreaker, type Answer } from "@checkoutcache/client";
-import { SCOPED, TOKEN, Upstream, freePort, git, waitUntil, world, type World } from "./helpers/index.js";
+import { CheckoutCache, CheckoutCacheError, RepositoryBreaker, repositoryKey, type Answer } from "@checkoutcache/client";
+import { SCOPED, TOKEN, Upstream, freePort, git, python, waitUntil, world, type World } from "./helpers/index.js";
 
 const REVIEW = "tok-" + "d".repeat(28); // every scope, but only ensure and hold (the review's token of the shipped pod)
 
@@ -57,9 +57,51 @@ describe("a repository goes down", () => {
     const refused = await assertRefused(breaker, w.repo);
     assert.match(refused.message, /UNAVAILABLE/);
     // Only that repository: another one is asked as before.
-    const other = w.daemon.url("project/.git");
+    const other = w.gatedRepo; // the same project through the proxy: another host and port, another repository
     assert.equal((await breaker.run(other, () => client.ensure({ repo: other, commit: w.upstream.shas[0]!, wait: 60 }))).state, "ready");
     assert.equal(breaker.isDown(other), false);
+  });
+
+  it("for every spelling serve takes for that repository (the case of scheme and host, a trailing /, .git), and no other", async () => {
+    const breaker = new RepositoryBreaker();
+    const ask = (repo: string) => () => nobody.ensure({ repo, commit: w.upstream.shas[0]!, wait: 30 });
+    await rejection(breaker.run("https://github.com/acme/app", ask("https://github.com/acme/app")));
+    await rejection(breaker.run("git@github.com:acme/tools.git", ask("git@github.com:acme/tools.git")));
+    const same = ["https://github.com/acme/app.git", "https://github.com/acme/app/", "https://GitHub.com/acme/app",
+      "HTTPS://github.com:443/acme/app.git/", "https://user:secret@github.com/acme/app",
+      "ssh://git@github.com/acme/tools", "git@GitHub.com:acme/tools/", "ssh://git@github.com:22/acme/tools.git", "git+ssh://git@github.com/acme/tools"];
+    const others = ["https://github.com/acme/App", "https://github.com/acme/app2", "https://github.com:8443/acme/app",
+      "https://github.com/acme/app.git.git", "ssh://git@github.com/acme/app", "git://github.com/acme/app",
+      "https://github.com/acme/tools", "ssh://github.com/acme/tools", "ssh://other@github.com/acme/tools", "/srv/acme/app"];
+    let called = 0;
+    const refused: string[] = [];
+    for (const spelling of same) {
+      try {
+        await breaker.run(spelling, async () => { called++; return "asked"; });
+      } catch (error) {
+        if (error instanceof CheckoutCacheError && error.code === "REPOSITORY_DOWN") refused.push(spelling);
+      }
+    }
+    assert.deepEqual(refused, same, "refused at once");
+    assert.equal(called, 0);
+    assert.deepEqual(others.filter((spelling) => breaker.isDown(spelling)), [], "other repositories are not down");
+    // Against serve's own reading (checkoutcache/repospec.py): two spellings are one key here only
+    // where they are one repository there, and every spelling above that is one key is.
+    const edges = ["HTTPS://GITHUB.COM/ACME/APP", "https://github.com/acme/%61pp", "https://github.com:0443/acme/app",
+      "https://github.com:/acme/app", "ssh://git:pw@github.com/acme/tools", "git://user@github.com/acme/app",
+      "git://github.com:9418/acme/app.git", "https://[::1]/r", "https://[::1]:443/r.git/", "git@[::1]:r", "/srv/acme/app/",
+      "/srv/acme/app/.git", "file:///srv/acme/app", "ssh+git://git@github.com/acme/tools/.git"];
+    const spellings = ["https://github.com/acme/app", "git@github.com:acme/tools.git", ...same, ...others, ...edges];
+    const served = python("import json, sys\nfrom checkoutcache.repospec import parse_repo\n"
+      + "json.dump([parse_repo(r).key for r in json.load(sys.stdin)], sys.stdout)", spellings) as string[];
+    const merged: string[] = [];
+    spellings.forEach((a, i) => spellings.forEach((b, j) => {
+      if (i < j && repositoryKey(a) === repositoryKey(b)) {
+        merged.push(`${a} = ${b}`);
+        assert.equal(served[i], served[j], `one key here, two repositories to serve: ${a} and ${b}`);
+      }
+    }));
+    assert.ok(merged.length >= same.length, merged.join("\n"));
   });
 
   it("when a call runs past its budget (the sidecar did not answer)", async () => {
