@@ -1,14 +1,17 @@
 // The built package (dist/index.js, through the package's own name) against a real serve, a real
 // git daemon and a real token file: every call, the answers as data, the errors thrown, budgets.
 import assert from "node:assert/strict";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { execFileSync } from "node:child_process";
+import http from "node:http";
 import {
   CheckoutCache, CheckoutCacheError, type Answer, type CloningAnswer, type ReadyAnswer,
 } from "@checkoutcache/client";
-import { DOCUMENT, PACKAGE_DIR, TOKEN, freePort, git, recordingFetch, waitUntil, world, type World } from "./helpers/index.js";
+import {
+  DOCUMENT, PACKAGE_DIR, SHORT_BACKOFF, Serve, TOKEN, freePort, git, recordingFetch, tempDir, waitUntil, world, type World,
+} from "./helpers/index.js";
 
 let w: World;
 let client: CheckoutCache;
@@ -222,6 +225,32 @@ describe("tokens and the injected fetch", () => {
     assert.equal(signed.status, 403);
   });
 
+  it("is refused by serve for a Host other than its listen address (FORBIDDEN_ORIGIN, 403, proved to a signed client)", async () => {
+    // A transport that names another host (a DNS rebinding's): Node's fetch sets Host from the URL, so node:http.
+    const otherHost = (request: Request) => request.arrayBuffer().then((body) => new Promise<Response>((done, fail) => {
+      const url = new URL(request.url);
+      const headers: Record<string, string> = {};
+      request.headers.forEach((value, name) => { headers[name] = value; });
+      const sent = http.request({ host: url.hostname, port: url.port, path: url.pathname + url.search, method: request.method,
+        headers: { ...headers, host: `rebound.example:${url.port}` } }, (answer) => {
+        const chunks: Buffer[] = [];
+        answer.on("data", (chunk: Buffer) => chunks.push(chunk));
+        answer.on("end", () => {
+          const received = new Headers();
+          for (const [name, value] of Object.entries(answer.headers)) if (typeof value === "string") received.set(name, value);
+          done(new Response(Buffer.concat(chunks), { status: answer.statusCode ?? 0, headers: received }));
+        });
+      });
+      sent.on("error", fail);
+      sent.end(Buffer.from(body));
+    }));
+    for (const auth of ["signed", "bearer"] as const) {
+      const refused = await thrown(new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth, fetch: otherHost }).status());
+      assert.deepEqual([refused.code, refused.status], ["FORBIDDEN_ORIGIN", 403], auth);
+      assert.match(refused.message, /rebound\.example/, auth); // serve's own words: proved, so used
+    }
+  });
+
   it("throws UNAVAILABLE when nothing listens, and for an answer that is not the API's", async () => {
     const port = await freePort();
     const nobody = new CheckoutCache({ baseUrl: `http://127.0.0.1:${port}`, token: TOKEN });
@@ -302,6 +331,31 @@ describe("holds", () => {
     assert.equal(missing.answer?.state, "failed");
     assert.equal(await w.serve.sample("checkoutcache_holds"), 0);
     assert.equal((await client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 })).state, "ready");
+  });
+});
+
+describe("the server's TIMEOUT and the budget's", () => {
+  it("a clone over serve's time limit is a failed answer of ensure, and thrown by hold with status 503 and the answer", async () => {
+    const dir = tempDir("clone-timeout");
+    const timed = await Serve.start(dir, { env: { ...SHORT_BACKOFF, CHECKOUTCACHE_BACKOFF: "30", CHECKOUTCACHE_CLONE_TIMEOUT: "1" } });
+    try {
+      const quick = new CheckoutCache({ baseUrl: timed.baseUrl, token: TOKEN });
+      assert.equal((await quick.ensure({ repo: w.gatedRepo, commit: w.upstream.shas[0]!, wait: 60 })).state, "ready"); // first contact, gate open
+      const sha = w.fresh();
+      w.proxy.shut();
+      const error = await thrown(quick.hold({ repo: w.gatedRepo, commit: sha, wait: 60 }));
+      assert.deepEqual([error.code, error.status, error.answer?.state], ["TIMEOUT", 503, "failed"]);
+      assert.ok(typeof error.retryAfter === "number" && error.retryAfter > 0);
+      const answer = await quick.ensure({ repo: w.gatedRepo, commit: sha }); // within its back-off: the same failure, as data
+      assert.equal(answer.state === "failed" && answer.error, "TIMEOUT", JSON.stringify(answer));
+      // The budget's TIMEOUT has no status: nothing answered.
+      const budget = await thrown(quick.hold({ repo: w.gatedRepo, commit: w.fresh(), wait: 60, budget: 0.3 }));
+      assert.deepEqual([budget.code, budget.status, budget.answer], ["TIMEOUT", undefined, undefined]);
+    } finally {
+      w.proxy.open();
+      assert.equal(await timed.stop(), 0);
+    }
+    rmSync(dir, { recursive: true, force: true });
   });
 });
 
