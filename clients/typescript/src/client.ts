@@ -9,11 +9,13 @@
 //   ran out) throws CheckoutCacheError with its code, message, next step and HTTP status.
 // - Every call has a budget: its wait plus `timeout` (60 s) unless the caller gives `budget` or an
 //   AbortSignal; when it runs out the call throws TIMEOUT at once, whatever the fetch underneath
-//   does with the abort (a fetch that ignores its signal cannot make a call hang).
+//   does with the abort (a fetch that ignores its signal cannot make a call hang); and once it
+//   has ended nothing of it runs on (no request, no token asked, no onProgress).
 // - The token (a string or a function, asked at each request, so a rotated token is used from the
 //   next request on) never crosses the wire by default: each request is signed (src/signing.ts,
 //   checkoutcache/signing.py), public endpoints included, and an answer (but a 401) that does not
-//   prove it comes from the token's holder throws NOT_THE_WRITER with nothing of it used: while
+//   prove it comes from the token's holder throws NOT_THE_WRITER with nothing of it used (a 401,
+//   which serve cannot prove, is UNAUTHORIZED in the error table's words, its body unused): while
 //   serve is down, whatever binds its address learns no token and cannot answer `ready` with a
 //   path of its own. With auth "bearer" the token is sent, only to endpoints that need it.
 // - Answers keep every field the server sent, the ones the document does not name yet included.
@@ -61,6 +63,13 @@ export interface CheckoutCacheOptions {
   fetch?: FetchLike | Fetcher | undefined;
   /** Seconds a call may take beyond the wait it asks for (default 60). */
   timeout?: number | undefined;
+  /**
+   * Given the work the client goes on with after a call ended: the release of a hold serve made
+   * for a hold() whose call had ended (its budget, the caller's signal) before the answer came.
+   * In a Worker pass `ctx.waitUntil.bind(ctx)`, so the invocation lives until it is done; in Node
+   * it runs on its own (default: nothing is told). The promise never rejects.
+   */
+  waitUntil?: ((work: Promise<unknown>) => void) | undefined;
 }
 
 export interface CallOptions {
@@ -115,6 +124,7 @@ export class CheckoutCache {
   private readonly token: TokenSource | undefined;
   private readonly api: Api;
   private readonly send: FetchLike;
+  private readonly waitUntil: ((work: Promise<unknown>) => void) | undefined;
   private key: TokenKey | undefined; // the last token's, reused while the token function gives the same
 
   constructor(options: CheckoutCacheOptions) {
@@ -141,6 +151,10 @@ export class CheckoutCache {
       : injected ? (request) => injected.fetch(request)
       : (request) => globalThis.fetch(request); // looked up at each request, never captured
     this.send = send;
+    if (options.waitUntil !== undefined && typeof options.waitUntil !== "function") {
+      throw new TypeError("CheckoutCache: waitUntil must be a function (a Worker's ctx.waitUntil.bind(ctx))");
+    }
+    this.waitUntil = options.waitUntil;
     this.api = createClient<paths>({ baseUrl: this.baseUrl, fetch: send });
   }
 
@@ -170,14 +184,19 @@ export class CheckoutCache {
     if (!Number.isFinite(step) || step <= 0) throw new TypeError("waitReady: every must be positive seconds");
     const deadline = Date.now() + total * 1000;
     return this.call(budget ?? total + this.timeout, signal, async (sig) => {
+      // Once the call has ended (its budget, the caller's signal), nothing more runs: no ask, no
+      // token asked, no onProgress, whatever the fetch underneath does with the abort. So the
+      // signal is looked at before each ask and after each await, and a pause ends with it.
       let onServer = true; // wait on the server between asks, until it says it is busy
       for (;;) {
+        sig.throwIfAborted();
         const asked = Date.now();
         const left = (deadline - asked) / 1000;
         let answer: Answer;
         try {
           answer = await this.ensureOnce({ ...request, wait: onServer ? round(Math.max(0, Math.min(left, step))) : 0 }, sig);
         } catch (error) {
+          sig.throwIfAborted();
           if (!(error instanceof CheckoutCacheError) || !SERVER_CONDITIONS.has(error.code)) throw error;
           const pause = (error.retryAfter ?? 1) * 1000;
           if (Date.now() + pause >= deadline) throw error;
@@ -185,6 +204,7 @@ export class CheckoutCache {
           await sleep(pause, sig);
           continue;
         }
+        sig.throwIfAborted(); // an answer that came after the call ended: nobody hears of it
         if (answer.state === "ready") return answer;
         if (answer.state === "cloning") onProgress?.(answer);
         const now = Date.now();
@@ -199,15 +219,44 @@ export class CheckoutCache {
     });
   }
 
-  /** POST /v1/hold: the checkout, ready and held against gc until release() or its ttl. */
+  /**
+   * POST /v1/hold: the checkout, ready and held against gc until release() or its ttl.
+   *
+   * serve does not stop a hold when its caller goes away, and names the hold only in its answer:
+   * a hold whose call ends first (its budget, the caller's signal) would be made for nobody, and
+   * stay until its ttl. So its request is not cut when the call ends: it runs on (for at most its
+   * wait plus the client's timeout, what serve needs to answer), and a hold its answer makes is
+   * released at once (given to `waitUntil`). A hold whose answer never arrives (the connection
+   * lost, the process or the Worker's invocation gone) stays until its ttl: keep the ttl short.
+   */
   async hold(options: HoldOptions): Promise<Hold> {
     const { signal, budget, ...request } = options;
-    return this.call(budgetFor(budget, request.wait, this.timeout), signal, async (sig) => {
-      const { status, body, response } = await this.exchange("/v1/hold", sig,
-        (transport) => this.api.POST("/v1/hold", { body: request, signal: sig, ...transport }));
-      if (status === 200 && isObject(body) && body["state"] === "ready" && typeof body["hold"] === "string") {
-        return this.held(body as HeldAnswer);
+    const needed = budgetFor(undefined, request.wait, this.timeout); // what serve takes to answer, at most
+    return this.call(budget ?? needed, signal, async (sig) => {
+      // The request's own signal: cut once both the call has ended and serve's time to answer has passed.
+      const own = new AbortController();
+      let due = false;
+      const cut = () => {
+        if (due && sig.aborted) own.abort(sig.reason);
+      };
+      const timer = setTimeout(() => { due = true; cut(); }, Math.min(MAX_TIMER_MS, needed * 1000));
+      sig.addEventListener("abort", cut, { once: true });
+      let reply: { status: number; body: unknown; response: Response };
+      try {
+        reply = await this.exchange("/v1/hold", sig,
+          (transport) => this.api.POST("/v1/hold", { body: request, signal: own.signal, ...transport }));
+      } finally {
+        clearTimeout(timer);
+        sig.removeEventListener("abort", cut);
       }
+      const { status, body, response } = reply;
+      const held = status === 200 && isObject(body) && body["state"] === "ready" && typeof body["hold"] === "string";
+      if (sig.aborted) {
+        // The call has ended: nobody will have this hold. Released now, rather than left to its ttl.
+        if (held) this.afterwards(this.release(body["hold"] as string, { budget: this.timeout }));
+        throw sig.reason;
+      }
+      if (held) return this.held(body as HeldAnswer);
       if (status === 202 && isObject(body) && body["state"] === "cloning") {
         throw new CheckoutCacheError({ code: CLIENT_CODES.NOT_HELD, status,
           message: "the checkout is still cloning: nothing is held", answer: body as CloningAnswer,
@@ -287,6 +336,12 @@ export class CheckoutCache {
     throw errorFrom("POST /v1/ensure", response, body);
   }
 
+  /** Work that goes on after its call ended: never a rejection, and given to `waitUntil`. */
+  private afterwards(work: Promise<unknown>): void {
+    const done = work.then(() => undefined, () => undefined);
+    this.waitUntil?.(done);
+  }
+
   private held(answer: HeldAnswer): Hold {
     let releasing: Promise<boolean> | undefined;
     const release = (options: CallOptions = {}): Promise<boolean> => {
@@ -327,7 +382,8 @@ export class CheckoutCache {
    */
   private async exchange(path: string, signal: AbortSignal, send: (transport: Transport) => Promise<Reply>):
       Promise<{ status: number; body: unknown; response: Response }> {
-    const transport = await this.transport(path);
+    const transport = await this.transport(path, signal);
+    signal.throwIfAborted(); // the call ended while the token was asked for: nothing is sent
     let reply: Reply;
     try {
       reply = await send(transport);
@@ -338,7 +394,7 @@ export class CheckoutCache {
     return { status: reply.response.status, body: bodyOf(reply), response: reply.response };
   }
 
-  private async transport(path: string): Promise<Transport> {
+  private async transport(path: string, signal: AbortSignal): Promise<Transport> {
     if (this.token === undefined || (this.auth === "bearer" && PUBLIC.has(path))) return { headers: {}, fetch: this.send };
     const token = typeof this.token === "function" ? await this.token() : this.token;
     if (typeof token !== "string" || !token) {
@@ -347,7 +403,7 @@ export class CheckoutCache {
     if (this.auth === "bearer") return { headers: { Authorization: `Bearer ${token}` }, fetch: this.send };
     if (this.key?.token !== token) this.key = new TokenKey(token);
     const key = this.key;
-    return { headers: {}, fetch: (request) => this.signed(request, key) };
+    return { headers: {}, fetch: (request) => this.signed(request, key, signal) };
   }
 
   /**
@@ -356,18 +412,25 @@ export class CheckoutCache {
    * proves nothing, and tells nothing a squatter could use). A redirect is not followed: it is
    * an answer like any other, unproven unless serve made it.
    */
-  private async signed(request: Request, key: TokenKey): Promise<Response> {
+  private async signed(request: Request, key: TokenKey, signal: AbortSignal): Promise<Response> {
     const body = new Uint8Array(await request.arrayBuffer());
     const url = new URL(request.url);
     const { authorization, mac } = await key.sign(request.method, url.pathname + url.search, body);
+    signal.throwIfAborted(); // the call ended while it was signed: nothing is sent
     const headers = new Headers(request.headers);
     headers.set("Authorization", authorization);
     const response = await this.send(new Request(request.url, {
       method: request.method, headers, body: request.method === "GET" || request.method === "HEAD" ? null : body,
       signal: request.signal, redirect: "manual",
     }));
+    if (response.status === 401) {
+      // The one answer serve cannot prove (a token it does not hold): whoever made it, nothing of
+      // it is used (a squatter's message, next step, Retry-After), only that it is a 401.
+      response.body?.cancel().catch(() => undefined);
+      throw unauthorized();
+    }
     const answer = new Uint8Array(await response.arrayBuffer());
-    if (response.status !== 401 && !(await key.proves(mac, response.status, answer, response.headers.get(PROOF_HEADER)))) {
+    if (!(await key.proves(mac, response.status, answer, response.headers.get(PROOF_HEADER)))) {
       throw new CheckoutCacheError({ code: CLIENT_CODES.NOT_THE_WRITER,
         message: `${request.method} ${url.pathname}: the answer (HTTP ${response.status}) does not prove it comes from the holder `
           + "of the token: not the sidecar; nothing of it is used",
@@ -479,6 +542,15 @@ function errorFrom(what: string, response: Response, body: unknown): CheckoutCac
     next: "check that baseUrl (or the injected fetch) reaches `checkoutcache serve`: a proxy, or a sidecar not started, answers so" });
 }
 
+/**
+ * UNAUTHORIZED as docs/errors.md's table says it: what a 401 to a signed request stands for,
+ * in the words the CLI, the hand-off and the Python client use (checkoutcache/handoff.py).
+ */
+function unauthorized(): CheckoutCacheError {
+  return new CheckoutCacheError({ code: "UNAUTHORIZED", status: 401, message: "this request needs a valid bearer token",
+    next: "send `Authorization: Bearer <token>` with the token the platform gave this container" });
+}
+
 function unavailable(path: string, error: unknown): CheckoutCacheError {
   if (error instanceof SyntaxError) {
     return new CheckoutCacheError({ code: CLIENT_CODES.UNAVAILABLE, message: `${path}: the answer was not JSON (${error.message})`,
@@ -503,15 +575,19 @@ function abortedError(reason: unknown, timedOut: boolean): CheckoutCacheError {
     next: "nothing to do: the caller ended it", cause: reason });
 }
 
+/** A pause that ends with the signal: rejected with its reason (never a pause cut short, then on). */
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted || ms <= 0) return resolve();
-    const done = () => {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(signal.reason);
+    if (ms <= 0) return resolve();
+    const stop = () => {
       clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
+      reject(signal.reason);
     };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", stop);
+      resolve();
+    }, Math.min(MAX_TIMER_MS, ms));
+    signal.addEventListener("abort", stop, { once: true });
   });
 }

@@ -5,7 +5,7 @@ export type {
 } from "./client.js";
 export { CheckoutCacheError, CLIENT_CODES, isCheckoutCacheError } from "./errors.js";
 export type { CheckoutCacheErrorInit, ClientCode } from "./errors.js";
-export { RepositoryBreaker, judge } from "./breaker.js";
+export { RepositoryBreaker, judge, repositoryKey } from "./breaker.js";
 export type { Outcome, RepositoryBreakerOptions, RepositoryState } from "./breaker.js";
 export { durationSeconds } from "./durations.js";
 export type {

@@ -1,14 +1,17 @@
 // The built package (dist/index.js, through the package's own name) against a real serve, a real
 // git daemon and a real token file: every call, the answers as data, the errors thrown, budgets.
 import assert from "node:assert/strict";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { execFileSync } from "node:child_process";
+import http from "node:http";
 import {
   CheckoutCache, CheckoutCacheError, type Answer, type CloningAnswer, type ReadyAnswer,
 } from "@checkoutcache/client";
-import { DOCUMENT, PACKAGE_DIR, TOKEN, freePort, git, recordingFetch, waitUntil, world, type World } from "./helpers/index.js";
+import {
+  DOCUMENT, PACKAGE_DIR, SHORT_BACKOFF, Serve, TOKEN, freePort, git, recordingFetch, tempDir, waitUntil, world, type World,
+} from "./helpers/index.js";
 
 let w: World;
 let client: CheckoutCache;
@@ -222,6 +225,32 @@ describe("tokens and the injected fetch", () => {
     assert.equal(signed.status, 403);
   });
 
+  it("is refused by serve for a Host other than its listen address (FORBIDDEN_ORIGIN, 403, proved to a signed client)", async () => {
+    // A transport that names another host (a DNS rebinding's): Node's fetch sets Host from the URL, so node:http.
+    const otherHost = (request: Request) => request.arrayBuffer().then((body) => new Promise<Response>((done, fail) => {
+      const url = new URL(request.url);
+      const headers: Record<string, string> = {};
+      request.headers.forEach((value, name) => { headers[name] = value; });
+      const sent = http.request({ host: url.hostname, port: url.port, path: url.pathname + url.search, method: request.method,
+        headers: { ...headers, host: `rebound.example:${url.port}` } }, (answer) => {
+        const chunks: Buffer[] = [];
+        answer.on("data", (chunk: Buffer) => chunks.push(chunk));
+        answer.on("end", () => {
+          const received = new Headers();
+          for (const [name, value] of Object.entries(answer.headers)) if (typeof value === "string") received.set(name, value);
+          done(new Response(Buffer.concat(chunks), { status: answer.statusCode ?? 0, headers: received }));
+        });
+      });
+      sent.on("error", fail);
+      sent.end(Buffer.from(body));
+    }));
+    for (const auth of ["signed", "bearer"] as const) {
+      const refused = await thrown(new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, auth, fetch: otherHost }).status());
+      assert.deepEqual([refused.code, refused.status], ["FORBIDDEN_ORIGIN", 403], auth);
+      assert.match(refused.message, /rebound\.example/, auth); // serve's own words: proved, so used
+    }
+  });
+
   it("throws UNAVAILABLE when nothing listens, and for an answer that is not the API's", async () => {
     const port = await freePort();
     const nobody = new CheckoutCache({ baseUrl: `http://127.0.0.1:${port}`, token: TOKEN });
@@ -266,6 +295,28 @@ describe("holds", () => {
     assert.equal(await held.release(), false); // gone: not asked again
   });
 
+  it("a hold whose call ended first (its budget) is released when serve's answer comes: nothing is left held", async () => {
+    const sha = w.fresh();
+    w.proxy.shut();
+    const heldBefore = w.proxy.held;
+    const recorder = recordingFetch();
+    const afterwards: Array<Promise<unknown>> = [];
+    const watched = new CheckoutCache({ baseUrl: w.serve.baseUrl, token: TOKEN, fetch: recorder.fetch,
+      waitUntil: (work) => { afterwards.push(work); } });
+    const error = await thrown(watched.hold({ repo: w.gatedRepo, commit: sha, wait: 60, ttl: "1h", budget: 1 }));
+    assert.equal(error.code, "TIMEOUT");
+    await waitUntil(() => w.proxy.held > heldBefore, 30_000, "the hold's clone held in its fetch");
+    assert.equal(afterwards.length, 0);
+    w.proxy.open(); // serve finishes the hold that nobody waits for any more
+    await waitUntil(() => recorder.calls.some((c) => c.url.endsWith("/v1/release") && c.status === 200), 60_000,
+      "the hold serve made after the call ended to be released");
+    assert.equal(recorder.calls.filter((c) => c.url.endsWith("/v1/hold")).length, 1);
+    assert.equal(recorder.calls.find((c) => c.url.endsWith("/v1/hold"))?.status, 200, "serve did make the hold");
+    assert.equal(afterwards.length, 1, "the release was given to waitUntil");
+    assert.equal(await afterwards[0], undefined);
+    assert.equal(await w.serve.sample("checkoutcache_holds"), 0);
+  });
+
   it("throws NOT_HELD (with the cloning answer) and the failed answer's code when nothing could be held", async () => {
     const sha = w.fresh();
     w.proxy.shut();
@@ -280,6 +331,31 @@ describe("holds", () => {
     assert.equal(missing.answer?.state, "failed");
     assert.equal(await w.serve.sample("checkoutcache_holds"), 0);
     assert.equal((await client.waitReady({ repo: w.gatedRepo, commit: sha, wait: 120 })).state, "ready");
+  });
+});
+
+describe("the server's TIMEOUT and the budget's", () => {
+  it("a clone over serve's time limit is a failed answer of ensure, and thrown by hold with status 503 and the answer", async () => {
+    const dir = tempDir("clone-timeout");
+    const timed = await Serve.start(dir, { env: { ...SHORT_BACKOFF, CHECKOUTCACHE_BACKOFF: "30", CHECKOUTCACHE_CLONE_TIMEOUT: "1" } });
+    try {
+      const quick = new CheckoutCache({ baseUrl: timed.baseUrl, token: TOKEN });
+      assert.equal((await quick.ensure({ repo: w.gatedRepo, commit: w.upstream.shas[0]!, wait: 60 })).state, "ready"); // first contact, gate open
+      const sha = w.fresh();
+      w.proxy.shut();
+      const error = await thrown(quick.hold({ repo: w.gatedRepo, commit: sha, wait: 60 }));
+      assert.deepEqual([error.code, error.status, error.answer?.state], ["TIMEOUT", 503, "failed"]);
+      assert.ok(typeof error.retryAfter === "number" && error.retryAfter > 0);
+      const answer = await quick.ensure({ repo: w.gatedRepo, commit: sha }); // within its back-off: the same failure, as data
+      assert.equal(answer.state === "failed" && answer.error, "TIMEOUT", JSON.stringify(answer));
+      // The budget's TIMEOUT has no status: nothing answered.
+      const budget = await thrown(quick.hold({ repo: w.gatedRepo, commit: w.fresh(), wait: 60, budget: 0.3 }));
+      assert.deepEqual([budget.code, budget.status, budget.answer], ["TIMEOUT", undefined, undefined]);
+    } finally {
+      w.proxy.open();
+      assert.equal(await timed.stop(), 0);
+    }
+    rmSync(dir, { recursive: true, force: true });
   });
 });
 
@@ -312,6 +388,42 @@ describe("budgets", () => {
     assert.equal((await thrown(stuck.status())).code, "TIMEOUT");
     assert.equal((await thrown(stuck.ensure({ repo: w.repo, commit: w.upstream.shas[0]!, wait: 0.2 }))).code, "TIMEOUT");
     assert.equal(sent, 2);
+  });
+
+  it("waitReady does nothing once it has ended: no request, no token asked, no progress, whatever the fetch does with its signal", async () => {
+    const commit = "5123456789abcdef0123456789abcdef01234567";
+    const cloning = { state: "cloning", repo: w.repo, commit, pid: 1, progress: {} };
+    const failed = { state: "failed", error: "UNREACHABLE", message: "m", next: "n", retry_after: 5 };
+    // Each case: a fetch (one that ignores its signal, or one that honours it as Node's does), when
+    // the caller's signal aborts the call, and what the canned server answers.
+    const cases = [
+      { name: "aborted while a request that ignores its signal is in flight", abortAt: 200, honours: false, delay: 400, body: cloning, status: 202 },
+      { name: "aborted during the pause between asks", abortAt: 300, honours: true, delay: 0, body: { ...cloning, retry_after: 3 }, status: 202 },
+      { name: "aborted during a failed answer's retry_after", abortAt: 300, honours: false, delay: 1, body: failed, status: 503 },
+    ];
+    const lateByCase: Record<string, unknown> = {};
+    for (const c of cases) {
+      let cut = false;
+      const late = { requests: 0, tokens: 0, progress: 0 };
+      const canned = async (request: Request) => {
+        if (cut) late.requests++;
+        if (c.honours) request.signal.throwIfAborted();
+        await new Promise((done) => setTimeout(done, c.delay));
+        if (c.honours) request.signal.throwIfAborted();
+        return Response.json(c.body, { status: c.status });
+      };
+      const cache = new CheckoutCache({ baseUrl: w.serve.baseUrl, auth: "bearer", fetch: canned,
+        token: () => { if (cut) late.tokens++; return TOKEN; } });
+      const controller = new AbortController();
+      setTimeout(() => { cut = true; controller.abort(); }, c.abortAt);
+      const error = await thrown(cache.waitReady({ repo: w.repo, commit, wait: 30, every: 0.2, signal: controller.signal,
+        onProgress: () => { if (cut) late.progress++; } }));
+      assert.equal(error.code, "ABORTED", c.name);
+      await new Promise((done) => setTimeout(done, 1200));
+      lateByCase[c.name] = late;
+    }
+    const none = { requests: 0, tokens: 0, progress: 0 };
+    assert.deepEqual(lateByCase, Object.fromEntries(cases.map((c) => [c.name, none])));
   });
 
   it("a budget longer than a timer can hold is not a budget of nothing", async () => {

@@ -426,6 +426,56 @@ export class Squatter {
   }
 }
 
+/**
+ * Whatever holds an address and answers as it likes (a squatter on a stopped serve's port, a
+ * proxy's page): each request gets the status, headers and body `answer` gives, with no proof.
+ */
+export class Impostor {
+  requests = 0;
+  private readonly sockets = new Set<net.Socket>();
+  private constructor(private readonly server: http.Server, readonly port: number) {}
+
+  static async start(answer: () => { status: number; headers?: Record<string, string>; body: unknown }): Promise<Impostor> {
+    const server = http.createServer();
+    await new Promise<void>((done, fail) => { server.once("error", fail); server.listen(0, "127.0.0.1", done); });
+    const address = server.address();
+    const impostor = new Impostor(server, typeof address === "object" && address ? address.port : 0);
+    server.on("connection", (socket) => {
+      impostor.sockets.add(socket);
+      socket.on("close", () => impostor.sockets.delete(socket));
+    });
+    server.on("request", (request, response) => {
+      impostor.requests++;
+      request.resume();
+      request.on("end", () => {
+        const { status, headers, body } = answer();
+        response.writeHead(status, { "content-type": "application/json", ...(headers ?? {}) });
+        response.end(JSON.stringify(body));
+      });
+    });
+    return impostor;
+  }
+
+  get baseUrl(): string {
+    return `http://127.0.0.1:${this.port}`;
+  }
+
+  async close(): Promise<void> {
+    for (const socket of this.sockets) socket.destroy();
+    await new Promise<void>((done) => this.server.close(() => done()));
+  }
+}
+
+/** The row of docs/errors.md's error table for `code`: its HTTP status and next step. */
+export function errorTableRow(code: string): { http: string; next: string } {
+  const table = readFileSync(join(REPO_ROOT, "docs/errors.md"), "utf8");
+  for (const line of table.split("\n")) {
+    const cells = line.split("|").map((cell) => cell.trim());
+    if (cells[1] === `\`${code}\``) return { http: cells[4] ?? "", next: cells[5] ?? "" };
+  }
+  throw new Error(`docs/errors.md has no row for ${code}`);
+}
+
 /** A fetch that records what it sends and may change what comes back (an injected fetch). */
 export interface Recorded {
   method: string;
