@@ -287,3 +287,61 @@ def test_a_workspace_of_a_shallow_checkout_has_its_own_boundary(root, served_ups
     assert (out / "shallow").read_text() == before
     assert int((out / "count").read_text()) == 2  # deepened in the workspace
     assert open(store.mirror_shallow).read() == before  # the mirror's boundary untouched
+
+
+def loose_objects(git_dir: str) -> list[str]:
+    objects = os.path.join(git_dir, "objects")
+    return [name + entry for name in os.listdir(objects) if len(name) == 2
+            for entry in os.listdir(os.path.join(objects, name))]
+
+
+def test_a_history_fetched_without_fsck_is_kept_whole(root, served_upstream, kill_log):
+    """Regression (review of issue 34): with CHECKOUTCACHE_FSCK=off git unpacks a fetch of fewer
+    than 100 objects into loose files (fetch.unpackLimit); the history installs history.git's
+    packs only, so it dropped the boundary and removed history.git while the mirror lacked the
+    commits it had just proven: "complete", and `git log` failed on a missing parent."""
+    repo, url = served_upstream
+    env = {"CHECKOUTCACHE_FSCK": "off"}
+    answer = wait_ready(root, url, repo.shas[-1], env={**env, **HELD})
+    no_history_running(root)
+    store = only_repo(root)
+    # Killed right after its fetch: what history.git holds is whole packs, nothing loose.
+    run_cli("ensure", url, repo.shas[-1], "--history", "full", root=root, env={**env, KILL_AT: "history-after-fetch"})
+    wait_until(lambda: os.path.exists(kill_log) and "history-after-fetch" in open(kill_log).read(),
+               what="the history's kill after its fetch")
+    no_history_running(root)
+    assert os.path.isdir(store.history_repo) and loose_objects(store.history_repo) == [], \
+        loose_objects(store.history_repo)
+    code, done, out = run_cli("ensure", url, repo.shas[-1], "--history", "full", "--wait", "60", root=root, env=env)
+    assert code == 0 and done["history"] == "complete", out
+    assert commits_in(answer["path"]) == len(repo.shas)  # git log reaches the root: every parent is there
+    git("fsck", "--connectivity-only", "--no-dangling", cwd=store.mirror)
+
+
+def test_a_history_repository_holding_loose_objects_is_installed_whole(root, served_upstream, kill_log):
+    """A history.git an older version left with loose objects (its fetch was unpacked): the install
+    packs them before it links history.git's packs, so no boundary entry goes while the mirror
+    lacks an object history.git proved."""
+    repo, url = served_upstream
+    answer = wait_ready(root, url, repo.shas[-1], env=HELD)
+    no_history_running(root)
+    store = only_repo(root)
+    run_cli("ensure", url, repo.shas[-1], "--history", "full", root=root, env={KILL_AT: "history-after-fetch"})
+    wait_until(lambda: os.path.exists(kill_log) and "history-after-fetch" in open(kill_log).read(),
+               what="the history's kill after its fetch")
+    no_history_running(root)
+    # As git's unpack-objects leaves a small fetch: every object loose, no pack.
+    pack_dir = os.path.join(store.history_repo, "objects", "pack")
+    (pack,) = [name for name in os.listdir(pack_dir) if name.endswith(".pack")]
+    aside = os.path.join(str(store.base), "pack-aside")
+    os.rename(os.path.join(pack_dir, pack), aside)
+    for name in os.listdir(pack_dir):
+        os.unlink(os.path.join(pack_dir, name))
+    with open(aside, "rb") as handle:
+        subprocess.run(["git", "-C", store.history_repo, "unpack-objects", "-q"], stdin=handle, check=True)
+    os.unlink(aside)
+    assert loose_objects(store.history_repo)
+    code, done, out = run_cli("ensure", url, repo.shas[-1], "--history", "full", "--wait", "60", root=root)
+    assert code == 0 and done["history"] == "complete", out
+    assert commits_in(answer["path"]) == len(repo.shas)
+    git("fsck", "--connectivity-only", "--no-dangling", cwd=store.mirror)

@@ -535,13 +535,14 @@ class History(Job):
         received: dict[str, int] = {}
         track = tracking(received, self.on_progress)
         try:
-            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log))
+            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log,
+                                                    whole_packs=True))
         except CheckoutCacheError as exc:
             if exc.code == "DISK_FULL":
                 raise
             self.log(f"fetch by id refused ({exc.detail}); fetching every branch and tag")
             self.watched(lambda: self.backend.fetch(self.repo, self.url, ALL_BRANCHES_AND_TAGS, self.credential,
-                                                    track, self.log))
+                                                    track, self.log, whole_packs=True))
         if self.filter is not None and not self.backend.is_sound(self.repo):
             # A partial fetch's connectivity check takes a missing commit or tree for promised,
             # and a commit already there (a bundle's stray) for fetched: asked for again as a
@@ -549,7 +550,7 @@ class History(Job):
             # alone may be promised).
             self.log("the history's commits or trees are not all there; fetching them again whole")
             self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log,
-                                                    refetch=True))
+                                                    refetch=True, whole_packs=True))
             if not self.backend.is_sound(self.repo):
                 raise CheckoutCacheError("CLONE_FAILED", detail="the server sent a history with commits or trees "
                                                                 "missing")
@@ -585,7 +586,12 @@ class History(Job):
 
     def install(self, proven: set[str]) -> int:
         """history.git's objects into the mirror, then the boundary entries they complete go;
-        under the mirror lock. How many entries went."""
+        under the mirror lock. How many entries went.
+
+        Only packs are linked, so history.git must hold nothing else: its fetches keep what
+        arrives as a pack (whole_packs), and loose objects (a history.git an older version
+        fetched into) are packed first; one left loose and no boundary entry goes."""
+        self.pack_loose()
         pack_dir = os.path.join(self.repo, "objects", "pack")
         names = sorted((n for n in _files(pack_dir) if n.startswith("pack-") and n.rsplit(".", 1)[-1] in _PACK_ORDER),
                        key=lambda n: _PACK_ORDER[n.rsplit(".", 1)[1]])
@@ -611,6 +617,16 @@ class History(Job):
             self.log(f"history installed: {len(boundary) - len(left)} of {len(boundary)} boundary commit(s) "
                      f"completed")
         return len(boundary) - len(left)
+
+    def pack_loose(self) -> None:
+        """history.git's loose objects into a pack of their own (we hold its only writer's lock)."""
+        if not loose_objects_in(self.repo):
+            return
+        self.log("packing history.git's loose objects (the install links packs only)")
+        self.backend.pack_loose_objects(self.repo)
+        if loose_objects_in(self.repo):
+            raise CheckoutCacheError("HISTORY_FAILED", detail="history.git holds loose objects that could not be "
+                                                              "packed: nothing of it is installed")
 
     def install_bundle_refs(self) -> None:
         """What seeding took in (refs/bundles/ of history.git, each checked connected there) is the
@@ -642,6 +658,12 @@ class History(Job):
                 "seconds": round(time.time() - self.started_at, 3), "rounds": self.rounds,
                 **({"seeded": self.seeded} if self.seeded is not None else {})})
         self.log(f"history complete after {self.rounds} round(s), {time.time() - self.started_at:.1f}s")
+
+
+def loose_objects_in(git_dir: str) -> bool:
+    """Whether the repository holds an object outside its packs (objects/<2 hex>/...)."""
+    objects = os.path.join(git_dir, "objects")
+    return any(len(name) == 2 and _files(os.path.join(objects, name)) for name in _files(objects))
 
 
 def _files(directory: str) -> list[str]:

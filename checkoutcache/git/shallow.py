@@ -219,6 +219,13 @@ class ShallowOps:
             raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
         return set(done.stdout.split())
 
+    def pack_loose_objects(self, git_dir: str) -> None:
+        """The repository's loose objects into one new pack, the loose files then removed
+        (`repack -d` without -a: existing packs stay as they are)."""
+        done = self._run(["-C", git_dir, "repack", "-d", "-q", "--no-write-bitmap-index"])
+        if done.returncode != 0:
+            raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
+
     def merge_base(self, git_dir: str, a: str, b: str) -> str | None:
         """The merge base of two commits as far as the repository's history goes (None: none
         found above its boundary, or a commit is missing)."""
