@@ -15,7 +15,9 @@ import subprocess
 
 import pytest
 
+from checkoutcache.cache import Cache
 from checkoutcache.store import locks
+from checkoutcache.store.layout import RootPaths
 
 from .helpers import (
     Upstream,
@@ -111,6 +113,58 @@ def test_a_submodule_is_fetched_shallow_first_and_its_history_follows(root, daem
     assert code == 0 and sub_answer["history"] == "complete", out
     assert commits_in(lib) == 5  # the submodule inside the superproject's checkout has it too
     full_history(root, top_url, sha)
+
+
+def superproject(daemon) -> tuple[Upstream, str, str, str, str]:
+    """A superproject whose commit holds a submodule at the last of its 5 commits:
+    (sub, sub_url, top_url, top commit, sub commit)."""
+    from .test_submodules import with_submodule
+
+    sub, sub_url = served(daemon, "sub")
+    for number in range(5):
+        sub_sha = sub.commit({"lib.txt": f"library v{number}\n"}, message=f"lib {number}")
+    top, top_url = served(daemon, "top")
+    top.commit({"README.md": "top\n"})
+    top.commit({"README.md": "top, again\n"})
+    sha = with_submodule(top, "vendor/lib", f"../{os.path.basename(sub.path)}", sub_sha)
+    return sub, sub_url, top_url, sha, sub_sha
+
+
+@pytest.mark.slow
+def test_history_full_waits_for_the_submodules_histories_too(root, daemon):
+    """Regression (review of issue 34): `--history full` of a superproject's commit answered
+    complete while its submodule's mirror was still shallow, and never started that history:
+    `git log` and `blame` inside the submodule stopped at its commit."""
+    sub, sub_url, top_url, sha, sub_sha = superproject(daemon)
+    answer = wait_ready(root, top_url, sha, timeout=120, env=HELD)
+    assert answer["history"] == "shallow"
+    for key in os.listdir(os.path.join(root, "repos")):
+        wait_until(lambda key=key: not locks.history_running(RootPaths(root).repo(key)), what="no history running")
+    lib = os.path.join(answer["path"], "vendor", "lib")
+    assert commits_in(lib) == 1
+    code, done, out = run_cli("ensure", top_url, sha, "--history", "full", "--wait", "120", root=root)
+    assert code == 0 and done["history"] == "complete", out
+    assert commits_in(done["path"]) == 3 and commits_in(lib) == 5
+    assert git("blame", "--porcelain", "lib.txt", cwd=lib)
+
+
+@pytest.mark.slow
+def test_history_full_of_a_complete_superproject_waits_for_a_shallow_submodule(root, daemon):
+    """The superproject's mirror complete (fetched whole), its submodule's commit fetched at depth 1
+    before: a plain answer says the superproject's history (complete), `--history full` waits for
+    the submodule's too (the ready path sees the shallow submodule mirror, one stat)."""
+    sub, sub_url, top_url, sha, sub_sha = superproject(daemon)
+    wait_ready(root, sub_url, sub_sha, env=HELD)
+    answer = wait_ready(root, top_url, sha, timeout=120, env={"CHECKOUTCACHE_FIRST_FETCH": "full", **HELD})
+    assert answer["history"] == "complete"
+    lib = os.path.join(answer["path"], "vendor", "lib")
+    assert commits_in(lib) == 1
+    cache = Cache(root)
+    first = cache.ensure(top_url, sha, history="full")
+    assert first.state == "cloning" and first.history == "shallow", first
+    done = cache.ensure(top_url, sha, history="full", wait=120)
+    assert done.state == "ready" and done.history == "complete", done
+    assert commits_in(lib) == 5
 
 
 @pytest.mark.slow

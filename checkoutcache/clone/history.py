@@ -23,22 +23,30 @@ fault tests (testhooks.py, named in brackets):
 2. [history-before-seed] bundles (CHECKOUTCACHE_BUNDLE_URI) into history.git, once;
 3. [history-before-fetch] [history-during-fetch] fetch, into <key>/history.git, every
    commit the mirror's refs name and history.git does not prove yet, by id (every branch
-   and tag when the server refuses ids), as a clone would: a repository of its own, no
+   and tag when the server refuses ids, then each commit still missing alone: one the
+   server no longer has keeps no other out), as a clone would: a repository of its own, no
    alternates, no shallow boundary, so the server answers from its bitmaps and sends
    each object once (a deepening of the shallow mirror costs 1.7x a clone: the server's
-   shallow walk). git's fsck choices apply (git/env.py); a partial mirror's history is
-   fetched with its filter and, where git cannot check a partial fetch with our choices,
-   checked by fsck after (git/quarantine.py); for a partial one every commit and tree its
-   refs reach is walked (git takes a missing one for promised);
+   shallow walk). What arrives stays a pack however small (`fetch.unpackLimit=1`: the
+   install links packs only). git's fsck choices apply (git/env.py); a partial mirror's
+   history is fetched with its filter and, where git cannot check a partial fetch with
+   our choices, checked by fsck after (git/quarantine.py); for a partial one every commit
+   and tree its refs reach is walked (git takes a missing one for promised);
 4. [history-after-fetch] what history.git proves: every commit its refs reach (git
    checked each ref's history connected, in a repository with nothing else);
 5. under locks/mirror.lock, for milliseconds: history.git's packs hard-linked into the
-   mirror (`.idx` last) [history-during-install], then [history-after-packs] the mirror's
-   shallow file loses every entry history.git proves and every one no ref of the mirror
-   reaches any more (git's own prune would drop those);
+   mirror (`.idx` last; loose objects, which an older version's fetch left, packed first:
+   none is ever left behind) [history-during-install], then [history-after-packs] the
+   mirror's shallow file loses every entry history.git proves and every one no ref of the
+   mirror reaches any more (git's own prune would drop those);
 6. [history-after-install] new refs came meanwhile (clones of new commits, fetched at
    depth 1): again from 3, fetching only what they add; complete: history.git goes, and
-   state/history.json says when.
+   state/history.json says when. Nothing moved and the mirror still shallow: the commits
+   left are those the server no longer gives (force-pushed away): HISTORY_FAILED, backing
+   off, naming them, with the boundary left (state/history.failed.json `boundary`): the
+   failure holds for the commits behind those entries alone (`--history full` of any
+   other commit answers complete, a commit fetched later starts the history at once),
+   and once their checkouts are evicted gc's prune drops the entries.
 
 Killed at any step, the store is consistent (the mirror's file claims at most less
 history than it has) and the next start resumes: history.git keeps what was fetched
@@ -126,6 +134,18 @@ def history_failure(paths: RepoPaths):
     return read_failure(paths.history_failure)
 
 
+def failure_covers(paths: RepoPaths, reached: frozenset[str]) -> bool:
+    """Whether the history's last failure holds for these boundary commits: it does for a failure
+    of the repository's whole history (the server down, a refused object, no room), and for one
+    that completed every commit but those the server no longer has only when these are among
+    the boundary commits it left (a commit fetched since is not kept waiting behind it)."""
+    record = records.read_json(paths.history_failure) or {}
+    left = record.get("boundary")
+    if not isinstance(left, list):
+        return True
+    return reached <= frozenset(left)
+
+
 # ---------------------------------------------------------------- starting
 def start_history(paths: RepoPaths, config: Config, credential: Credential | None, fork: bool = False,
                   force: bool = False) -> int | None:
@@ -136,8 +156,9 @@ def start_history(paths: RepoPaths, config: Config, credential: Credential | Non
     if not getattr(backend, "supports_shallow", False) or not is_shallow(paths.mirror):
         return None
     failure = history_failure(paths)
-    if failure is not None and time.time() < failure.retry_at and not force:
-        return None
+    if failure is not None and time.time() < failure.retry_at and not force and failure_covers(paths, read_shallow(
+            paths.mirror)):
+        return None  # backing off (a commit fetched since at depth 1 is not kept waiting by it)
     held = locks.history_of(paths)
     if held is None:
         return None  # one runs
@@ -400,6 +421,11 @@ class History(Job):
         self.seeded: bool | None = None
         self.space_short: str | None = None  # set by the watch when the disk went below the reserve
         self.filter = None
+        # Commits the server no longer gives (refused by id, and on no branch or tag): not asked
+        # for again in this run.
+        self.unfetchable: set[str] = set()
+        # The boundary left when only such commits' histories were missing (the failure says so).
+        self.left: frozenset[str] | None = None
 
     @property
     def repo(self) -> str:
@@ -421,7 +447,8 @@ class History(Job):
         previous = read_failure(self.paths.history_failure)
         failure = next_failure(previous, code, message, next_step, time.time(), self.config.backoff,
                                self.config.backoff_max)
-        records.write_json(self.paths.history_failure, failure.to_record())
+        left = {"boundary": sorted(self.left)} if self.left is not None and code == "HISTORY_FAILED" else {}
+        records.write_json(self.paths.history_failure, {**failure.to_record(), **left})
         self.forget_record()
         self.log(f"failed: {code}: {message} (attempt {failure.attempts}, retried in "
                  f"{failure.retry_at - failure.failed_at:.0f}s)")
@@ -437,13 +464,13 @@ class History(Job):
             self.filter = self.backend.partial_filter(self.paths.mirror)
             self.prepare_repo()
             proven = self.proven()
-            wanted = self.wanted(proven)
+            wanted = self.wanted(proven) - self.unfetchable
             if wanted:
                 self.check_space()
                 self.seed()
                 self.yield_to_clones()
                 checkpoint("history-before-fetch")
-                self.fetch(wanted)
+                self.unfetchable |= self.fetch(wanted)
                 checkpoint("history-after-fetch")
                 proven = self.proven()
             dropped = self.install(proven)
@@ -452,11 +479,15 @@ class History(Job):
             if not is_shallow(self.paths.mirror):
                 break
             if not dropped and not (wanted & proven):
-                # Nothing moved: what is left cannot be completed from this server now.
+                # Nothing moved: what is left cannot be completed from this server now. Every
+                # commit whose history it has is complete (its entries went); the boundary left
+                # is that of the commits it cannot fetch, and the failure holds for them alone.
                 missing = sorted(self.wanted(proven))
-                detail = (f"{len(missing)} commit(s) the mirror keeps could not be fetched with their history "
-                          f"(refused by id, and on no branch or tag), e.g. {missing[0]}" if missing else
-                          f"{len(read_shallow(self.paths.mirror))} boundary commit(s) could not be completed")
+                self.left = read_shallow(self.paths.mirror)
+                detail = (f"{len(missing)} commit(s) the mirror keeps are no longer on the server (refused by id, "
+                          f"and on no branch or tag: force-pushed away?), e.g. {missing[0]}; their checkouts stay "
+                          f"shallow, every other commit's history is complete" if missing else
+                          f"{len(self.left)} boundary commit(s) could not be completed")
                 raise CheckoutCacheError("HISTORY_FAILED", detail=detail)
         self.finish()
 
@@ -526,14 +557,17 @@ class History(Job):
             self.on_progress({"phase": "waiting for clones"})
             time.sleep(0.2)
 
-    def fetch(self, wanted: set[str]) -> None:
+    def fetch(self, wanted: set[str]) -> set[str]:
         """Every wanted commit's history into history.git, by id (all branches and tags when the
-        server refuses ids), the disk watched."""
+        server refuses ids), the disk watched. The commits the server no longer gives: refused
+        by id and on no branch or tag (each wanted commit still missing is asked for alone, so
+        one force-pushed away keeps no other out)."""
         self.on_progress({"phase": HISTORY_PHASE})
         refspecs = [f"+{sha}:{keep_ref(sha)}" for sha in sorted(wanted)]
         self.log(f"fetching the history of {len(refspecs)} commit(s)")
         received: dict[str, int] = {}
         track = tracking(received, self.on_progress)
+        unfetchable: set[str] = set()
         try:
             self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log,
                                                     whole_packs=True))
@@ -543,18 +577,35 @@ class History(Job):
             self.log(f"fetch by id refused ({exc.detail}); fetching every branch and tag")
             self.watched(lambda: self.backend.fetch(self.repo, self.url, ALL_BRANCHES_AND_TAGS, self.credential,
                                                     track, self.log, whole_packs=True))
+            left = sorted(wanted - self.proven())
+            for sha in left if len(wanted) > 1 else ():
+                try:
+                    self.watched(lambda sha=sha: self.backend.fetch(self.repo, self.url, [f"+{sha}:{keep_ref(sha)}"],
+                                                                    self.credential, track, self.log,
+                                                                    whole_packs=True))
+                except CheckoutCacheError as refused:
+                    if refused.code == "DISK_FULL":
+                        raise
+                    unfetchable.add(sha)
+            if len(wanted) == 1:
+                unfetchable.update(left)
+            if unfetchable:
+                self.log(f"{len(unfetchable)} commit(s) the server no longer gives: {' '.join(sorted(unfetchable))}")
         if self.filter is not None and not self.backend.is_sound(self.repo):
             # A partial fetch's connectivity check takes a missing commit or tree for promised,
             # and a commit already there (a bundle's stray) for fetched: asked for again as a
             # new clone would, then every commit and tree the refs reach is walked (blobs
             # alone may be promised).
             self.log("the history's commits or trees are not all there; fetching them again whole")
-            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log,
-                                                    refetch=True, whole_packs=True))
+            again = [f"+{sha}:{keep_ref(sha)}" for sha in sorted(wanted - unfetchable)]
+            if again:
+                self.watched(lambda: self.backend.fetch(self.repo, self.url, again, self.credential, track, self.log,
+                                                        refetch=True, whole_packs=True))
             if not self.backend.is_sound(self.repo):
                 raise CheckoutCacheError("CLONE_FAILED", detail="the server sent a history with commits or trees "
                                                                 "missing")
         count_upstream(self.paths, received)
+        return unfetchable
 
     def watched(self, fetch: Callable[[], object]) -> None:
         """Run a fetch with the disk watched: below the reserve, its git is stopped."""

@@ -226,6 +226,26 @@ class ShallowOps:
         if done.returncode != 0:
             raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
 
+    def boundary_reached(self, git_dir: str, tips: list[str]) -> frozenset[str]:
+        """The repository's boundary commits the tips' history reaches (none: it is complete
+        here). One walk, listing only the commits without parents (git takes a boundary commit
+        for one); a tip the repository lacks is a CheckoutCacheError."""
+        boundary = read_shallow(git_dir)
+        if not boundary:
+            return frozenset()
+        done = subprocess.run([self.git, "-C", git_dir, "rev-list", "--max-parents=0", "--stdin"],
+                              capture_output=True, text=True, env=git_env(), cwd="/",
+                              input="".join(t + "\n" for t in tips))
+        if done.returncode != 0:
+            raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
+        return boundary & frozenset(done.stdout.split())
+
+    def merge_bases(self, git_dir: str, a: str, b: str) -> list[str]:
+        """Every best common ancestor of two commits as far as the repository's history goes
+        (`merge-base --all`; none: none found above its boundary, or a commit is missing)."""
+        done = self._run(["-C", git_dir, "merge-base", "--all", a, b])
+        return done.stdout.split() if done.returncode == 0 else []
+
     def merge_base(self, git_dir: str, a: str, b: str) -> str | None:
         """The merge base of two commits as far as the repository's history goes (None: none
         found above its boundary, or a commit is missing)."""
