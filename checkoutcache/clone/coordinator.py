@@ -202,6 +202,12 @@ class Coordinator:
             return self.error(CheckoutCacheError("NO_MERGE_BASE", commit=self.sha, base=self.base))
         if found is not None:
             return attrs.evolve(answer, base=self.base, merge_base=found)
+        if history.base_handed_over(self.paths, self.name, self.base):
+            # The search deepened as far as it may: the background history completes the two
+            # commits' histories (BASE's ref is the mirror's), then the search answers at once.
+            reached = self.boundary_reached(self.paths, [self.sha, self.base])
+            if reached:
+                return self.history_step([Incomplete(self.paths, self.spec.url, reached)], history=answer.history)
         now = time.time()
         if not locks.base_search_running(self.paths, self.name):
             failure = history.base_failure(self.paths, self.name, self.base)

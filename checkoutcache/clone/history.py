@@ -55,13 +55,22 @@ already made are skipped, the shallow file is computed anew.
 
 The merge base (`BaseSearch`, `ensure HEAD --base BASE`): a detached process too, under
 locks/base-<name>.lock (one search per checkout at a time), at the answers' priority.
+BASE is kept in the mirror by refs/bases/<BASE> (so the checkout's git reads it, and the
+history completes it too) until gc drops it with the last checkout whose record names it.
 With a complete mirror, BASE is fetched as any new commit and `git merge-base` answers.
 With a shallow one, in a private view of the mirror (HEAD's keep-ref and BASE as its
-refs, HEAD's boundary as its shallow file, objects in its scratch): BASE at depth 1,
-then `--deepen` 1, 2, 4, ... commits (the view's boundary alone moves) until git finds
-a merge base above the boundary or the two histories are complete; then its objects go
-into the mirror with HEAD's new boundary, so HEAD's checkout reaches the merge base, and
-state/<name>.bases.json records it (the ready answer with `--base` reads it).
+refs, the boundary their histories reach as its shallow file, objects in its scratch):
+BASE at depth 1, then `--deepen` 1, 2, 4, ... commits (the view's boundary alone moves)
+until git's merge base is proven: every boundary commit the two reach is an ancestor of
+every merge base git finds (nothing hidden below can then be a better one), or the two
+histories are complete. The deepening stops at CHECKOUTCACHE_BASE_DEEPEN commits: the
+search then hands over to the background history (the answer is the history's progress,
+and the merge base is searched again, without a fetch, once the two histories are
+complete). Either way its objects go into the mirror with every boundary entry they need,
+HEAD's side and BASE's, unless the mirror's history completed meanwhile (nothing of the
+view goes in: the complete mirror is searched instead), and state/<name>.bases.json
+records the merge base (the ready answer with `--base` reads it; a record of an older
+version, whose merge bases were never proven, is not read).
 """
 
 from __future__ import annotations
@@ -87,7 +96,7 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe, is_disk_full
 from checkoutcache.git import mirror as mirror_module
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, GitKilled, keep_ref, mirror_config, \
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, GitKilled, base_ref, keep_ref, mirror_config, \
     partial_mirror_config
 from checkoutcache.git.shallow import is_shallow, read_shallow, write_shallow
 from checkoutcache.git.transport import pick_backend
@@ -725,8 +734,30 @@ def _files(directory: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- the merge base
+# Which version of the search wrote a checkout's bases record: an older one's merge bases are
+# never read (it answered the first merge base a shallow view showed, which a boundary may
+# have hidden a better one from), so they are searched again.
+BASES_VERSION = 2
+
+
+class _Verdict:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# What the merge-base search may conclude besides a merge base ("" for none):
+NOT_PROVEN = _Verdict("NOT_PROVEN")  # the boundary could still hide a better one: deepen
+HAND_OVER = _Verdict("HAND_OVER")  # deepened as far as it may: the background history brings the rest
+
+
 def bases_of(paths: RepoPaths, name: str) -> dict:
-    return records.read_json(paths.bases_record(name), records.BASES) or {"bases": {}}
+    record = records.read_json(paths.bases_record(name), records.BASES)
+    if record is None or record.get("version") != BASES_VERSION:
+        return {"bases": {}}
+    return record
 
 
 def merge_base_of(paths: RepoPaths, name: str, base: str) -> str | None:
@@ -735,21 +766,36 @@ def merge_base_of(paths: RepoPaths, name: str, base: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def base_handed_over(paths: RepoPaths, name: str, base: str) -> bool:
+    """Whether the search of BASE's merge base reached CHECKOUTCACHE_BASE_DEEPEN unproven: it is
+    answered once the background history has completed the two commits' histories."""
+    handed = bases_of(paths, name).get("handed_over")
+    return isinstance(handed, dict) and base in handed
+
+
 def note_search(paths: RepoPaths, name: str, base: str, search: dict | None,
-                result: str | None = None, failure: dict | None = None) -> None:
+                result: str | None = None, failure: dict | None = None, handed_over: bool = False) -> None:
     """The checkout's bases record with this search's state (its owner and progress, or its
-    result, or its failure). Written whole, by the search's lock holder only."""
+    result, its failure, or its hand-over to the history). Written whole, by the search's lock
+    holder only."""
     record = bases_of(paths, name)
     bases = dict(record.get("bases") or {})
     failures = dict(record.get("failures") or {}) if isinstance(record.get("failures"), dict) else {}
+    handed = dict(record.get("handed_over") or {}) if isinstance(record.get("handed_over"), dict) else {}
     if result is not None:
         bases[base] = result
         failures.pop(base, None)
-        while len(bases) > MAX_BASES:
-            bases.pop(next(iter(bases)))
+        handed.pop(base, None)
     if failure is not None:
         failures[base] = failure
-    value = {"bases": bases, "at": time.time(), "failures": failures}
+    if handed_over:
+        handed[base] = time.time()
+        failures.pop(base, None)
+    for kept in (bases, handed):
+        while len(kept) > MAX_BASES:
+            kept.pop(next(iter(kept)))
+    value = {"version": BASES_VERSION, "bases": bases, "at": time.time(), "failures": failures,
+             "handed_over": handed}
     if search is not None:
         value["searching"] = {"base": base, **search}
     records.write_json(paths.bases_record(name), value)
@@ -760,6 +806,25 @@ def base_failure(paths: RepoPaths, name: str, base: str):
 
     failures = bases_of(paths, name).get("failures")
     return Failure.from_record(failures.get(base)) if isinstance(failures, dict) else None
+
+
+def bases_in_use(paths: RepoPaths) -> set[str]:
+    """The bases whose refs (refs/bases/) the mirror keeps (gc drops the others): every base the
+    merge-base record of a checkout that exists names, and the one a running search looks for
+    (it writes the ref under the mirror lock, then its record)."""
+    used: set[str] = set()
+    for name in paths.bases_record_names():
+        running = locks.base_search_running(paths, name)
+        if not running and not tree.lexists(paths.checkout(name)):
+            continue
+        record = records.read_json(paths.bases_record(name), records.BASES) or {}
+        for field in ("bases", "failures", "handed_over"):
+            if isinstance(record.get(field), dict):
+                used |= {base for base in record[field] if isinstance(base, str)}
+        searching = record.get("searching")
+        if running and isinstance(searching, dict) and isinstance(searching.get("base"), str):
+            used.add(searching["base"])
+    return used
 
 
 class BaseSearch(Job):
@@ -797,6 +862,11 @@ class BaseSearch(Job):
         else:
             found = self.search_complete()
         with self._finishing:
+            if found is HAND_OVER:
+                note_search(self.paths, self.name, self.base, None, handed_over=True)
+                self.log(f"no merge base proven within {self.config.base_deepen} commit(s) of deepening: handed "
+                         f"over to the background history (the merge base is answered once it is complete)")
+                return
             note_search(self.paths, self.name, self.base, None, result=found or "")
         self.log(f"merge base: {found or 'none (the histories are unrelated)'}")
 
@@ -807,7 +877,8 @@ class BaseSearch(Job):
             raise not_a_commit(self.base, *kind)
 
     def search_complete(self) -> str | None:
-        """A complete mirror: BASE fetched as a new commit is (its history connected), then git's merge-base."""
+        """A complete mirror: BASE fetched as a new commit is (its history connected), kept by its
+        ref (refs/bases/: gc drops it with the checkout's record), then git's merge-base."""
         with locks.mirror_write(self.paths, timeout=max(1.0, self.timeout)) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
             kind = self.backend.object_kind(self.paths.mirror, self.base)
@@ -822,69 +893,108 @@ class BaseSearch(Job):
                         raise
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail=f"the base: {exc.detail}")
                 self.found_base(self.backend.object_kind(self.paths.mirror, self.base))
+            if hasattr(self.backend, "update_refs"):
+                self.backend.update_refs(self.paths.mirror, {base_ref(self.base): self.base}, keep_fds)
             return self.backend.merge_base(self.paths.mirror, self.sha, self.base)
 
-    def search_shallow(self) -> str | None:
+    def search_shallow(self) -> str | None | _Verdict:
+        """A shallow mirror, in a private view of it (HEAD's keep-ref and BASE's ref as its refs,
+        the boundary their histories reach as its shallow file, objects in the scratch): BASE at
+        depth 1, then `--deepen` 1, 2, 4, ... (CHECKOUTCACHE_BASE_DEEPEN in all at most) until
+        git's merge base is proven (proven_merge_base). What came goes into the mirror with
+        every boundary entry it needs, HEAD's side and BASE's, and BASE's ref; a mirror whose
+        history completed meanwhile takes none of it (its merge base is searched there)."""
         from checkoutcache.git.shallow import Fetched, make_incoming
         from checkoutcache.git.view import private_view
         from checkoutcache.store.scratch import create_scratch
 
+        mirror = self.paths.mirror
+        head_ref, kept_ref = keep_ref(self.sha), base_ref(self.base)
+        refs = {head_ref: self.sha}
+        if self.backend.refs_named(mirror, kept_ref).get(kept_ref, ("", ""))[0] == self.base:
+            refs[kept_ref] = self.base  # an earlier search's (one handed over): here down to the boundary
+        start = self.backend.boundary_reached(mirror, list(refs.values()))
+        boundary = start
+        filter = self.backend.partial_filter(mirror)
         scratch = create_scratch(self.paths, self.sha)
         try:
-            mirror = self.paths.mirror
             incoming = make_incoming(RepoPaths.scratch_incoming(scratch.path), mirror)
-            head_ref, base_ref = keep_ref(self.sha), f"refs/base/{self.base}"
-            refs = {head_ref: self.sha}
-            start = read_shallow(mirror) & self.backend.reachable_commits(mirror, [self.sha])
-            boundary = start
-            filter = self.backend.partial_filter(mirror)
 
             def in_view(operation):
                 with private_view(mirror, filter, objects=incoming, refs=refs, shallow=boundary) as view:
                     return operation(view)
 
             self.on_progress({"phase": BASE_PHASE, "depth": 0})
-            kind = in_view(lambda view: self.backend.object_kind(view, self.base))
-            self.found_base(kind)
-            try:
-                fetched = self.backend.fetch_privately(mirror, incoming, self.url, [f"+{self.base}:{base_ref}"],
-                                                       self.credential, self.on_progress, self.log, depth=1,
-                                                       refs=refs, shallow=boundary)
-            except CheckoutCacheError as exc:
-                if exc.code == "DISK_FULL":
-                    raise
-                raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail=f"the base: {exc.detail}")
-            refs, boundary = fetched.refs_after, fetched.shallow_after
-            if base_ref not in refs:
-                raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail="the base was not sent")
-            self.found_base(in_view(lambda view: self.backend.object_kind(view, self.base)))
+            if kept_ref not in refs:
+                self.found_base(in_view(lambda view: self.backend.object_kind(view, self.base)))
+                try:
+                    fetched = self.backend.fetch_privately(mirror, incoming, self.url, [f"+{self.base}:{kept_ref}"],
+                                                           self.credential, self.on_progress, self.log, depth=1,
+                                                           refs=refs, shallow=boundary)
+                except CheckoutCacheError as exc:
+                    if exc.code == "DISK_FULL":
+                        raise
+                    raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail=f"the base: {exc.detail}")
+                refs, boundary = fetched.refs_after, fetched.shallow_after
+                if kept_ref not in refs:
+                    raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail="the base was not sent")
+                self.found_base(in_view(lambda view: self.backend.object_kind(view, self.base)))
             depth, step = 0, 1
-            found = in_view(lambda view: self.backend.merge_base(view, self.sha, self.base))
-            while found is None:
-                ends = in_view(lambda view: self.backend.reachable_commits(view, [self.sha, self.base]))
-                if not boundary & ends:
-                    break  # both histories complete, no merge base: unrelated
+            found = self.proven_merge_base(in_view, boundary)
+            while found is NOT_PROVEN:
+                if depth >= self.config.base_deepen:
+                    found = HAND_OVER
+                    break
+                step = min(step, self.config.base_deepen - depth)
                 self.on_progress({"phase": BASE_PHASE, "depth": depth})
                 fetched = self.backend.fetch_privately(mirror, incoming, self.url, [self.sha, self.base],
                                                        self.credential, self.on_progress, self.log, deepen=step,
                                                        refs=refs, shallow=boundary)
                 if fetched.shallow_after == boundary:
-                    break  # nothing deeper came: the server's history ends here
+                    found = HAND_OVER  # nothing deeper came: only the whole history can tell
+                    break
                 boundary = fetched.shallow_after
                 depth += step
                 step *= 2
-                found = in_view(lambda view: self.backend.merge_base(view, self.sha, self.base))
-            head_side = in_view(lambda view: self.backend.reachable_commits(view, [self.sha]))
-            final = frozenset(boundary & head_side)
+                found = self.proven_merge_base(in_view, boundary)
+            # Every boundary entry the objects fetched need, BASE's side too: the checkout's git
+            # reads BASE (`git merge-base HEAD BASE`) and must stop where its history stops.
+            final = frozenset(boundary & in_view(lambda view: self.backend.reachable_commits(
+                view, [self.sha, self.base])))
             with locks.mirror_write(self.paths, timeout=max(1.0, self.timeout)) as mirror_lock:
-                self.backend.install_fetched(mirror, Fetched(incoming, {}, {}, start, final, False),
-                                             (mirror_lock.fileno(),), refs=[])
-                if not self.backend.is_connected(mirror, self.sha):
-                    raise CheckoutCacheError("CLONE_FAILED", detail=f"{self.sha}'s deepened history is not all "
-                                                                    f"there")
+                completed = not is_shallow(mirror)
+                if not completed:
+                    self.backend.install_fetched(mirror, Fetched(incoming, {}, {kept_ref: self.base}, start, final,
+                                                                 False), (mirror_lock.fileno(),), refs=[kept_ref])
+                    if not self.backend.is_connected(mirror, self.sha):
+                        raise CheckoutCacheError("CLONE_FAILED", detail=f"{self.sha}'s deepened history is not all "
+                                                                        f"there")
+            if completed:
+                # Installing a boundary into it would make it shallow again: nothing of the view goes in.
+                self.log("the mirror's history completed during the search: the merge base is searched there")
+                return self.search_complete()
             return found
         finally:
             scratch.discard()
+
+    def proven_merge_base(self, in_view: Callable, boundary: frozenset[str]) -> str | _Verdict:
+        """git's merge base of the two commits as the view shows them, once no commit its boundary
+        hides can change it: every boundary commit the two reach is an ancestor of every merge base
+        git finds above it (all that lies below is then older than each of them, so none of it is
+        a better one, nor joins two of them). "" when both histories are complete and share
+        nothing; NOT_PROVEN while the boundary could hide a better one (a short line to an old
+        common commit found before a long one to a newer)."""
+        candidates = in_view(lambda view: self.backend.merge_bases(view, self.sha, self.base))
+        reached = in_view(lambda view: self.backend.boundary_reached(view, [self.sha, self.base]))
+        if not reached:
+            return candidates[0] if candidates else ""
+        if not candidates:
+            return NOT_PROVEN
+        for candidate in candidates:
+            below = in_view(lambda view, candidate=candidate: self.backend.boundary_reached(view, [candidate]))
+            if not reached <= below:
+                return NOT_PROVEN
+        return candidates[0]  # what `git merge-base` answers: the first of `--all`
 
 
 def main(argv: list[str] | None = None) -> int:

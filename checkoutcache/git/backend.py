@@ -121,10 +121,17 @@ ALL_BRANCHES_AND_TAGS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*
 REVIEW_PREFIX = "refs/review/"
 # What seeding took in from bundles, one namespace per bundle (bundles/gitbundle.py).
 BUNDLE_REFS = "refs/bundles/"
+# The bases a review asked a merge base with (`ensure --base`, clone/history.py): kept, with the
+# history fetched of them, for as long as a checkout's merge-base record names them (gc).
+BASE_PREFIX = "refs/bases/"
 
 
 def keep_ref(sha: str) -> str:
     return KEEP_PREFIX + sha
+
+
+def base_ref(sha: str) -> str:
+    return BASE_PREFIX + sha
 
 
 def lfs_endpoint(url: str, is_local: bool) -> str | None:

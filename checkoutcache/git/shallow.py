@@ -56,8 +56,9 @@ from checkoutcache.git.env import git_env
 from checkoutcache.git.messages import FILTER_REFUSED, last_meaningful_line
 from checkoutcache.git.view import private_view, read_view_shallow
 from checkoutcache.store import modes
-# How far `--base` deepens a shallow history at most (commits behind each of the two): past
-# that the merge base is searched in the whole history, which the background fetch brings.
+# How far `--base` deepens a shallow history at most (commits behind each of the two), the
+# default of CHECKOUTCACHE_BASE_DEEPEN: past that the merge base is searched in the whole
+# history, which the background history brings (clone/history.py BaseSearch).
 MAX_DEEPEN = 1 << 14
 
 
@@ -179,6 +180,16 @@ class ShallowOps:
                               capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
         if done.returncode != 0:
             raise CheckoutCacheError("CLONE_FAILED", detail=f"refs could not be written: {done.stderr.strip()[-200:]}")
+
+    def drop_refs(self, git_dir: str, refs: list[str], keep_fds: tuple[int, ...] = ()) -> None:
+        """Delete these refs, in one transaction (the caller holds the repository's lock)."""
+        if not refs:
+            return
+        done = subprocess.run([self.git, "-C", git_dir, "update-ref", "--stdin"],
+                              input="".join(f"delete {ref}\n" for ref in sorted(refs)), text=True,
+                              capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
+        if done.returncode != 0:
+            raise CheckoutCacheError("CLONE_FAILED", detail=f"refs could not be deleted: {done.stderr.strip()[-200:]}")
 
     def refs_named(self, git_dir: str, prefix: str = "") -> dict[str, tuple[str, str]]:
         """ref -> (id, the object's type) of the repository's refs (under prefix)."""
