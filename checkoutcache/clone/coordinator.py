@@ -78,6 +78,7 @@ class Coordinator:
         self.fork = fork
         self.started_histories: dict[str, dict] = {}  # repository key -> the history process it started: pid
         self.started_search: dict | None = None  # the merge-base search it started: pid
+        self.reached_memo: dict[tuple, tuple] = {}  # boundary_reached's, by the shallow file it read
         self.root_paths = root_paths
         self.start = start
         self.config = config
@@ -130,16 +131,28 @@ class Coordinator:
     def boundary_reached(self, paths: RepoPaths, tips: list[str]) -> frozenset[str]:
         """The boundary commits of the repository's mirror the tips' history reaches (none: it is
         complete there). A mirror the git CLI cannot walk (a tip gone from it) counts as shallow
-        as a whole, as the repository's answer says."""
-        from checkoutcache.git.boundary import is_shallow, read_shallow
+        as a whole, as the repository's answer says. Walked again only when the mirror's shallow
+        file changed (every install renames a new one in): a wait looks every LOOK_AGAIN."""
+        from checkoutcache.git.boundary import read_shallow
 
-        if not is_shallow(paths.mirror):
+        try:
+            info = os.stat(paths.mirror_shallow)
+        except (FileNotFoundError, NotADirectoryError):
             return frozenset()
+        if info.st_size == 0:
+            return frozenset()
+        seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+        memo = (paths.key, tuple(tips))
+        known = self.reached_memo.get(memo)
+        if known is not None and known[0] == seen:
+            return known[1]
         backend = pick_backend(self.config.transport)
         try:
-            return backend.boundary_reached(paths.mirror, tips)
+            reached = backend.boundary_reached(paths.mirror, tips)
         except (AttributeError, CheckoutCacheError):
-            return read_shallow(paths.mirror)
+            reached = read_shallow(paths.mirror)
+        self.reached_memo[memo] = (seen, reached)
+        return reached
 
     def history_step(self, waiting: list[Incomplete], history: str = "shallow") -> Answer:
         """cloning, with the progress of the first history that runs among those this checkout
