@@ -137,7 +137,7 @@ def deepened(log_path: str) -> list[int]:
 
 
 def test_the_deepening_stops_at_its_bound_and_the_history_answers(root, daemon):
-    """Regression (review of issue 34): CHECKOUTCACHE_BASE_DEEPEN (MAX_DEEPEN) was never used, and
+    """Regression (review of issue 34): the bound (git/shallow.py MAX_DEEPEN) was never used, and
     the deepening doubled until it found a merge base, at the answers' priority, both whole
     histories for unrelated ones. Past the bound the search installs what it fetched (BASE's
     side with its boundary: the checkout's git reads BASE) and hands over: the answer is the

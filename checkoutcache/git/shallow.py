@@ -56,10 +56,6 @@ from checkoutcache.git.env import git_env
 from checkoutcache.git.messages import FILTER_REFUSED, last_meaningful_line
 from checkoutcache.git.view import private_view, read_view_shallow
 from checkoutcache.store import modes
-# How far `--base` deepens a shallow history at most (commits behind each of the two), the
-# default of CHECKOUTCACHE_BASE_DEEPEN: past that the merge base is searched in the whole
-# history, which the background history brings (clone/history.py BaseSearch).
-MAX_DEEPEN = 1 << 14
 
 
 def mirror_is_empty(mirror: str) -> bool:
