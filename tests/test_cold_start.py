@@ -406,6 +406,8 @@ def test_a_commit_upstream_no_longer_has_keeps_no_other_commits_history_out(root
     assert code == 0 and not os.path.exists(store.checkout(gone)), out
     assert not os.path.exists(store.mirror_shallow)
     assert run_cli("ensure", url, main[-1], root=root)[1]["history"] == "complete"
+    status = run_cli("status", root=root)[1]["repos"][0]["history"]
+    assert status["state"] == "complete" and "failure" not in status, status
 
 
 # ---------------------------------------------------------------- many reviews on a cold node
