@@ -213,9 +213,11 @@ class Cache:
                            history=history, base=base, fork=self.fork_workers).run(float(wait), on_progress)
 
     def as_wanted(self, want: Want, ready: Answer, history: str | None, base: str | None) -> Answer | None:
-        """A ready answer as the request wants it, or None when that needs the slow path (the
-        history is shallow and "full" was asked; the merge base is not known yet)."""
-        if history == "full" and ready.history == "shallow":
+        """A ready answer as the request wants it, or None when that needs the slow path ("full"
+        was asked and the repository's mirror, or a submodule's its marker lists, is shallow:
+        the coordinator asks git whether the commit's own history is complete; the merge base is
+        not known yet). No git here: a stat per mirror."""
+        if history == "full" and (ready.history == "shallow" or self.submodule_shallow(want, ready)):
             return None
         if base is None:
             return ready
@@ -225,6 +227,24 @@ class Cache:
         if not found:
             return None  # not searched yet, or none: the coordinator answers
         return attrs.evolve(ready, base=base, merge_base=found)
+
+    def submodule_shallow(self, want: Want, ready: Answer) -> bool:
+        """Whether a repository the checkout's submodules come from (its marker lists them:
+        borrows) has a shallow mirror: the marker read and a stat per repository."""
+        if ready.submodules != "included":
+            return False
+        from checkoutcache.store import records
+
+        marker = records.read_json(self.paths.repo(want.spec.key).ready_marker(want.name), records.MARKER) or {}
+        for key, _sha in marker.get("borrows") or []:
+            try:
+                if os.stat(self.paths.repo(key).mirror_shallow).st_size > 0:
+                    return True
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError:
+                return True  # there, but not for us to read: never claim more history than there is
+        return False
 
     def request(self, repo: str, commit: str, scope: str = DEFAULT_SCOPE,
                 sparse: Sequence[str] | None = None) -> Want:

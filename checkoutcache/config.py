@@ -413,6 +413,11 @@ class Config(Settings):
     history_nice: int = setting(10, "CHECKOUTCACHE_HISTORY_NICE",
                                 "How much lower the background history's CPU priority is (nice, 0 to 19); its IO "
                                 "runs best-effort at the lowest level. Answers always run at yours.", _niceness)
+    base_deepen: int = setting(1 << 14, "CHECKOUTCACHE_BASE_DEEPEN",
+                               "How many commits `ensure --base` deepens a shallow history at most, at the "
+                               "answers' priority, looking for the merge base; past that the background "
+                               "history brings the rest and the merge base is answered once it is complete.",
+                               _count)
     seed_timeout: float = setting(120.0, "CHECKOUTCACHE_SEED_TIMEOUT",
                                   "The longest a new mirror spends taking in bundles; not counted in the clone "
                                   "timeout (a slow store costs speed, never the clone).", parse_duration, "2m")

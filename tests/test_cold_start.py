@@ -361,6 +361,55 @@ def test_a_failed_history_backs_off_and_status_says_why(root, tmp_path, daemon):
     assert code == 0 and again["history"] == "shallow", out  # the checkout itself is served all along
 
 
+@pytest.mark.slow
+def test_a_commit_upstream_no_longer_has_keeps_no_other_commits_history_out(root, daemon):
+    """Regression (review of issue 34): one commit force-pushed away after its depth-1 answer made
+    the history fail for the whole repository: `--history full` of every other commit answered
+    HISTORY_FAILED (said twice: "... fetched: HISTORY_FAILED: ... fetched: ...") though their
+    histories were complete, and a commit fetched later waited out the back-off. The history
+    completes every commit it can fetch; the failure names the one it cannot and holds for it
+    alone; once its checkout is evicted, the repository's history is complete."""
+    from .helpers import make_idle
+
+    work = Upstream(os.path.join(daemon.base, f"forced-{os.urandom(3).hex()}"))
+    url = daemon.url(os.path.basename(work.path))
+    main = grow(work, 6)
+    git("checkout", "-q", "-b", "pr", cwd=work.path)
+    gone = work.commit({"pr.txt": "force-pushed away\n"}, message="gone")
+    git("checkout", "-q", "main", cwd=work.path)
+    wait_ready(root, url, gone, env={KILL_AT: "history-start"})
+    wait_ready(root, url, main[-1], env={KILL_AT: "history-start"})
+    store = only_repo(root)
+    wait_until(lambda: not locks.history_running(store), what="the killed histories' locks freed")
+    git("branch", "-q", "-D", "pr", cwd=work.path)
+    git("reflog", "expire", "--expire=now", "--all", cwd=work.path)
+    git("gc", "-q", "--prune=now", cwd=work.path)
+    # main's history is complete, whatever the commit upstream no longer has.
+    code, answer, out = run_cli("ensure", url, main[-1], "--history", "full", "--wait", "60", root=root)
+    assert code == 0 and answer["history"] == "complete", out
+    assert commits_in(answer["path"]) == len(work.shas) - 1
+    # A plain ready answer says the repository's history (one stat): still shallow.
+    assert run_cli("ensure", url, main[-1], root=root)[1]["history"] == "shallow"
+    code, failed, out = run_cli("ensure", url, gone, "--history", "full", "--wait", "30", root=root)
+    assert code == 1 and failed["error"] == "HISTORY_FAILED" and gone in failed["message"], out
+    assert failed["message"].count("could not be fetched") == 1 and "HISTORY_FAILED" not in failed["message"], out
+    status = run_cli("status", root=root)[1]["repos"][0]["history"]
+    assert status["failure"]["boundary_commits"] == 1 and gone in status["failure"]["message"], status
+    # A commit fetched since is not kept waiting behind that failure's back-off.
+    newer = work.commit({"new.txt": "after\n"}, message="newer")
+    code, answer, out = run_cli("ensure", url, newer, "--history", "full", "--wait", "60", root=root)
+    assert code == 0 and answer["history"] == "complete" and commits_in(answer["path"]) == len(work.shas) - 1, out
+    # The gone commit's checkout evicted, gc's prune drops its boundary: the repository is complete.
+    make_idle(store.checkout(gone), 7200)
+    code, report, out = run_cli("gc", "--max-checkouts", "2", "--max-spares", "0", "--mirror-gc-interval", "0",
+                                root=root)
+    assert code == 0 and not os.path.exists(store.checkout(gone)), out
+    assert not os.path.exists(store.mirror_shallow)
+    assert run_cli("ensure", url, main[-1], root=root)[1]["history"] == "complete"
+    status = run_cli("status", root=root)[1]["repos"][0]["history"]
+    assert status["state"] == "complete" and "failure" not in status, status
+
+
 # ---------------------------------------------------------------- many reviews on a cold node
 
 class DepthOneBarrier:

@@ -15,7 +15,9 @@ import subprocess
 
 import pytest
 
+from checkoutcache.cache import Cache
 from checkoutcache.store import locks
+from checkoutcache.store.layout import RootPaths
 
 from .helpers import (
     Upstream,
@@ -111,6 +113,58 @@ def test_a_submodule_is_fetched_shallow_first_and_its_history_follows(root, daem
     assert code == 0 and sub_answer["history"] == "complete", out
     assert commits_in(lib) == 5  # the submodule inside the superproject's checkout has it too
     full_history(root, top_url, sha)
+
+
+def superproject(daemon) -> tuple[Upstream, str, str, str, str]:
+    """A superproject whose commit holds a submodule at the last of its 5 commits:
+    (sub, sub_url, top_url, top commit, sub commit)."""
+    from .test_submodules import with_submodule
+
+    sub, sub_url = served(daemon, "sub")
+    for number in range(5):
+        sub_sha = sub.commit({"lib.txt": f"library v{number}\n"}, message=f"lib {number}")
+    top, top_url = served(daemon, "top")
+    top.commit({"README.md": "top\n"})
+    top.commit({"README.md": "top, again\n"})
+    sha = with_submodule(top, "vendor/lib", f"../{os.path.basename(sub.path)}", sub_sha)
+    return sub, sub_url, top_url, sha, sub_sha
+
+
+@pytest.mark.slow
+def test_history_full_waits_for_the_submodules_histories_too(root, daemon):
+    """Regression (review of issue 34): `--history full` of a superproject's commit answered
+    complete while its submodule's mirror was still shallow, and never started that history:
+    `git log` and `blame` inside the submodule stopped at its commit."""
+    sub, sub_url, top_url, sha, sub_sha = superproject(daemon)
+    answer = wait_ready(root, top_url, sha, timeout=120, env=HELD)
+    assert answer["history"] == "shallow"
+    for key in os.listdir(os.path.join(root, "repos")):
+        wait_until(lambda key=key: not locks.history_running(RootPaths(root).repo(key)), what="no history running")
+    lib = os.path.join(answer["path"], "vendor", "lib")
+    assert commits_in(lib) == 1
+    code, done, out = run_cli("ensure", top_url, sha, "--history", "full", "--wait", "120", root=root)
+    assert code == 0 and done["history"] == "complete", out
+    assert commits_in(done["path"]) == 3 and commits_in(lib) == 5
+    assert git("blame", "--porcelain", "lib.txt", cwd=lib)
+
+
+@pytest.mark.slow
+def test_history_full_of_a_complete_superproject_waits_for_a_shallow_submodule(root, daemon):
+    """The superproject's mirror complete (fetched whole), its submodule's commit fetched at depth 1
+    before: a plain answer says the superproject's history (complete), `--history full` waits for
+    the submodule's too (the ready path sees the shallow submodule mirror, one stat)."""
+    sub, sub_url, top_url, sha, sub_sha = superproject(daemon)
+    wait_ready(root, sub_url, sub_sha, env=HELD)
+    answer = wait_ready(root, top_url, sha, timeout=120, env={"CHECKOUTCACHE_FIRST_FETCH": "full", **HELD})
+    assert answer["history"] == "complete"
+    lib = os.path.join(answer["path"], "vendor", "lib")
+    assert commits_in(lib) == 1
+    cache = Cache(root)
+    first = cache.ensure(top_url, sha, history="full")
+    assert first.state == "cloning" and first.history == "shallow", first
+    done = cache.ensure(top_url, sha, history="full", wait=120)
+    assert done.state == "ready" and done.history == "complete", done
+    assert commits_in(lib) == 5
 
 
 @pytest.mark.slow
@@ -287,3 +341,61 @@ def test_a_workspace_of_a_shallow_checkout_has_its_own_boundary(root, served_ups
     assert (out / "shallow").read_text() == before
     assert int((out / "count").read_text()) == 2  # deepened in the workspace
     assert open(store.mirror_shallow).read() == before  # the mirror's boundary untouched
+
+
+def loose_objects(git_dir: str) -> list[str]:
+    objects = os.path.join(git_dir, "objects")
+    return [name + entry for name in os.listdir(objects) if len(name) == 2
+            for entry in os.listdir(os.path.join(objects, name))]
+
+
+def test_a_history_fetched_without_fsck_is_kept_whole(root, served_upstream, kill_log):
+    """Regression (review of issue 34): with CHECKOUTCACHE_FSCK=off git unpacks a fetch of fewer
+    than 100 objects into loose files (fetch.unpackLimit); the history installs history.git's
+    packs only, so it dropped the boundary and removed history.git while the mirror lacked the
+    commits it had just proven: "complete", and `git log` failed on a missing parent."""
+    repo, url = served_upstream
+    env = {"CHECKOUTCACHE_FSCK": "off"}
+    answer = wait_ready(root, url, repo.shas[-1], env={**env, **HELD})
+    no_history_running(root)
+    store = only_repo(root)
+    # Killed right after its fetch: what history.git holds is whole packs, nothing loose.
+    run_cli("ensure", url, repo.shas[-1], "--history", "full", root=root, env={**env, KILL_AT: "history-after-fetch"})
+    wait_until(lambda: os.path.exists(kill_log) and "history-after-fetch" in open(kill_log).read(),
+               what="the history's kill after its fetch")
+    no_history_running(root)
+    assert os.path.isdir(store.history_repo) and loose_objects(store.history_repo) == [], \
+        loose_objects(store.history_repo)
+    code, done, out = run_cli("ensure", url, repo.shas[-1], "--history", "full", "--wait", "60", root=root, env=env)
+    assert code == 0 and done["history"] == "complete", out
+    assert commits_in(answer["path"]) == len(repo.shas)  # git log reaches the root: every parent is there
+    git("fsck", "--connectivity-only", "--no-dangling", cwd=store.mirror)
+
+
+def test_a_history_repository_holding_loose_objects_is_installed_whole(root, served_upstream, kill_log):
+    """A history.git an older version left with loose objects (its fetch was unpacked): the install
+    packs them before it links history.git's packs, so no boundary entry goes while the mirror
+    lacks an object history.git proved."""
+    repo, url = served_upstream
+    answer = wait_ready(root, url, repo.shas[-1], env=HELD)
+    no_history_running(root)
+    store = only_repo(root)
+    run_cli("ensure", url, repo.shas[-1], "--history", "full", root=root, env={KILL_AT: "history-after-fetch"})
+    wait_until(lambda: os.path.exists(kill_log) and "history-after-fetch" in open(kill_log).read(),
+               what="the history's kill after its fetch")
+    no_history_running(root)
+    # As git's unpack-objects leaves a small fetch: every object loose, no pack.
+    pack_dir = os.path.join(store.history_repo, "objects", "pack")
+    (pack,) = [name for name in os.listdir(pack_dir) if name.endswith(".pack")]
+    aside = os.path.join(str(store.base), "pack-aside")
+    os.rename(os.path.join(pack_dir, pack), aside)
+    for name in os.listdir(pack_dir):
+        os.unlink(os.path.join(pack_dir, name))
+    with open(aside, "rb") as handle:
+        subprocess.run(["git", "-C", store.history_repo, "unpack-objects", "-q"], stdin=handle, check=True)
+    os.unlink(aside)
+    assert loose_objects(store.history_repo)
+    code, done, out = run_cli("ensure", url, repo.shas[-1], "--history", "full", "--wait", "60", root=root)
+    assert code == 0 and done["history"] == "complete", out
+    assert commits_in(answer["path"]) == len(repo.shas)
+    git("fsck", "--connectivity-only", "--no-dangling", cwd=store.mirror)

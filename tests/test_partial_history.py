@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from .helpers import GitDaemon, SHORT_BACKOFF, Upstream, git, only_repo, pid_alive, run_cli
+from .helpers import GitDaemon, SHORT_BACKOFF, Upstream, git, only_repo, pid_alive, run_cli, settled
 
 PARTIAL = {"CHECKOUTCACHE_FILTER": "blob:none", **SHORT_BACKOFF}
 
@@ -172,6 +172,7 @@ def test_a_fetch_killed_in_quarantine_leaves_the_mirror_as_it_was(root, history,
     daemon, served, url, shas = history
     code, answer, err = run_cli("ensure", url, shas["C"], "--wait", "60", root=root, env=PARTIAL)
     assert code == 0, err
+    settled(root)  # the history complete: the next commit is fetched into the mirror, through its quarantine
     store = only_repo(root)
     objects = os.path.join(store.mirror, "objects")
     kills = tmp_path / "kills"

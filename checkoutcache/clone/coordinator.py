@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import attrs
 
@@ -50,6 +50,14 @@ LOOKS_WHILE_LOCK_FLAPS = 3
 RECORD_GRACE = 0.5
 
 
+class Incomplete(NamedTuple):
+    """A repository whose history a checkout waits for: the boundary commits its commit reaches."""
+
+    paths: RepoPaths
+    url: str
+    reached: frozenset[str]
+
+
 # start(paths, checkout name, clone lock fd, config, credential, deaths, cone) -> the pid of a
 # worker that runs on (holding the lock it inherited), or None when the clone ran to its end here.
 Start = Callable[[RepoPaths, str, int, Config, Credential | None, int, Cone], int | None]
@@ -68,8 +76,9 @@ class Coordinator:
         self.history = history
         self.base = base
         self.fork = fork
-        self.started_history: dict | None = None  # the history process this coordinator started: pid
+        self.started_histories: dict[str, dict] = {}  # repository key -> the history process it started: pid
         self.started_search: dict | None = None  # the merge-base search it started: pid
+        self.reached_memo: dict[tuple, tuple] = {}  # boundary_reached's, by the shallow file it read
         self.root_paths = root_paths
         self.start = start
         self.config = config
@@ -91,39 +100,112 @@ class Coordinator:
 
     # ------------------------------------------------------------ after ready: history, merge base
     def after_ready(self, answer: Answer) -> Answer:
-        """A ready checkout, as the request wants it: with its whole history (history "full"),
-        with the merge base of a base (base); else cloning (the history, or the search, runs)."""
-        if self.history == "full" and answer.history == "shallow":
-            return self.history_step(answer)
+        """A ready checkout, as the request wants it: with its whole history (history "full":
+        the commit's own history and its submodules' complete, whatever other commits of their
+        repositories still lack), with the merge base of a base (base); else cloning (a
+        history, or the search, runs)."""
+        if self.history == "full":
+            waiting = self.incomplete_histories()
+            if waiting:
+                return self.history_step(waiting)
+            answer = attrs.evolve(answer, history="complete")
         if self.base is not None:
             return self.base_step(answer)
         return answer
 
-    def history_step(self, answer: Answer) -> Answer:
-        from checkoutcache.clone import history
+    def incomplete_histories(self) -> list[Incomplete]:
+        """The histories this checkout still misses: the commit's (it reaches a boundary commit of
+        the mirror: one rev-list) and each submodule commit's its marker lists (borrows)."""
+        marker = records.read_json(self.paths.ready_marker(self.name), records.MARKER) or {}
+        wanted = [(self.paths, self.sha, self.spec.url)]
+        for key, sha in marker.get("borrows") or []:
+            sub = self.root_paths.repo(key)
+            wanted.append((sub, sha, (records.read_json(sub.repo_json, records.REPO) or {}).get("url", "")))
+        missing = []
+        for paths, sha, url in wanted:
+            reached = self.boundary_reached(paths, [sha])
+            if reached:
+                missing.append(Incomplete(paths, url, reached))
+        return missing
 
-        if history.history_state(self.paths) == "complete":
-            return self.after_ready(self.ready())
-        if not locks.history_running(self.paths):
-            failure = history.history_failure(self.paths)
-            now = time.time()
-            if failure is not None and now < failure.retry_at:
-                return self.failed(Failure(code="HISTORY_FAILED", message=describe(
-                    "HISTORY_FAILED", detail=f"{failure.code}: {failure.message}")[0], next=describe(
-                    "HISTORY_FAILED", detail="")[1], attempts=failure.attempts, failed_at=failure.failed_at,
-                    retry_at=failure.retry_at), now)
-            pid = history.start_history(self.paths, self.config, self.credential, fork=self.fork)
-            if pid is not None:
-                self.started_history = {"pid": pid}
+    def boundary_reached(self, paths: RepoPaths, tips: list[str]) -> frozenset[str]:
+        """The boundary commits of the repository's mirror the tips' history reaches (none: it is
+        complete there). A mirror the git CLI cannot walk (a tip gone from it) counts as shallow
+        as a whole, as the repository's answer says. Walked again only when the mirror's shallow
+        file changed (every install renames a new one in): a wait looks every LOOK_AGAIN."""
+        from checkoutcache.git.boundary import read_shallow
+
+        try:
+            info = os.stat(paths.mirror_shallow)
+        except (FileNotFoundError, NotADirectoryError):
+            return frozenset()
+        if info.st_size == 0:
+            return frozenset()
+        seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+        memo = (paths.key, tuple(tips))
+        known = self.reached_memo.get(memo)
+        if known is not None and known[0] == seen:
+            return known[1]
+        backend = pick_backend(self.config.transport)
+        try:
+            reached = backend.boundary_reached(paths.mirror, tips)
+        except (AttributeError, CheckoutCacheError):
+            reached = read_shallow(paths.mirror)
+        self.reached_memo[memo] = (seen, reached)
+        return reached
+
+    def history_step(self, waiting: list[Incomplete], history: str = "shallow") -> Answer:
+        """cloning, with the progress of the first history that runs among those this checkout
+        waits for (each started when none runs); failed when one of them failed, and its failure
+        holds for what this checkout waits for (clone/history.py failure_covers), within its
+        back-off."""
+        from checkoutcache.clone import history as histories
+
+        now = time.time()
+        shown: tuple[dict, dict | None] | None = None
+        for item in waiting:
+            if not locks.history_running(item.paths):
+                failure = histories.history_failure(item.paths)
+                force = False
+                if failure is not None and now < failure.retry_at:
+                    if histories.failure_covers(item.paths, item.reached):
+                        return self.failed(self.history_failure(failure, item), now)
+                    force = True  # it failed on other commits' history: this one's is tried now
+                pid = histories.start_history(item.paths, self.config, self.credential_of(item.url), fork=self.fork,
+                                              force=force)
+                if pid is not None:
+                    self.started_histories[item.paths.key] = {"pid": pid}
+            if shown is None:
+                shown = (self.history_record(item.paths), self.started_histories.get(item.paths.key))
+        record, started = shown if shown is not None else ({}, None)
+        return self.owned_cloning(record, started, history=history, phase=histories.HISTORY_PHASE)
+
+    def history_record(self, paths: RepoPaths) -> dict:
+        """A history's record: its starter's first, then the process's own (with its pid), moments apart."""
         deadline = time.monotonic() + RECORD_GRACE
-        while True:  # its starter's record first, then the process's own (with its pid): moments apart
-            record = records.read_json(self.paths.history_record, records.HISTORY) or {}
-            if record.get("pid") or self.started_history or time.monotonic() >= deadline or \
-                    not locks.history_running(self.paths):
-                break
+        while True:
+            record = records.read_json(paths.history_record, records.HISTORY) or {}
+            if record.get("pid") or paths.key in self.started_histories or time.monotonic() >= deadline or \
+                    not locks.history_running(paths):
+                return record
             time.sleep(0.005)
-        return self.owned_cloning(record, self.started_history, history="shallow",
-                                  phase=history.HISTORY_PHASE)
+
+    def history_failure(self, failure: Failure, item: Incomplete) -> Failure:
+        """A history's failure as this checkout's answer says it: HISTORY_FAILED (said once), and
+        whose history it is when a submodule's."""
+        whose = "" if item.paths.key == self.paths.key else f" (the history of submodule repository {item.url})"
+        if failure.code == "HISTORY_FAILED":
+            return attrs.evolve(failure, message=failure.message + whose)
+        message, next_step = describe("HISTORY_FAILED", detail=f"{failure.code}: {failure.message}{whose}")
+        return attrs.evolve(failure, code="HISTORY_FAILED", message=message, next=next_step)
+
+    def credential_of(self, url: str) -> Credential | None:
+        """The credential a history of url may use: the request's where it applies there."""
+        if url == self.spec.url:
+            return self.credential
+        if self.credential is not None and self.credential.applies_to(url):
+            return self.credential
+        return credential_for(url, None, os.environ)
 
     def base_step(self, answer: Answer) -> Answer:
         from checkoutcache.clone import history
@@ -133,6 +215,12 @@ class Coordinator:
             return self.error(CheckoutCacheError("NO_MERGE_BASE", commit=self.sha, base=self.base))
         if found is not None:
             return attrs.evolve(answer, base=self.base, merge_base=found)
+        if history.base_handed_over(self.paths, self.name, self.base):
+            # The search deepened as far as it may: the background history completes the two
+            # commits' histories (BASE's ref is the mirror's), then the search answers at once.
+            reached = self.boundary_reached(self.paths, [self.sha, self.base])
+            if reached:
+                return self.history_step([Incomplete(self.paths, self.spec.url, reached)], history=answer.history)
         now = time.time()
         if not locks.base_search_running(self.paths, self.name):
             failure = history.base_failure(self.paths, self.name, self.base)

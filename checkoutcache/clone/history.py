@@ -23,22 +23,30 @@ fault tests (testhooks.py, named in brackets):
 2. [history-before-seed] bundles (CHECKOUTCACHE_BUNDLE_URI) into history.git, once;
 3. [history-before-fetch] [history-during-fetch] fetch, into <key>/history.git, every
    commit the mirror's refs name and history.git does not prove yet, by id (every branch
-   and tag when the server refuses ids), as a clone would: a repository of its own, no
+   and tag when the server refuses ids, then each commit still missing alone: one the
+   server no longer has keeps no other out), as a clone would: a repository of its own, no
    alternates, no shallow boundary, so the server answers from its bitmaps and sends
    each object once (a deepening of the shallow mirror costs 1.7x a clone: the server's
-   shallow walk). git's fsck choices apply (git/env.py); a partial mirror's history is
-   fetched with its filter and, where git cannot check a partial fetch with our choices,
-   checked by fsck after (git/quarantine.py); for a partial one every commit and tree its
-   refs reach is walked (git takes a missing one for promised);
+   shallow walk). What arrives stays a pack however small (`fetch.unpackLimit=1`: the
+   install links packs only). git's fsck choices apply (git/env.py); a partial mirror's
+   history is fetched with its filter and, where git cannot check a partial fetch with
+   our choices, checked by fsck after (git/quarantine.py); for a partial one every commit
+   and tree its refs reach is walked (git takes a missing one for promised);
 4. [history-after-fetch] what history.git proves: every commit its refs reach (git
    checked each ref's history connected, in a repository with nothing else);
 5. under locks/mirror.lock, for milliseconds: history.git's packs hard-linked into the
-   mirror (`.idx` last) [history-during-install], then [history-after-packs] the mirror's
-   shallow file loses every entry history.git proves and every one no ref of the mirror
-   reaches any more (git's own prune would drop those);
+   mirror (`.idx` last; loose objects, which an older version's fetch left, packed first:
+   none is ever left behind) [history-during-install], then [history-after-packs] the
+   mirror's shallow file loses every entry history.git proves and every one no ref of the
+   mirror reaches any more (git's own prune would drop those);
 6. [history-after-install] new refs came meanwhile (clones of new commits, fetched at
    depth 1): again from 3, fetching only what they add; complete: history.git goes, and
-   state/history.json says when.
+   state/history.json says when. Nothing moved and the mirror still shallow: the commits
+   left are those the server no longer gives (force-pushed away): HISTORY_FAILED, backing
+   off, naming them, with the boundary left (state/history.failed.json `boundary`): the
+   failure holds for the commits behind those entries alone (`--history full` of any
+   other commit answers complete, a commit fetched later starts the history at once),
+   and once their checkouts are evicted gc's prune drops the entries.
 
 Killed at any step, the store is consistent (the mirror's file claims at most less
 history than it has) and the next start resumes: history.git keeps what was fetched
@@ -47,13 +55,22 @@ already made are skipped, the shallow file is computed anew.
 
 The merge base (`BaseSearch`, `ensure HEAD --base BASE`): a detached process too, under
 locks/base-<name>.lock (one search per checkout at a time), at the answers' priority.
+BASE is kept in the mirror by refs/bases/<BASE> (so the checkout's git reads it, and the
+history completes it too) until gc drops it with the last checkout whose record names it.
 With a complete mirror, BASE is fetched as any new commit and `git merge-base` answers.
 With a shallow one, in a private view of the mirror (HEAD's keep-ref and BASE as its
-refs, HEAD's boundary as its shallow file, objects in its scratch): BASE at depth 1,
-then `--deepen` 1, 2, 4, ... commits (the view's boundary alone moves) until git finds
-a merge base above the boundary or the two histories are complete; then its objects go
-into the mirror with HEAD's new boundary, so HEAD's checkout reaches the merge base, and
-state/<name>.bases.json records it (the ready answer with `--base` reads it).
+refs, the boundary their histories reach as its shallow file, objects in its scratch):
+BASE at depth 1, then `--deepen` 1, 2, 4, ... commits (the view's boundary alone moves)
+until git's merge base is proven: every boundary commit the two reach is an ancestor of
+every merge base git finds (nothing hidden below can then be a better one), or the two
+histories are complete. The deepening stops at CHECKOUTCACHE_BASE_DEEPEN commits: the
+search then hands over to the background history (the answer is the history's progress,
+and the merge base is searched again, without a fetch, once the two histories are
+complete). Either way its objects go into the mirror with every boundary entry they need,
+HEAD's side and BASE's, unless the mirror's history completed meanwhile (nothing of the
+view goes in: the complete mirror is searched instead), and state/<name>.bases.json
+records the merge base (the ready answer with `--base` reads it; a record of an older
+version, whose merge bases were never proven, is not read).
 """
 
 from __future__ import annotations
@@ -79,7 +96,7 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe, is_disk_full
 from checkoutcache.git import mirror as mirror_module
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, GitKilled, keep_ref, mirror_config, \
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, GitKilled, base_ref, keep_ref, mirror_config, \
     partial_mirror_config
 from checkoutcache.git.shallow import is_shallow, read_shallow, write_shallow
 from checkoutcache.git.transport import pick_backend
@@ -126,6 +143,18 @@ def history_failure(paths: RepoPaths):
     return read_failure(paths.history_failure)
 
 
+def failure_covers(paths: RepoPaths, reached: frozenset[str]) -> bool:
+    """Whether the history's last failure holds for these boundary commits: it does for a failure
+    of the repository's whole history (the server down, a refused object, no room), and for one
+    that completed every commit but those the server no longer has only when these are among
+    the boundary commits it left (a commit fetched since is not kept waiting behind it)."""
+    record = records.read_json(paths.history_failure) or {}
+    left = record.get("boundary")
+    if not isinstance(left, list):
+        return True
+    return reached <= frozenset(left)
+
+
 # ---------------------------------------------------------------- starting
 def start_history(paths: RepoPaths, config: Config, credential: Credential | None, fork: bool = False,
                   force: bool = False) -> int | None:
@@ -136,8 +165,9 @@ def start_history(paths: RepoPaths, config: Config, credential: Credential | Non
     if not getattr(backend, "supports_shallow", False) or not is_shallow(paths.mirror):
         return None
     failure = history_failure(paths)
-    if failure is not None and time.time() < failure.retry_at and not force:
-        return None
+    if failure is not None and time.time() < failure.retry_at and not force and failure_covers(paths, read_shallow(
+            paths.mirror)):
+        return None  # backing off (a commit fetched since at depth 1 is not kept waiting by it)
     held = locks.history_of(paths)
     if held is None:
         return None  # one runs
@@ -400,6 +430,11 @@ class History(Job):
         self.seeded: bool | None = None
         self.space_short: str | None = None  # set by the watch when the disk went below the reserve
         self.filter = None
+        # Commits the server no longer gives (refused by id, and on no branch or tag): not asked
+        # for again in this run.
+        self.unfetchable: set[str] = set()
+        # The boundary left when only such commits' histories were missing (the failure says so).
+        self.left: frozenset[str] | None = None
 
     @property
     def repo(self) -> str:
@@ -421,7 +456,8 @@ class History(Job):
         previous = read_failure(self.paths.history_failure)
         failure = next_failure(previous, code, message, next_step, time.time(), self.config.backoff,
                                self.config.backoff_max)
-        records.write_json(self.paths.history_failure, failure.to_record())
+        left = {"boundary": sorted(self.left)} if self.left is not None and code == "HISTORY_FAILED" else {}
+        records.write_json(self.paths.history_failure, {**failure.to_record(), **left})
         self.forget_record()
         self.log(f"failed: {code}: {message} (attempt {failure.attempts}, retried in "
                  f"{failure.retry_at - failure.failed_at:.0f}s)")
@@ -437,13 +473,13 @@ class History(Job):
             self.filter = self.backend.partial_filter(self.paths.mirror)
             self.prepare_repo()
             proven = self.proven()
-            wanted = self.wanted(proven)
+            wanted = self.wanted(proven) - self.unfetchable
             if wanted:
                 self.check_space()
                 self.seed()
                 self.yield_to_clones()
                 checkpoint("history-before-fetch")
-                self.fetch(wanted)
+                self.unfetchable |= self.fetch(wanted)
                 checkpoint("history-after-fetch")
                 proven = self.proven()
             dropped = self.install(proven)
@@ -452,11 +488,15 @@ class History(Job):
             if not is_shallow(self.paths.mirror):
                 break
             if not dropped and not (wanted & proven):
-                # Nothing moved: what is left cannot be completed from this server now.
+                # Nothing moved: what is left cannot be completed from this server now. Every
+                # commit whose history it has is complete (its entries went); the boundary left
+                # is that of the commits it cannot fetch, and the failure holds for them alone.
                 missing = sorted(self.wanted(proven))
-                detail = (f"{len(missing)} commit(s) the mirror keeps could not be fetched with their history "
-                          f"(refused by id, and on no branch or tag), e.g. {missing[0]}" if missing else
-                          f"{len(read_shallow(self.paths.mirror))} boundary commit(s) could not be completed")
+                self.left = read_shallow(self.paths.mirror)
+                detail = (f"{len(missing)} commit(s) the mirror keeps are no longer on the server (refused by id, "
+                          f"and on no branch or tag: force-pushed away?), e.g. {missing[0]}; their checkouts stay "
+                          f"shallow, every other commit's history is complete" if missing else
+                          f"{len(self.left)} boundary commit(s) could not be completed")
                 raise CheckoutCacheError("HISTORY_FAILED", detail=detail)
         self.finish()
 
@@ -526,34 +566,55 @@ class History(Job):
             self.on_progress({"phase": "waiting for clones"})
             time.sleep(0.2)
 
-    def fetch(self, wanted: set[str]) -> None:
+    def fetch(self, wanted: set[str]) -> set[str]:
         """Every wanted commit's history into history.git, by id (all branches and tags when the
-        server refuses ids), the disk watched."""
+        server refuses ids), the disk watched. The commits the server no longer gives: refused
+        by id and on no branch or tag (each wanted commit still missing is asked for alone, so
+        one force-pushed away keeps no other out)."""
         self.on_progress({"phase": HISTORY_PHASE})
         refspecs = [f"+{sha}:{keep_ref(sha)}" for sha in sorted(wanted)]
         self.log(f"fetching the history of {len(refspecs)} commit(s)")
         received: dict[str, int] = {}
         track = tracking(received, self.on_progress)
+        unfetchable: set[str] = set()
         try:
-            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log))
+            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log,
+                                                    whole_packs=True))
         except CheckoutCacheError as exc:
             if exc.code == "DISK_FULL":
                 raise
             self.log(f"fetch by id refused ({exc.detail}); fetching every branch and tag")
             self.watched(lambda: self.backend.fetch(self.repo, self.url, ALL_BRANCHES_AND_TAGS, self.credential,
-                                                    track, self.log))
+                                                    track, self.log, whole_packs=True))
+            left = sorted(wanted - self.proven())
+            for sha in left if len(wanted) > 1 else ():
+                try:
+                    self.watched(lambda sha=sha: self.backend.fetch(self.repo, self.url, [f"+{sha}:{keep_ref(sha)}"],
+                                                                    self.credential, track, self.log,
+                                                                    whole_packs=True))
+                except CheckoutCacheError as refused:
+                    if refused.code == "DISK_FULL":
+                        raise
+                    unfetchable.add(sha)
+            if len(wanted) == 1:
+                unfetchable.update(left)
+            if unfetchable:
+                self.log(f"{len(unfetchable)} commit(s) the server no longer gives: {' '.join(sorted(unfetchable))}")
         if self.filter is not None and not self.backend.is_sound(self.repo):
             # A partial fetch's connectivity check takes a missing commit or tree for promised,
             # and a commit already there (a bundle's stray) for fetched: asked for again as a
             # new clone would, then every commit and tree the refs reach is walked (blobs
             # alone may be promised).
             self.log("the history's commits or trees are not all there; fetching them again whole")
-            self.watched(lambda: self.backend.fetch(self.repo, self.url, refspecs, self.credential, track, self.log,
-                                                    refetch=True))
+            again = [f"+{sha}:{keep_ref(sha)}" for sha in sorted(wanted - unfetchable)]
+            if again:
+                self.watched(lambda: self.backend.fetch(self.repo, self.url, again, self.credential, track, self.log,
+                                                        refetch=True, whole_packs=True))
             if not self.backend.is_sound(self.repo):
                 raise CheckoutCacheError("CLONE_FAILED", detail="the server sent a history with commits or trees "
                                                                 "missing")
         count_upstream(self.paths, received)
+        return unfetchable
 
     def watched(self, fetch: Callable[[], object]) -> None:
         """Run a fetch with the disk watched: below the reserve, its git is stopped."""
@@ -585,7 +646,12 @@ class History(Job):
 
     def install(self, proven: set[str]) -> int:
         """history.git's objects into the mirror, then the boundary entries they complete go;
-        under the mirror lock. How many entries went."""
+        under the mirror lock. How many entries went.
+
+        Only packs are linked, so history.git must hold nothing else: its fetches keep what
+        arrives as a pack (whole_packs), and loose objects (a history.git an older version
+        fetched into) are packed first; one left loose and no boundary entry goes."""
+        self.pack_loose()
         pack_dir = os.path.join(self.repo, "objects", "pack")
         names = sorted((n for n in _files(pack_dir) if n.startswith("pack-") and n.rsplit(".", 1)[-1] in _PACK_ORDER),
                        key=lambda n: _PACK_ORDER[n.rsplit(".", 1)[1]])
@@ -611,6 +677,16 @@ class History(Job):
             self.log(f"history installed: {len(boundary) - len(left)} of {len(boundary)} boundary commit(s) "
                      f"completed")
         return len(boundary) - len(left)
+
+    def pack_loose(self) -> None:
+        """history.git's loose objects into a pack of their own (we hold its only writer's lock)."""
+        if not loose_objects_in(self.repo):
+            return
+        self.log("packing history.git's loose objects (the install links packs only)")
+        self.backend.pack_loose_objects(self.repo)
+        if loose_objects_in(self.repo):
+            raise CheckoutCacheError("HISTORY_FAILED", detail="history.git holds loose objects that could not be "
+                                                              "packed: nothing of it is installed")
 
     def install_bundle_refs(self) -> None:
         """What seeding took in (refs/bundles/ of history.git, each checked connected there) is the
@@ -644,6 +720,12 @@ class History(Job):
         self.log(f"history complete after {self.rounds} round(s), {time.time() - self.started_at:.1f}s")
 
 
+def loose_objects_in(git_dir: str) -> bool:
+    """Whether the repository holds an object outside its packs (objects/<2 hex>/...)."""
+    objects = os.path.join(git_dir, "objects")
+    return any(len(name) == 2 and _files(os.path.join(objects, name)) for name in _files(objects))
+
+
 def _files(directory: str) -> list[str]:
     try:
         return os.listdir(directory)
@@ -652,8 +734,30 @@ def _files(directory: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- the merge base
+# Which version of the search wrote a checkout's bases record: an older one's merge bases are
+# never read (it answered the first merge base a shallow view showed, which a boundary may
+# have hidden a better one from), so they are searched again.
+BASES_VERSION = 2
+
+
+class _Verdict:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# What the merge-base search may conclude besides a merge base ("" for none):
+NOT_PROVEN = _Verdict("NOT_PROVEN")  # the boundary could still hide a better one: deepen
+HAND_OVER = _Verdict("HAND_OVER")  # deepened as far as it may: the background history brings the rest
+
+
 def bases_of(paths: RepoPaths, name: str) -> dict:
-    return records.read_json(paths.bases_record(name), records.BASES) or {"bases": {}}
+    record = records.read_json(paths.bases_record(name), records.BASES)
+    if record is None or record.get("version") != BASES_VERSION:
+        return {"bases": {}}
+    return record
 
 
 def merge_base_of(paths: RepoPaths, name: str, base: str) -> str | None:
@@ -662,21 +766,36 @@ def merge_base_of(paths: RepoPaths, name: str, base: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def base_handed_over(paths: RepoPaths, name: str, base: str) -> bool:
+    """Whether the search of BASE's merge base reached CHECKOUTCACHE_BASE_DEEPEN unproven: it is
+    answered once the background history has completed the two commits' histories."""
+    handed = bases_of(paths, name).get("handed_over")
+    return isinstance(handed, dict) and base in handed
+
+
 def note_search(paths: RepoPaths, name: str, base: str, search: dict | None,
-                result: str | None = None, failure: dict | None = None) -> None:
+                result: str | None = None, failure: dict | None = None, handed_over: bool = False) -> None:
     """The checkout's bases record with this search's state (its owner and progress, or its
-    result, or its failure). Written whole, by the search's lock holder only."""
+    result, its failure, or its hand-over to the history). Written whole, by the search's lock
+    holder only."""
     record = bases_of(paths, name)
     bases = dict(record.get("bases") or {})
     failures = dict(record.get("failures") or {}) if isinstance(record.get("failures"), dict) else {}
+    handed = dict(record.get("handed_over") or {}) if isinstance(record.get("handed_over"), dict) else {}
     if result is not None:
         bases[base] = result
         failures.pop(base, None)
-        while len(bases) > MAX_BASES:
-            bases.pop(next(iter(bases)))
+        handed.pop(base, None)
     if failure is not None:
         failures[base] = failure
-    value = {"bases": bases, "at": time.time(), "failures": failures}
+    if handed_over:
+        handed[base] = time.time()
+        failures.pop(base, None)
+    for kept in (bases, handed):
+        while len(kept) > MAX_BASES:
+            kept.pop(next(iter(kept)))
+    value = {"version": BASES_VERSION, "bases": bases, "at": time.time(), "failures": failures,
+             "handed_over": handed}
     if search is not None:
         value["searching"] = {"base": base, **search}
     records.write_json(paths.bases_record(name), value)
@@ -687,6 +806,25 @@ def base_failure(paths: RepoPaths, name: str, base: str):
 
     failures = bases_of(paths, name).get("failures")
     return Failure.from_record(failures.get(base)) if isinstance(failures, dict) else None
+
+
+def bases_in_use(paths: RepoPaths) -> set[str]:
+    """The bases whose refs (refs/bases/) the mirror keeps (gc drops the others): every base the
+    merge-base record of a checkout that exists names, and the one a running search looks for
+    (it writes the ref under the mirror lock, then its record)."""
+    used: set[str] = set()
+    for name in paths.bases_record_names():
+        running = locks.base_search_running(paths, name)
+        if not running and not tree.lexists(paths.checkout(name)):
+            continue
+        record = records.read_json(paths.bases_record(name), records.BASES) or {}
+        for field in ("bases", "failures", "handed_over"):
+            if isinstance(record.get(field), dict):
+                used |= {base for base in record[field] if isinstance(base, str)}
+        searching = record.get("searching")
+        if running and isinstance(searching, dict) and isinstance(searching.get("base"), str):
+            used.add(searching["base"])
+    return used
 
 
 class BaseSearch(Job):
@@ -724,6 +862,11 @@ class BaseSearch(Job):
         else:
             found = self.search_complete()
         with self._finishing:
+            if found is HAND_OVER:
+                note_search(self.paths, self.name, self.base, None, handed_over=True)
+                self.log(f"no merge base proven within {self.config.base_deepen} commit(s) of deepening: handed "
+                         f"over to the background history (the merge base is answered once it is complete)")
+                return
             note_search(self.paths, self.name, self.base, None, result=found or "")
         self.log(f"merge base: {found or 'none (the histories are unrelated)'}")
 
@@ -734,7 +877,8 @@ class BaseSearch(Job):
             raise not_a_commit(self.base, *kind)
 
     def search_complete(self) -> str | None:
-        """A complete mirror: BASE fetched as a new commit is (its history connected), then git's merge-base."""
+        """A complete mirror: BASE fetched as a new commit is (its history connected), kept by its
+        ref (refs/bases/: gc drops it with the checkout's record), then git's merge-base."""
         with locks.mirror_write(self.paths, timeout=max(1.0, self.timeout)) as mirror_lock:
             keep_fds = (mirror_lock.fileno(),)
             kind = self.backend.object_kind(self.paths.mirror, self.base)
@@ -749,69 +893,108 @@ class BaseSearch(Job):
                         raise
                     raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail=f"the base: {exc.detail}")
                 self.found_base(self.backend.object_kind(self.paths.mirror, self.base))
+            if hasattr(self.backend, "update_refs"):
+                self.backend.update_refs(self.paths.mirror, {base_ref(self.base): self.base}, keep_fds)
             return self.backend.merge_base(self.paths.mirror, self.sha, self.base)
 
-    def search_shallow(self) -> str | None:
+    def search_shallow(self) -> str | None | _Verdict:
+        """A shallow mirror, in a private view of it (HEAD's keep-ref and BASE's ref as its refs,
+        the boundary their histories reach as its shallow file, objects in the scratch): BASE at
+        depth 1, then `--deepen` 1, 2, 4, ... (CHECKOUTCACHE_BASE_DEEPEN in all at most) until
+        git's merge base is proven (proven_merge_base). What came goes into the mirror with
+        every boundary entry it needs, HEAD's side and BASE's, and BASE's ref; a mirror whose
+        history completed meanwhile takes none of it (its merge base is searched there)."""
         from checkoutcache.git.shallow import Fetched, make_incoming
         from checkoutcache.git.view import private_view
         from checkoutcache.store.scratch import create_scratch
 
+        mirror = self.paths.mirror
+        head_ref, kept_ref = keep_ref(self.sha), base_ref(self.base)
+        refs = {head_ref: self.sha}
+        if self.backend.refs_named(mirror, kept_ref).get(kept_ref, ("", ""))[0] == self.base:
+            refs[kept_ref] = self.base  # an earlier search's (one handed over): here down to the boundary
+        start = self.backend.boundary_reached(mirror, list(refs.values()))
+        boundary = start
+        filter = self.backend.partial_filter(mirror)
         scratch = create_scratch(self.paths, self.sha)
         try:
-            mirror = self.paths.mirror
             incoming = make_incoming(RepoPaths.scratch_incoming(scratch.path), mirror)
-            head_ref, base_ref = keep_ref(self.sha), f"refs/base/{self.base}"
-            refs = {head_ref: self.sha}
-            start = read_shallow(mirror) & self.backend.reachable_commits(mirror, [self.sha])
-            boundary = start
-            filter = self.backend.partial_filter(mirror)
 
             def in_view(operation):
                 with private_view(mirror, filter, objects=incoming, refs=refs, shallow=boundary) as view:
                     return operation(view)
 
             self.on_progress({"phase": BASE_PHASE, "depth": 0})
-            kind = in_view(lambda view: self.backend.object_kind(view, self.base))
-            self.found_base(kind)
-            try:
-                fetched = self.backend.fetch_privately(mirror, incoming, self.url, [f"+{self.base}:{base_ref}"],
-                                                       self.credential, self.on_progress, self.log, depth=1,
-                                                       refs=refs, shallow=boundary)
-            except CheckoutCacheError as exc:
-                if exc.code == "DISK_FULL":
-                    raise
-                raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail=f"the base: {exc.detail}")
-            refs, boundary = fetched.refs_after, fetched.shallow_after
-            if base_ref not in refs:
-                raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail="the base was not sent")
-            self.found_base(in_view(lambda view: self.backend.object_kind(view, self.base)))
+            if kept_ref not in refs:
+                self.found_base(in_view(lambda view: self.backend.object_kind(view, self.base)))
+                try:
+                    fetched = self.backend.fetch_privately(mirror, incoming, self.url, [f"+{self.base}:{kept_ref}"],
+                                                           self.credential, self.on_progress, self.log, depth=1,
+                                                           refs=refs, shallow=boundary)
+                except CheckoutCacheError as exc:
+                    if exc.code == "DISK_FULL":
+                        raise
+                    raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail=f"the base: {exc.detail}")
+                refs, boundary = fetched.refs_after, fetched.shallow_after
+                if kept_ref not in refs:
+                    raise CheckoutCacheError("UNKNOWN_COMMIT", commit=self.base, detail="the base was not sent")
+                self.found_base(in_view(lambda view: self.backend.object_kind(view, self.base)))
             depth, step = 0, 1
-            found = in_view(lambda view: self.backend.merge_base(view, self.sha, self.base))
-            while found is None:
-                ends = in_view(lambda view: self.backend.reachable_commits(view, [self.sha, self.base]))
-                if not boundary & ends:
-                    break  # both histories complete, no merge base: unrelated
+            found = self.proven_merge_base(in_view, boundary)
+            while found is NOT_PROVEN:
+                if depth >= self.config.base_deepen:
+                    found = HAND_OVER
+                    break
+                step = min(step, self.config.base_deepen - depth)
                 self.on_progress({"phase": BASE_PHASE, "depth": depth})
                 fetched = self.backend.fetch_privately(mirror, incoming, self.url, [self.sha, self.base],
                                                        self.credential, self.on_progress, self.log, deepen=step,
                                                        refs=refs, shallow=boundary)
                 if fetched.shallow_after == boundary:
-                    break  # nothing deeper came: the server's history ends here
+                    found = HAND_OVER  # nothing deeper came: only the whole history can tell
+                    break
                 boundary = fetched.shallow_after
                 depth += step
                 step *= 2
-                found = in_view(lambda view: self.backend.merge_base(view, self.sha, self.base))
-            head_side = in_view(lambda view: self.backend.reachable_commits(view, [self.sha]))
-            final = frozenset(boundary & head_side)
+                found = self.proven_merge_base(in_view, boundary)
+            # Every boundary entry the objects fetched need, BASE's side too: the checkout's git
+            # reads BASE (`git merge-base HEAD BASE`) and must stop where its history stops.
+            final = frozenset(boundary & in_view(lambda view: self.backend.reachable_commits(
+                view, [self.sha, self.base])))
             with locks.mirror_write(self.paths, timeout=max(1.0, self.timeout)) as mirror_lock:
-                self.backend.install_fetched(mirror, Fetched(incoming, {}, {}, start, final, False),
-                                             (mirror_lock.fileno(),), refs=[])
-                if not self.backend.is_connected(mirror, self.sha):
-                    raise CheckoutCacheError("CLONE_FAILED", detail=f"{self.sha}'s deepened history is not all "
-                                                                    f"there")
+                completed = not is_shallow(mirror)
+                if not completed:
+                    self.backend.install_fetched(mirror, Fetched(incoming, {}, {kept_ref: self.base}, start, final,
+                                                                 False), (mirror_lock.fileno(),), refs=[kept_ref])
+                    if not self.backend.is_connected(mirror, self.sha):
+                        raise CheckoutCacheError("CLONE_FAILED", detail=f"{self.sha}'s deepened history is not all "
+                                                                        f"there")
+            if completed:
+                # Installing a boundary into it would make it shallow again: nothing of the view goes in.
+                self.log("the mirror's history completed during the search: the merge base is searched there")
+                return self.search_complete()
             return found
         finally:
             scratch.discard()
+
+    def proven_merge_base(self, in_view: Callable, boundary: frozenset[str]) -> str | _Verdict:
+        """git's merge base of the two commits as the view shows them, once no commit its boundary
+        hides can change it: every boundary commit the two reach is an ancestor of every merge base
+        git finds above it (all that lies below is then older than each of them, so none of it is
+        a better one, nor joins two of them). "" when both histories are complete and share
+        nothing; NOT_PROVEN while the boundary could hide a better one (a short line to an old
+        common commit found before a long one to a newer)."""
+        candidates = in_view(lambda view: self.backend.merge_bases(view, self.sha, self.base))
+        reached = in_view(lambda view: self.backend.boundary_reached(view, [self.sha, self.base]))
+        if not reached:
+            return candidates[0] if candidates else ""
+        if not candidates:
+            return NOT_PROVEN
+        for candidate in candidates:
+            below = in_view(lambda view, candidate=candidate: self.backend.boundary_reached(view, [candidate]))
+            if not reached <= below:
+                return NOT_PROVEN
+        return candidates[0]  # what `git merge-base` answers: the first of `--all`
 
 
 def main(argv: list[str] | None = None) -> int:

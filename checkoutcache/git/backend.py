@@ -121,10 +121,17 @@ ALL_BRANCHES_AND_TAGS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*
 REVIEW_PREFIX = "refs/review/"
 # What seeding took in from bundles, one namespace per bundle (bundles/gitbundle.py).
 BUNDLE_REFS = "refs/bundles/"
+# The bases a review asked a merge base with (`ensure --base`, clone/history.py): kept, with the
+# history fetched of them, for as long as a checkout's merge-base record names them (gc).
+BASE_PREFIX = "refs/bases/"
 
 
 def keep_ref(sha: str) -> str:
     return KEEP_PREFIX + sha
+
+
+def base_ref(sha: str) -> str:
+    return BASE_PREFIX + sha
 
 
 def lfs_endpoint(url: str, is_local: bool) -> str | None:
@@ -259,8 +266,10 @@ class GitBackend(Protocol):
     # True when a partial mirror's server ignored its filter (it sent every object).
     # refetch: ask for the wanted commits' objects as a new clone would, whatever the mirror
     # holds (a commit there without its history would otherwise count as fetched).
+    # whole_packs: what arrives stays a pack, however few its objects (never unpacked loose).
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False) -> bool: ...
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False,
+              whole_packs: bool = False) -> bool: ...
     # Partial mirrors only (supports_partial): the blobs a checkout needs that the mirror
     # lacks, their fetch in one request, and a new mirror's fallback to a full one.
     def missing_blobs(self, mirror: str, sha: str, cone: tuple[str, ...] = ()) -> list[str]: ...

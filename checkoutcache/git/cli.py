@@ -539,18 +539,23 @@ class GitCliBackend(ShallowOps):
             return False
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False) -> bool:
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False,
+              whole_packs: bool = False) -> bool:
         """Fetch into the mirror; into a partial one always with its filter (an unfiltered pack
         there is not a promisor pack, and gc would drop what only promisor commits reach).
+        whole_packs: what arrives is kept as a pack however few its objects (git unpacks a
+        fetch of fewer than fetch.unpackLimit objects into loose files unless fsck is on):
+        for a repository whose packs are linked elsewhere (the background history's).
         True when the server ignored the filter (it sent every object)."""
         secrets = secrets_of(credential)
         filter = self.partial_filter(mirror)
         again = ["--refetch"] if refetch else []  # git 2.36+
+        packed = ["-c", "fetch.unpackLimit=1"] if whole_packs else []  # beats every config file
         if filter is None:
-            cmd = ["fetch", "--no-tags", "--no-write-fetch-head", "--progress", *again, "--", url, *refspecs]
+            cmd = [*packed, "fetch", "--no-tags", "--no-write-fetch-head", "--progress", *again, "--", url, *refspecs]
         else:
             remote, remote_config = one_time_promisor_remote(url, filter)
-            cmd = [*remote_config, "fetch", "--no-tags", "--no-write-fetch-head",
+            cmd = [*packed, *remote_config, "fetch", "--no-tags", "--no-write-fetch-head",
                    "--progress", *again, f"--filter={filter}", remote, *refspecs]
         log("$ git " + redact(" ".join(cmd), secrets))
         output = self._fetch_through_view(mirror, filter, cmd, credential, url, on_progress, log, secrets, keep_fds)

@@ -294,9 +294,11 @@ class Pygit2Backend:
         return None
 
     def fetch(self, mirror: str, url: str, refspecs: list[str], credential: Credential | None,
-              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False) -> bool:
+              on_progress: Progress, log: Log, keep_fds: tuple[int, ...] = (), refetch: bool = False,
+              whole_packs: bool = False) -> bool:
         # refetch is not libgit2's to give: its mirrors are never partial, and a bundle's
-        # stray commits are dropped after seeding (seed_mirror reachable_only).
+        # stray commits are dropped after seeding (seed_mirror reachable_only). whole_packs is
+        # what libgit2 always does: its indexer writes every fetch as a pack, never loose objects.
         import pygit2
 
         secrets = secrets_of(credential)

@@ -56,9 +56,6 @@ from checkoutcache.git.env import git_env
 from checkoutcache.git.messages import FILTER_REFUSED, last_meaningful_line
 from checkoutcache.git.view import private_view, read_view_shallow
 from checkoutcache.store import modes
-# How far `--base` deepens a shallow history at most (commits behind each of the two): past
-# that the merge base is searched in the whole history, which the background fetch brings.
-MAX_DEEPEN = 1 << 14
 
 
 def mirror_is_empty(mirror: str) -> bool:
@@ -180,6 +177,16 @@ class ShallowOps:
         if done.returncode != 0:
             raise CheckoutCacheError("CLONE_FAILED", detail=f"refs could not be written: {done.stderr.strip()[-200:]}")
 
+    def drop_refs(self, git_dir: str, refs: list[str], keep_fds: tuple[int, ...] = ()) -> None:
+        """Delete these refs, in one transaction (the caller holds the repository's lock)."""
+        if not refs:
+            return
+        done = subprocess.run([self.git, "-C", git_dir, "update-ref", "--stdin"],
+                              input="".join(f"delete {ref}\n" for ref in sorted(refs)), text=True,
+                              capture_output=True, env=git_env(), cwd="/", pass_fds=keep_fds)
+        if done.returncode != 0:
+            raise CheckoutCacheError("CLONE_FAILED", detail=f"refs could not be deleted: {done.stderr.strip()[-200:]}")
+
     def refs_named(self, git_dir: str, prefix: str = "") -> dict[str, tuple[str, str]]:
         """ref -> (id, the object's type) of the repository's refs (under prefix)."""
         done = self._run(["-C", git_dir, "for-each-ref", "--format=%(objectname) %(objecttype) %(refname)",
@@ -218,6 +225,33 @@ class ShallowOps:
         if done.returncode != 0:
             raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
         return set(done.stdout.split())
+
+    def pack_loose_objects(self, git_dir: str) -> None:
+        """The repository's loose objects into one new pack, the loose files then removed
+        (`repack -d` without -a: existing packs stay as they are)."""
+        done = self._run(["-C", git_dir, "repack", "-d", "-q", "--no-write-bitmap-index"])
+        if done.returncode != 0:
+            raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
+
+    def boundary_reached(self, git_dir: str, tips: list[str]) -> frozenset[str]:
+        """The repository's boundary commits the tips' history reaches (none: it is complete
+        here). One walk, listing only the commits without parents (git takes a boundary commit
+        for one); a tip the repository lacks is a CheckoutCacheError."""
+        boundary = read_shallow(git_dir)
+        if not boundary:
+            return frozenset()
+        done = subprocess.run([self.git, "-C", git_dir, "rev-list", "--max-parents=0", "--stdin"],
+                              capture_output=True, text=True, env=git_env(), cwd="/",
+                              input="".join(t + "\n" for t in tips))
+        if done.returncode != 0:
+            raise git_failure(done.stderr, last_meaningful_line(done.stderr), [])
+        return boundary & frozenset(done.stdout.split())
+
+    def merge_bases(self, git_dir: str, a: str, b: str) -> list[str]:
+        """Every best common ancestor of two commits as far as the repository's history goes
+        (`merge-base --all`; none: none found above its boundary, or a commit is missing)."""
+        done = self._run(["-C", git_dir, "merge-base", "--all", a, b])
+        return done.stdout.split() if done.returncode == 0 else []
 
     def merge_base(self, git_dir: str, a: str, b: str) -> str | None:
         """The merge base of two commits as far as the repository's history goes (None: none

@@ -75,6 +75,9 @@ alone (a rollback cannot corrupt what a newer version made).
             │                      being made, so maintenance never drops objects one borrows.
             │                      refs/spares/<sha> (gc's alone) for every spare's commit: its
             │                      history stays, so a nearby commit needs little fetched.
+            │                      refs/bases/<sha> for every base an existing checkout's
+            │                      merge-base record names (`ensure --base`): BASE and its
+            │                      history down to the boundary; gc drops the others.
             │                      refs/bundles/ holds what seeding took in from bundles;
             │                      refs/heads/ and refs/tags/ what `bundle publish` fetched.
             │                      Its config names lfs/ as git-lfs's lfs.storage.
@@ -206,10 +209,14 @@ alone (a rollback cannot corrupt what a newer version made).
             │   │                      once complete, when and in how many rounds. Written whole.
             │   ├── history.failed.json the history's last failure: code, message, attempts, retry
             │   │                      time (a back-off as a clone's); removed when it completes.
+            │   │                      `boundary`: when only commits the server no longer has were
+            │   │                      left, the boundary they leave (the failure holds for it alone).
             │   ├── <name>.bases.json  the merge bases asked of the checkout's commit (`--base`):
-            │   │                      base -> merge base ("" for none), the search running and
-            │   │                      failures with their back-off. Written whole by the holder of
-            │   │                      locks/base-<name>.lock; removed by gc with the checkout.
+            │   │                      version 2, base -> merge base ("" for none), the search
+            │   │                      running, failures with their back-off, and the bases handed
+            │   │                      over to the background history (`handed_over`). Written whole
+            │   │                      by the holder of locks/base-<name>.lock; removed by gc with
+            │   │                      the checkout; one of an older version is not read.
             │   ├── mirror-gc.json     when gc last repacked the mirror, and whether keep-refs
             │   │                      were dropped since (a repack is then due at the interval);
             │   │                      lfs_pending: an LFS prune of lfs/ could not run yet.

@@ -174,8 +174,9 @@ SEED = schema({"seeded": one_of(True, False)},
 HISTORY = schema({"started_at": finite},
                  {"pid": count, "pid_start": finite, "pidns": text, "progress": mapping, "rounds": count,
                   "completed_at": finite, "seconds": finite, "seeded": one_of(True, False), "note": text})
-# A merge base a review asked for (state/<name>.bases.json, clone/history.py): base -> merge base.
-BASES = schema({"bases": mapping}, {"at": finite})
+# A merge base a review asked for (state/<name>.bases.json, clone/history.py): base -> merge base;
+# version: the search's (an older version's merge bases are not read).
+BASES = schema({"bases": mapping}, {"at": finite, "version": count})
 LIMITS = schema({"limits": mapping, "writer": one_of("serve", "gc"), "at": finite},
                 {"pid": count, "version": text})
 UNREMOVABLE = schema({"entries": list_of(mapping)}, {"checked_at": finite})

@@ -10,7 +10,8 @@ the next run):
   request's URL is not known to gc: the next clone of that repository starts it);
 - a complete mirror with a history.git left by a history killed after it completed the
   mirror and before it removed its own repository: removed, under locks/history.lock
-  (tried: a running history keeps it);
+  (tried: a running history keeps it); its history's last failure, if any, goes (the
+  commits it held for were pruned with their checkouts);
 - the merge-base records of checkouts that are gone.
 What it did is in the repository's entry of the report's `mirrors` (`history`).
 """
@@ -41,6 +42,10 @@ def follow_history(paths: RepoPaths, config: Config, entry: dict | None, dry_run
     if entry is not None:
         entry["history"] = state
     if state == "complete":
+        if not dry_run:
+            # A failure for commits whose boundary gc's prune dropped since (their checkouts gone):
+            # nothing is left for it to hold for.
+            records.remove_quietly(paths.history_failure)
         if tree.lexists(paths.history_repo) and not dry_run:
             held = locks.history_of(paths)
             if held is not None:

@@ -7,7 +7,8 @@ the mirror is skipped and said so, never waited on):
 - drop keep-refs of commits with neither a checkout (whole or sparse: one keep-ref serves
   every checkout of a commit) nor a live clone, re-checked under the commit's clone lock; a
   (key, commit) that a published checkout (submodules) or a live workspace borrows objects
-  from keeps its ref whatever this store holds;
+  from keeps its ref whatever this store holds; and refs/bases/<sha> of bases no existing
+  checkout's merge-base record names (nor a running search looks for);
 - remove stale git lock files and pack leftovers; a stale `.keep` (a killed fetch's) removed
   there makes the repack due; partial LFS downloads an hour old go too;
 - drop refs/bundles/* of a seeded mirror once it has fetched from upstream;
@@ -94,6 +95,7 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
                 if not report.dry_run:
                     backend.drop_keep(paths.mirror, sha)
                 entry["refs_dropped"] += 1
+        entry["refs_dropped"] += drop_unused_base_refs(paths, backend, report.dry_run, (mirror_lock.fileno(),))
         if report.dry_run:
             report.mirrors.append(entry)
             return
@@ -132,6 +134,22 @@ def maintain_mirror(paths: RepoPaths, config: Config, report: GcReport, now: flo
             records.write_json(paths.mirror_gc_stamp, {"at": now if repacked else stamp.get("at", 0.0),
                                                        "pending": not repacked, **lfs_flag})
     report.mirrors.append(entry)
+
+
+def drop_unused_base_refs(paths: RepoPaths, backend, dry_run: bool, keep_fds: tuple[int, ...]) -> int:
+    """refs/bases/<sha> (kept by `ensure --base`, clone/history.py) of the bases no merge-base
+    record of a checkout names any more, nor a running search looks for; how many (with dry_run:
+    would go). Caller holds the mirror lock, under which a search writes its ref."""
+    if not getattr(backend, "supports_shallow", False):
+        return 0
+    from checkoutcache.clone.history import bases_in_use
+    from checkoutcache.git.backend import BASE_PREFIX
+
+    unused = sorted(set(backend.refs_named(paths.mirror, BASE_PREFIX)) -
+                    {f"{BASE_PREFIX}{base}" for base in bases_in_use(paths)})
+    if unused and not dry_run:
+        backend.drop_refs(paths.mirror, unused, keep_fds)
+    return len(unused)
 
 
 def freed_kept_packs(leftovers: list[str]) -> list[str]:

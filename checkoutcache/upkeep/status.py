@@ -92,7 +92,8 @@ def history_status(info: RepoInfo, now: float) -> dict | None:
     boundary = read_shallow(paths.mirror)
     reader = records.Reader(paths.root)
     record = reader.read(paths.history_record, records.HISTORY) or {}
-    failure = records.Failure.from_record(reader.read(paths.history_failure, records.FAILURE))
+    failure_record = reader.read(paths.history_failure, records.FAILURE)
+    failure = records.Failure.from_record(failure_record)
     running = locks.history_running(paths)
     status = {"state": "shallow" if boundary else "complete", "boundary_commits": len(boundary),
               "running": running, "log": paths.clone_log("history")}
@@ -104,6 +105,9 @@ def history_status(info: RepoInfo, now: float) -> dict | None:
     if failure is not None:
         status["failure"] = {"error": failure.code, "message": failure.message, "attempts": failure.attempts,
                              "failed_at": iso(failure.failed_at), "retry_after": max(0, round(failure.retry_at - now))}
+        if isinstance(failure_record.get("boundary"), list):
+            # It completed every other commit: it holds for the commits behind these alone.
+            status["failure"]["boundary_commits"] = len(failure_record["boundary"])
     return status
 
 

@@ -131,3 +131,58 @@ class PackTailProxy(GatedProxy):
                     end.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+class RequestGate(GatedProxy):
+    """A proxy in front of git daemon that holds the server's answer to each request whose bytes
+    hold `pattern` (b"deepen ": a shallow fetch's) while the gate is shut, letting every other
+    request through: one fetch waits at a known point for as long as the test needs while others
+    run. `held` counts the answers held."""
+
+    def __init__(self, target_port: int, pattern: bytes, host: str = "127.0.0.1"):
+        super().__init__(target_port, host)
+        self.pattern = pattern
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._sockets.append(upstream)
+        state = {"seen": b"", "matched": False}
+        threading.Thread(target=self._answers, args=(upstream, client, state), daemon=True).start()
+        try:
+            while data := client.recv(65536):
+                state["seen"] = (state["seen"] + data)[-65536:]
+                state["matched"] = state["matched"] or self.pattern in state["seen"]
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (client, upstream):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _answers(self, upstream: socket.socket, client: socket.socket, state: dict) -> None:
+        counted = False
+        try:
+            while data := upstream.recv(65536):
+                if state["matched"] and not self._open.is_set():
+                    if not counted:
+                        counted = True
+                        with self._lock:
+                            self.held += 1
+                    self._open.wait()
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (upstream, client):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
