@@ -272,3 +272,102 @@ def test_a_readers_exec_is_registered_with_the_writer_and_kept_past_the_bounds_o
             exec_proc.wait()
     finally:
         serve.stop()
+
+
+# A reader's attempt on every file it can open: flock each exclusive and keep it (as code under
+# review may), print what it locked, then wait for stdin to close.
+LOCK_WHAT_IT_CAN = r"""
+import fcntl, json, os, sys
+root, opened, locked, seen = sys.argv[1], [], [], 0
+for directory, dirs, files in os.walk(root):
+    for name in files:
+        seen += 1
+        relative = os.path.relpath(os.path.join(directory, name), root)
+        try:  # an open descriptor is enough: a blocking flock on it waits for the holder's end
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        opened.append(relative)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked.append(relative)
+        except OSError:
+            pass
+print(json.dumps({"seen": seen, "opened": opened, "locked": locked}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _writers_own(relative: str) -> bool:
+    """A path under a writers-only directory (store/layout.py private_dirs)."""
+    parts = relative.split("/")
+    return parts[0] in ("locks", "holds", "serve") or (parts[0] == "repos" and len(parts) > 2
+                                                       and parts[2] in ("locks", "scratch"))
+
+
+@pytest.mark.slow
+def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream):
+    """Review of issue 33: flock needs no write access, and the writer's lock files were 0644, so
+    a review of another uid took gc.lock (every gc "skipped: another gc is running" for as long
+    as it liked), mirror.lock (every new commit of the repository waited out its timeout), a
+    clone's lock (a `cloning` answer with no owner) or a dead holder's hold (its checkout kept
+    past every bound). The writers-only directories are 0700 now, and gc gives an older
+    store's directories that mode: shown here by first making them as an older version did."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is needed to run as another uid")
+    upstream, url = served_upstream
+    base = tempfile.mkdtemp(prefix="ccwriter-", dir="/tmp")
+    os.chmod(base, 0o755)
+    root = os.path.join(base, "cache")
+    serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
+    user = _uid_outside_the_group()
+    holders = []
+
+    def lock_what_it_can() -> dict:
+        holder = subprocess.Popen(["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups",
+                                   sys.executable, "-c", LOCK_WHAT_IT_CAN, root],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        holders.append(holder)
+        return json.loads(holder.stdout.readline())
+
+    def gc(*args: str) -> dict:
+        code, report, out = run_cli("gc", "--json", *args, root=root)
+        assert code == 0, out
+        return report
+
+    try:
+        for sha in upstream.shas[:2]:
+            status, body = serve.request("POST", "/v1/ensure", {"repo": url, "commit": sha, "wait": 60})
+            assert status == 200 and body["state"] == "ready", body
+        status, held = serve.request("POST", "/v1/hold", {"repo": url, "commit": upstream.shas[0], "ttl": 600})
+        assert status == 200, held
+        settled(root)
+        gc()  # its lock file is there
+        paths = RootPaths(root)
+        private = [*paths.private_dirs, *(d for key in paths.repo_keys() for d in paths.repo(key).private_dirs)]
+        assert private and all(os.path.isdir(d) for d in private), private
+        for directory in private:  # as an older version made them
+            os.chmod(directory, 0o755)
+        before = lock_what_it_can()
+        kinds = {p.split("/")[0] if not p.startswith("repos/") else p.split("/")[2] for p in before["opened"]
+                 if _writers_own(p)}
+        assert kinds == {"locks", "holds", "serve"}, before  # the reader can do what the review found
+        assert "locks/gc.lock" in before["locked"], before
+        holders.pop().communicate("")  # it lets go
+
+        gc()  # the writer's next gc (or serve's start) makes them writers-only again
+        assert {oct(stat.S_IMODE(os.stat(d).st_mode)) for d in private} == {oct(0o700)}
+        after = lock_what_it_can()
+        assert after["seen"] > 10, after
+        assert [p for p in after["opened"] if _writers_own(p)] == [], after
+        # Holding all it could, the reader stops neither gc nor a new commit.
+        report = gc("--max-checkouts", "0", "--grace", "0")
+        assert report["skipped"] is None, report
+        status, body = serve.request("POST", "/v1/ensure", {"repo": url, "commit": upstream.shas[2], "wait": 60})
+        assert status == 200 and body["state"] == "ready", body
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+        serve.stop()
+        shutil.rmtree(base, ignore_errors=True)

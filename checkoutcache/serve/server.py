@@ -62,8 +62,8 @@ from checkoutcache.serve.app import Api, Listener, Pools, allowed_hosts
 from checkoutcache.serve.policy import ApiPolicy
 from checkoutcache.serve.reaper import Reaper, become_subreaper
 from checkoutcache.serve.service import Service
-from checkoutcache.store import locks
-from checkoutcache.store.create import init_root, make_dirs
+from checkoutcache.store import locks, tree
+from checkoutcache.store.create import init_root
 from checkoutcache.upkeep.limits import limits_of
 
 log = logging.getLogger("checkoutcache.serve")
@@ -174,7 +174,7 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     subreaper = become_subreaper()
     raise_open_file_limit()
     init_root(cache.paths)
-    make_dirs(cache.paths.serve_dir)
+    tree.make_private_dir(cache.paths.serve_dir)
     # Named by a nonce, not by our pid alone: every container's serve has the same pid,
     # and two of them may share this root (invariant 3).
     journal = cache.paths.serve_journal(os.getpid(), uuid.uuid4().hex[:16])

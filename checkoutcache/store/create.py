@@ -61,7 +61,7 @@ def init_root(root_paths: RootPaths) -> None:
     root = root_paths.root
     try:
         make_dirs(root_paths.repos_dir)
-        make_dirs(root_paths.locks_dir)
+        tree.make_private_dir(root_paths.locks_dir)
         if not tree.lexists(root_paths.readme):
             tmp = f"{root_paths.readme}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
             fd = tree.open_file(tmp, os.O_WRONLY | os.O_TRUNC | os.O_EXCL, create=True)
@@ -84,7 +84,10 @@ def init_repo_store(root_paths: RootPaths, paths: RepoPaths, spec: RepoSpec) -> 
                 "layout_version": LAYOUT_VERSION, "created_at": time.time(), "lfs": spec.lfs,
                 "submodules": spec.submodules})
         for directory in paths.all_dirs():
-            make_dirs(directory)
+            if directory in paths.private_dirs:
+                tree.make_private_dir(directory)
+            else:
+                make_dirs(directory)
     except OSError as exc:
         raise root_error(root_paths.root, exc) from None
 

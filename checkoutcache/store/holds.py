@@ -51,7 +51,7 @@ class Registration:
 
 def register(root_paths: RootPaths, key: str, name: str) -> Registration:
     """Register a hold of checkout NAME of repository KEY (OSError where the root cannot be written)."""
-    tree.make_dirs(root_paths.holds_dir)
+    tree.make_private_dir(root_paths.holds_dir)
     nonce = os.urandom(8).hex()
     making = os.path.join(root_paths.holds_dir, f"{MAKING_PREFIX}{os.getpid()}-{nonce}")
     final = root_paths.hold_record(os.getpid(), nonce)

@@ -136,6 +136,13 @@ def checkout_info(paths: RepoPaths, name: str, sizes: str = RECORDED_SIZES,
                         held=held, borrows=borrows, marker=record)
 
 
+def writers_only(exc: OSError, root: str) -> bool:
+    """Whether an error is a reader's look into a writers-only directory (store/modes.py
+    private_dir_mode): by design, never a problem to report. A writer that may not read
+    something there (a peer's entry, in the group mode) still reports it."""
+    return isinstance(exc, PermissionError) and not os.access(root, os.W_OK)
+
+
 def clone_infos(paths: RepoPaths, reader: records.Reader) -> list[CloneInfo]:
     clones = []
     for name in paths.clone_record_names():
@@ -143,7 +150,8 @@ def clone_infos(paths: RepoPaths, reader: records.Reader) -> list[CloneInfo]:
         try:
             alive = locks.clone_running(paths, name)
         except OSError as exc:
-            reader.note(paths.clone_lock(name), records.errno_name(exc), exc.strerror or "")
+            if not writers_only(exc, paths.root):
+                reader.note(paths.clone_lock(name), records.errno_name(exc), exc.strerror or "")
             alive = True  # cannot tell: its record stays
         clones.append(CloneInfo(name=name, pid=record.get("pid"), alive=alive, started_at=record.get("started_at"),
                                 progress=record.get("progress") or {},
@@ -180,7 +188,8 @@ def repo_info(paths: RepoPaths, sizes: str = RECORDED_SIZES) -> RepoInfo:
     try:
         scratch = scratch_facts(paths)
     except OSError as exc:
-        reader.note(paths.scratch_dir, records.errno_name(exc), exc.strerror or "")
+        if not writers_only(exc, paths.root):
+            reader.note(paths.scratch_dir, records.errno_name(exc), exc.strerror or "")
         scratch = []
     return RepoInfo(key=paths.key, url=meta.get("url"), scope=meta.get("scope"), paths=paths,
                     checkouts=checkouts, clones=clone_infos(paths, reader), failures=failures(paths, reader),

@@ -274,6 +274,12 @@ never world-writable, decided by CHECKOUTCACHE_SHARING:
 - group (trusted peers): directories 2775 (setgid, so what is made inside
   belongs to the root's group), files 0664, git under umask 002, mirrors
   core.sharedRepository=group: every member writes the store.
+Writers-only directories: <root>/locks, <root>/holds, <root>/serve, and each
+repository's locks/ and scratch/ are 0700 (writer) or 2770 (group): any uid
+that can open a lock file can flock it (no write access needed) and keep it, so
+none that only reads may open one (DESIGN invariant 18). A reader's status says
+nothing of what only they hold (running clones come from their records); gc and
+serve give an older store's directories this mode as they meet them.
 An entry a peer made unreadable costs that entry in status and gc (listed with
 its errno), never the whole run.
 
@@ -627,6 +633,12 @@ class RootPaths:
     def serve_dir(self) -> str:
         return os.path.join(self.root, "serve")
 
+    @property
+    def private_dirs(self) -> tuple[str, ...]:
+        """Directories only writers enter (modes.private_dir_mode): what holds the locks a
+        writer waits on or trusts (gc.lock, a hold's, a serve's journal)."""
+        return (self.locks_dir, self.holds_dir, self.serve_dir)
+
     def serve_journal(self, pid: int, nonce: str) -> str:
         return os.path.join(self.root, "serve", f"{pid}-{nonce}{JOURNAL_SUFFIX}")
 
@@ -959,6 +971,13 @@ class RepoPaths:
         """Directories a repository store needs, created together on first use."""
         return [self.base, self.checkouts_dir, self.scratch_dir, self.trash_dir,
                 self.state_dir, self.logs_dir, self.locks_dir]
+
+    @property
+    def private_dirs(self) -> tuple[str, ...]:
+        """Directories of all_dirs only writers enter (modes.private_dir_mode): the locks (a
+        reader holding mirror.lock or a clone's lock would stop new commits or fake a clone)
+        and the scratch (its owner locks: a reader holding one keeps dead scratch for ever)."""
+        return (self.locks_dir, self.scratch_dir)
 
     def checkout_names(self) -> list[str]:
         return [name for name in entries(self.checkouts_dir) if CHECKOUT_NAME.fullmatch(name)]

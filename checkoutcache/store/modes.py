@@ -38,8 +38,8 @@ import stat
 from checkoutcache.sharing import GROUP, WRITER, sharing
 from checkoutcache.store.layout import NotAFile, refuse_unless_regular
 
-# (directory mode, file mode, umask for git) per sharing mode
-_MODES = {WRITER: (0o755, 0o644, 0o022), GROUP: (0o2775, 0o664, 0o002)}
+# (directory mode, file mode, umask for git, a writers-only directory's mode) per sharing mode
+_MODES = {WRITER: (0o755, 0o644, 0o022, 0o700), GROUP: (0o2775, 0o664, 0o002, 0o2770)}
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -49,6 +49,16 @@ def dir_mode() -> int:
 
 def file_mode() -> int:
     return _MODES[sharing()][1]
+
+
+def private_dir_mode() -> int:
+    """The mode of a directory only writers enter (layout.py's private_dirs: locks, holds,
+    journals, scratch). flock needs no write access, so any uid that can open a lock file
+    can take it and keep it: a reader holding gc.lock, a mirror lock or a dead holder's
+    hold would stop the writer or keep a checkout for ever (DESIGN invariant 18). Readers
+    cannot even look inside: the one writer alone in the default mode, the group's members
+    in the trusted-peers mode."""
+    return _MODES[sharing()][3]
 
 
 def set_store_umask() -> None:
@@ -88,12 +98,20 @@ def open_created(path: str, flags: int, dir_fd: int | None = None) -> int:
     return fd
 
 
-def make_dir(path: str | bytes, dir_fd: int | None = None) -> None:
-    """mkdir with the store's directory mode whatever the umask; FileExistsError if it is there."""
-    mode = dir_mode()
-    os.mkdir(path, mode, dir_fd=dir_fd)
+def make_dir(path: str | bytes, dir_fd: int | None = None, private: bool = False) -> None:
+    """mkdir with the store's directory mode (private: the writers-only one) whatever the umask;
+    FileExistsError if it is there."""
+    mode = private_dir_mode() if private else dir_mode()
+    os.mkdir(path, mode & 0o777, dir_fd=dir_fd)  # never wider than it ends, even for an instant
     fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     try:
         _own_mode(fd, mode)
     finally:
         os.close(fd)
+
+
+def keep_private(fd: int) -> None:
+    """An existing writers-only directory (an older version made it with the readers' mode)
+    gets its mode, if it is ours. A descriptor a reader opened inside it before stays open:
+    its lock ends with it, and no new one can be taken."""
+    _own_mode(fd, private_dir_mode())

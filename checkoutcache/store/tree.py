@@ -44,7 +44,7 @@ from collections.abc import Iterator
 
 from checkoutcache.store.layout import (NotAFile, NotBeneath, entries, open_step, open_store_dir,
                                         refuse_unless_regular, root_of)
-from checkoutcache.store.modes import make_dir, open_created
+from checkoutcache.store.modes import keep_private, make_dir, open_created
 
 __all__ = ["NotAFile", "NotBeneath"]  # raised here too; layout.py owns them (its listings raise NotBeneath)
 
@@ -185,6 +185,21 @@ def is_dir(path: str) -> bool:
 def make_dirs(path: str) -> None:
     """The directory and its missing parents, each DIR_MODE, beneath the root."""
     os.close(open_dir(path, create=True))
+
+
+def make_private_dir(path: str) -> None:
+    """A writers-only directory (modes.private_dir_mode) and its missing parents (DIR_MODE),
+    beneath the root; made with its mode, or given it if an older version made it wider."""
+    with parent_of(path, create=True) as (fd, name):
+        try:
+            make_dir(name, dir_fd=fd, private=True)
+        except FileExistsError:
+            pass
+        made = open_step(fd, name, root_of(path) or "/", path)
+    try:
+        keep_private(made)
+    finally:
+        os.close(made)
 
 
 def mkdir(path: str) -> None:

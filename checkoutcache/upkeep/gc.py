@@ -61,7 +61,7 @@ import attrs
 from checkoutcache.config import Config
 from checkoutcache.store import holds, locks, records, tree
 from checkoutcache.store.checkouts import GONE, Removal, move_checkout_aside, move_held_checkout_aside
-from checkoutcache.store.create import make_dirs, root_error
+from checkoutcache.store.create import root_error
 from checkoutcache.store.inventory import FRESH_SIZES, NO_SIZES, RepoInfo, inventory
 from checkoutcache.store.sizes import disk_usage
 from checkoutcache.store.layout import LAYOUT_VERSION, RepoPaths, RootPaths, commit_of
@@ -98,7 +98,7 @@ from checkoutcache.upkeep.eviction import (
     plan_repo_drops,
     unmet_after,
 )
-from checkoutcache.upkeep.leftovers import delete, empty_trash, record_unremovable, remove_moved, tidy
+from checkoutcache.upkeep.leftovers import delete, empty_trash, keep_private, record_unremovable, remove_moved, tidy
 from checkoutcache.upkeep.limits import record_limits
 from checkoutcache.upkeep.mirror_upkeep import maintain_mirror
 from checkoutcache.upkeep.report import REPOSITORY, USED_MEANWHILE, GcReport, KeptOver, Removed
@@ -238,7 +238,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
             raise root_error(root_paths.root, tree.NotBeneath(root_paths.repos_dir, "'repos' is not a directory"))
         return report
     try:
-        make_dirs(root_paths.locks_dir)
+        tree.make_private_dir(root_paths.locks_dir)
         gc_lock = locks.gc_run(root_paths)
     except OSError as exc:  # no room even for the lock file, or a root we may not write
         raise root_error(root_paths.root, exc) from None
@@ -246,6 +246,7 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         report.skipped = "another gc is running"
         return report
     with gc_lock:
+        keep_private(root_paths.private_dirs, dry_run)
         before = disk_of(root_paths.root)
         report.disk_before = attrs.asdict(before)
         if not dry_run:
