@@ -170,3 +170,22 @@ def test_a_symlinked_gitattributes_naming_a_fifo_never_wedges_the_pygit2_worker(
     code, answer, err = cli("ensure", upstream.path, lfs, "--wait", "30", "--json", root=root,
                             env={**env, "CHECKOUTCACHE_LFS": "off"})
     assert code == 0 and answer["state"] == "ready" and answer["lfs"] == "off", (code, answer, err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_verify_never_waits_on_or_follows_a_checkouts_head(root, upstream, tmp_path, kind):
+    """Trusted-peers mode: a peer may write a checkout, and `verify` (an operator's, often as
+    root) read its .git/HEAD with a plain open(): a FIFO there hung it for ever, a symlink showed
+    the first 60 characters of whatever file it named in the problem line."""
+    sha = upstream.shas[-1]
+    path = wait_ready(root, upstream.path, sha)["path"]
+    head = os.path.join(path, ".git", "HEAD")
+    os.unlink(head)
+    secret = tmp_path / "secret"
+    secret.write_text("a secret line of another user's file\n")
+    os.mkfifo(head) if kind == "fifo" else os.symlink(secret, head)
+    code, report, out = cli("verify", upstream.path, sha, "--json", root=root, env={})
+    assert code == 1, out
+    (checked,) = report["checkouts"]
+    assert not checked["ok"] and checked["problems"] == ["HEAD is '', not the commit"], checked
+    assert "secret" not in out

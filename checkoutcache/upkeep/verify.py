@@ -35,9 +35,9 @@ def verify_checkout(paths: RepoPaths, name: str, backend: GitBackend) -> dict:
         problems.append("no ready marker")
     elif not looks_intact(path, record):
         problems.append("top-level entries are missing")
-    try:
-        with open(os.path.join(path, ".git", "HEAD")) as handle:
-            head = handle.read().strip()
+    try:  # beneath the root, never blocking on or following what a peer put there (a FIFO, a link)
+        with os.fdopen(tree.open_file(os.path.join(path, ".git", "HEAD"), os.O_RDONLY), "rb") as handle:
+            head = handle.read(128).decode(errors="replace").strip()
     except OSError:
         head = ""
     if head != sha:
