@@ -23,7 +23,7 @@ import pytest
 from checkoutcache.store.layout import RootPaths
 
 from .helpers import TOKEN, Serve, run_cli, assert_checkout_matches, make_idle, marker, only_repo, settled, \
-    store_snapshot, wait_until, walk
+    store_snapshot, wait_until, walk, writers_only
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="a read-only view of the root needs root (CI runs as root) and unshare")
@@ -298,13 +298,6 @@ sys.stdin.read()
 """
 
 
-def _writers_own(relative: str) -> bool:
-    """A path under a writers-only directory (store/layout.py private_dirs)."""
-    parts = relative.split("/")
-    return parts[0] in ("locks", "holds", "serve") or (parts[0] == "repos" and len(parts) > 2
-                                                       and parts[2] in ("locks", "scratch"))
-
-
 @pytest.mark.slow
 def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream):
     """Review of issue 33: flock needs no write access, and the writer's lock files were 0644, so
@@ -350,7 +343,7 @@ def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream):
             os.chmod(directory, 0o755)
         before = lock_what_it_can()
         kinds = {p.split("/")[0] if not p.startswith("repos/") else p.split("/")[2] for p in before["opened"]
-                 if _writers_own(p)}
+                 if writers_only(root, p)}
         assert kinds == {"locks", "holds", "serve"}, before  # the reader can do what the review found
         assert "locks/gc.lock" in before["locked"], before
         holders.pop().communicate("")  # it lets go
@@ -359,7 +352,7 @@ def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream):
         assert {oct(stat.S_IMODE(os.stat(d).st_mode)) for d in private} == {oct(0o700)}
         after = lock_what_it_can()
         assert after["seen"] > 10, after
-        assert [p for p in after["opened"] if _writers_own(p)] == [], after
+        assert [p for p in after["opened"] if writers_only(root, p)] == [], after
         # Holding all it could, the reader stops neither gc nor a new commit.
         report = gc("--max-checkouts", "0", "--grace", "0")
         assert report["skipped"] is None, report

@@ -28,6 +28,7 @@ from .store import (
     only_repo,
     settled,
     store_snapshot,
+    writers_only,
 )
 from .tree import content_snapshot, exchange, files_under, grep_tree, walk
 from .waiting import pid_alive, wait_until
@@ -35,5 +36,5 @@ from .waiting import pid_alive, wait_until
 __all__ = [
     "AWS_TEST_SECRET", "MotoS3", "GIT_ENV", "GitDaemon", "SCOPED", "SHORT_BACKOFF", "Serve", "TOKEN", "Upstream", "assert_checkout_matches", "blob_id", "content_snapshot", "exchange", "files_under",
     "free_port", "git", "grep_tree", "make_idle", "marker", "only_repo", "pid_alive", "run_cli", "settled", "store_snapshot",
-    "wait_ready", "wait_until", "walk",
+    "wait_ready", "wait_until", "walk", "writers_only",
 ]

@@ -22,6 +22,15 @@ def only_repo(root: str) -> RepoPaths:
     return root_paths.repo(keys[0])
 
 
+def writers_only(root: str, relative: str) -> bool:
+    """Whether a path (relative to root) lies in a writers-only directory (store/layout.py
+    private_dirs), which no reader may enter."""
+    paths = RootPaths(root)
+    private = [*paths.private_dirs, *(d for key in paths.repo_keys() for d in paths.repo(key).private_dirs)]
+    full = os.path.join(root, relative)
+    return any(full == d or full.startswith(d + "/") for d in private)
+
+
 def marker(checkout: str) -> str:
     """The ready marker of a checkout directory."""
     return RepoPaths.ready_marker_in(checkout)
