@@ -64,6 +64,25 @@ class SeedResult(NamedTuple):
                 "store": self.store,
                 "bundle_bytes": self.bytes, "seconds": round(self.seconds, 3), "at": at}
 
+    @property
+    def outcome(self) -> str:
+        """What a journal line says of it: none, partial or seeded."""
+        return "none" if not self.seeded else ("partial" if self.why else "seeded")
+
+    def write_record(self, path: str) -> None:
+        """The repository's seed record (state/mirror-seed.json), counting upstream's bytes from
+        zero when bundles seeded it. Observability only: a full disk fails what follows, with
+        its own code."""
+        from checkoutcache.store import records
+
+        record = self.to_record(time.time())
+        if self.seeded:
+            record["upstream"] = {"fetches": 0, "objects": 0, "bytes": 0}
+        try:
+            records.write_json(path, record)
+        except OSError:
+            pass
+
 
 def within(deadline: float, what: str, operation: Callable[[], T]) -> T:
     """operation's result, or StoreError once the deadline passes. A store can send a

@@ -83,8 +83,8 @@ import time
 from typing import Callable
 
 from checkoutcache.clone.decide import next_failure
-from checkoutcache.clone.process import become_detached, count_upstream, open_attempt_log, stop_on_sigterm, \
-    tracking
+from checkoutcache.clone.process import become_detached, count_upstream, fork_detached, open_attempt_log, \
+    stop_on_sigterm, tracking
 from checkoutcache.config import Config
 from checkoutcache.credentials import (
     Credential,
@@ -96,8 +96,7 @@ from checkoutcache.credentials import (
 )
 from checkoutcache.errors import CheckoutCacheError, describe, is_disk_full
 from checkoutcache.git import mirror as mirror_module
-from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, GitKilled, base_ref, keep_ref, mirror_config, \
-    partial_mirror_config
+from checkoutcache.git.backend import ALL_BRANCHES_AND_TAGS, GitKilled, base_ref, keep_ref
 from checkoutcache.git.shallow import is_shallow, read_shallow, write_shallow
 from checkoutcache.git.transport import pick_backend
 from checkoutcache.store import locks, records, tree
@@ -228,28 +227,7 @@ def _fork(paths: RepoPaths, args: list[str], lock_fd: int, config: Config, crede
 
     # Our argv may carry a token in a URL: no instant of a child shows it (as clone/spawn.py).
     setproctitle.setproctitle(redact(" ".join(sys.argv)))
-    read_end, write_end = os.pipe()
-    middle = os.fork()
-    if middle == 0:
-        try:
-            os.close(read_end)
-            os.setsid()
-            child = os.fork()
-            if child == 0:
-                os.close(write_end)
-                _become(paths, args, lock_fd, config, credential, log_name)
-            os.write(write_end, str(child).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        answer = os.read(read_end, 32)
-    finally:
-        os.close(read_end)
-        os.waitpid(middle, 0)
-    if not answer:
-        raise OSError("the forked history process did not start")
-    return int(answer)
+    return fork_detached(lambda: _become(paths, args, lock_fd, config, credential, log_name), "history process")
 
 
 def _become(paths: RepoPaths, args: list[str], lock_fd: int, config: Config, credential: Credential | None,
@@ -547,16 +525,9 @@ class History(Job):
         self.on_progress({"phase": "seeding from bundles"})
         result = seed_mirror(self.repo, location, bundle_key(self.scope, self.url, self.is_local), self.repo, (),
                              self.config.seed_timeout, self.log, reachable_only=self.backend.name == "pygit2")
-        record = result.to_record(time.time())
-        if result.seeded:
-            record["upstream"] = {"fetches": 0, "objects": 0, "bytes": 0}
-        try:
-            records.write_json(self.paths.seed_record, record)
-        except OSError:
-            pass
+        result.write_record(self.paths.seed_record)
         self.seeded = result.seeded
-        outcome = "none" if not result.seeded else ("partial" if result.why else "seeded")
-        self.journal("seeded", outcome=outcome, reason=result.reason or "", bundles=len(result.bundles))
+        self.journal("seeded", outcome=result.outcome, reason=result.reason or "", bundles=len(result.bundles))
 
     def yield_to_clones(self) -> None:
         """Answers first: wait while clones of the repository fetch (YIELD_TO_CLONES at most)."""

@@ -17,6 +17,34 @@ if TYPE_CHECKING:
     from checkoutcache.credentials import Credential
 
 
+def fork_detached(child: Callable[[], None], what: str) -> int:
+    """child() in a grandchild of ours, in a session of its own, whose parent has exited: init
+    reaps it, never us (a long-lived caller gathers no zombie), and no terminal signal of
+    the caller's reaches it. Its pid comes back through a pipe; OSError if it never started."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the middle child: a new session, then the process, then gone
+        try:
+            os.close(read_end)
+            os.setsid()
+            pid = os.fork()
+            if pid == 0:
+                os.close(write_end)
+                child()
+            os.write(write_end, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        answer = os.read(read_end, 32)
+    finally:
+        os.close(read_end)
+        os.waitpid(middle, 0)
+    if not answer:
+        raise OSError(f"the forked {what} did not start")
+    return int(answer)
+
+
 def become_detached(paths: RepoPaths, log_name: str, lock_fd: int, credential: "Credential | None", title: str,
                     body: Callable[[], int]) -> NoReturn:
     """The child side of a fork that becomes a repository's detached process: titled for

@@ -121,33 +121,15 @@ def _fork_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config: C
         # A child starts with our argv, which may carry a token in a URL: clean ours
         # first, so that no instant of any child shows it.
         hide_caller_secrets()
-    read_end, write_end = os.pipe()
-    middle = os.fork()
-    if middle == 0:  # the middle child: a new session, then the worker, then gone
-        try:
-            _retitle(name)
-            os.close(read_end)
-            os.setsid()
-            worker = os.fork()
-            if worker == 0:
-                os.close(write_end)
-                _become_worker(root, paths, name, lock_fd, config, credential, deaths, cone)
-            os.write(write_end, str(worker).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        answer = os.read(read_end, 32)
-    finally:
-        os.close(read_end)
-        os.waitpid(middle, 0)  # the worker is now an orphan: init reaps it, never us
-    if not answer:
-        raise OSError("the forked worker did not start")
-    return int(answer)
+    from checkoutcache.clone.process import fork_detached
+
+    return fork_detached(lambda: _become_worker(root, paths, name, lock_fd, config, credential, deaths, cone),
+                         "worker")
 
 
-def _retitle(name: str) -> None:
-    setproctitle.setproctitle(f"checkoutcache-worker {name}")
+def worker_title(name: str) -> str:
+    """What `ps` shows of a forked worker (serve/reaper.py knows it by this)."""
+    return f"checkoutcache-worker {name}"
 
 
 def _become_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config: Config,
@@ -160,4 +142,4 @@ def _become_worker(root: str, paths: RepoPaths, name: str, lock_fd: int, config:
 
         return run_worker(root, paths.key, name, config, credential, deaths, cone)
 
-    become_detached(paths, name, lock_fd, credential, f"checkoutcache-worker {name}", work)
+    become_detached(paths, name, lock_fd, credential, worker_title(name), work)

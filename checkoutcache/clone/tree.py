@@ -52,14 +52,11 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import threading
 import time
 from typing import Any, Callable
 
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git.backend import lfs_checkout_config, lfs_endpoint
-from checkoutcache.git.env import git_env
 from checkoutcache.repospec import LFS_OFF, SUBMODULES_NONE
 from checkoutcache.store import records
 from checkoutcache.store import tree as store_tree

@@ -33,7 +33,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 from checkoutcache.clone.decide import next_failure
 from checkoutcache.clone.process import count_upstream, open_attempt_log, stop_on_sigterm, tracking
@@ -483,15 +483,8 @@ class Worker:
                 result = seed_mirror(build, location, bundle_key(self.scope, self.url, self.is_local),
                                      self.scratch.path, keep_fds, self.config.seed_timeout, self.log,
                                      reachable_only=self.backend.name == "pygit2")
-        record = result.to_record(time.time())
-        if result.seeded:
-            record["upstream"] = {"fetches": 0, "objects": 0, "bytes": 0}
-        try:
-            records.write_json(self.paths.seed_record, record)
-        except OSError:
-            pass  # observability only: a full disk fails the fetch that follows, with its own code
-        outcome = "none" if not result.seeded else ("partial" if result.why else "seeded")
-        self.journal("seeded", outcome=outcome, reason=result.reason or "", bundles=len(result.bundles))
+        result.write_record(self.paths.seed_record)
+        self.journal("seeded", outcome=result.outcome, reason=result.reason or "", bundles=len(result.bundles))
 
     def keep(self, sha: str, keep_fds: tuple[int, ...]) -> None:
         self.write_mirror(lambda: self.backend.keep(self.paths.mirror, sha, keep_fds))

@@ -23,7 +23,7 @@ import signal
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
-# A clone worker's command line: forked ones retitle themselves (spawn._retitle), spawned
+# A clone worker's command line: forked ones retitle themselves (spawn.worker_title), spawned
 # ones run the module.
 WORKER_MARKS = (b"checkoutcache-worker ", b"checkoutcache.clone.worker")
 

@@ -27,7 +27,6 @@ a spare is only updated into a commit whose checkout would write alike).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable
 
