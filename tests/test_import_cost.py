@@ -34,7 +34,7 @@ CLI_MODULES = {
     "checkoutcache.clone.process",
 }
 WORKER_MODULES = {
-    "checkoutcache.clone.worker", "checkoutcache.git.cli", "checkoutcache.git.mirror",
+    "checkoutcache.clone.worker", "checkoutcache.git.cli", "checkoutcache.git.lfs_cli", "checkoutcache.git.mirror",
     "checkoutcache.store.checkouts", "checkoutcache.store.liveness", "checkoutcache.store.scratch",
     "checkoutcache.store.sizes", "checkoutcache.testhooks",
     "checkoutcache.git.view",  # every fetch runs in a private view of the mirror (docs/security.md)
