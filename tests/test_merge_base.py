@@ -232,3 +232,108 @@ def test_a_base_is_kept_while_the_checkout_that_asked_for_it_lives(root, daemon)
     assert code == 0 and not os.path.exists(answer["path"]), out
     assert refs() == [] and report["mirrors"][0]["refs_dropped"] == 2, report
     assert subprocess.run(["git", "-C", store.mirror, "cat-file", "-e", shas["BASE"]]).returncode != 0
+
+
+def linear(daemon, count: int = 60, fork_back: int = 20, side: int = 3, second_back: int | None = None) -> tuple:
+    """main: `count` commits; side: `side` commits from main~fork_back; side2 likewise from
+    main~second_back when given."""
+    repo = Upstream(os.path.join(daemon.base, f"lin-{os.urandom(3).hex()}"))
+    for number in range(1, count + 1):
+        repo.commit({"main.txt": f"m{number}\n"}, f"m{number}")
+    main = list(repo.shas)  # main[-1 - n] is main~n
+    shas = {"main": main[-1]}
+    for name, back in (("side", fork_back), ("side2", second_back)):
+        if back is None:
+            continue
+        git("checkout", "-q", "-b", name, main[-1 - back], cwd=repo.path)
+        for number in range(1, side + 1):
+            shas[name] = repo.commit({f"{name}.txt": f"{name}{number}\n"}, f"{name}{number}")
+        git("checkout", "-q", "main", cwd=repo.path)
+    return main, daemon.url(os.path.basename(repo.path)), shas
+
+
+def mirror_sound(root: str) -> None:
+    done = subprocess.run(["git", "-C", only_repo(root).mirror, "fsck", "--connectivity-only", "--no-dangling"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "broken link" not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_a_second_search_never_drops_a_boundary_entry_whose_history_is_missing(root, daemon):
+    """Regression (second review of issue 34): `--base side` deepened main's line to an entry E;
+    `--base main~2` (already in the mirror, with its history) then fetched main~2 at depth 1,
+    kept only the entries its two commits reach and dropped E: the mirror claimed history it
+    lacked (fsck: broken link), the checkout's `git merge-base HEAD side` could not read a
+    parent, and an older commit's checkout was answered ready with a `git log` that failed."""
+    main, url, shas = linear(daemon)
+    head, older = shas["main"], main[-31]
+    run_cli("ensure", url, head, "--wait", "60", root=root, env=HELD)
+    no_history_running(root)
+    code, answer, out = run_cli("ensure", url, head, "--base", shas["side"], "--wait", "60", root=root, env=HELD)
+    assert code == 0 and answer["merge_base"] == main[-21], out
+    path = answer["path"]
+    code, answer, out = run_cli("ensure", url, head, "--base", main[-3], "--wait", "60", root=root, env=HELD)
+    assert code == 0 and answer["merge_base"] == main[-3], out
+    mirror_sound(root)
+    assert git("merge-base", "HEAD", shas["side"], cwd=path) == main[-21]
+    code, answer, out = run_cli("ensure", url, older, "--wait", "60", root=root, env=HELD)
+    assert code == 0, out
+    git("log", "--format=%H", cwd=answer["path"])  # every commit it reaches can be read
+    mirror_sound(root)
+
+
+def test_a_search_never_cuts_the_history_another_checkout_reaches(root, daemon):
+    """Regression (second review of issue 34): a checkout A (main~6) deepened by `--base side`
+    had 16 commits of history; `--base side2` of main deepened through A's range, and git
+    registered a boundary entry inside it (git lists every commit at a fetch's depth, even one
+    whose parents the mirror has): A's log fell to 6 commits and its `git merge-base HEAD side`
+    found nothing, while its answer still named the merge base."""
+    main, url, shas = linear(daemon, fork_back=20, second_back=5)
+    a = main[-7]
+    run_cli("ensure", url, a, "--wait", "60", root=root, env=HELD)
+    no_history_running(root)
+    code, answer, out = run_cli("ensure", url, a, "--base", shas["side"], "--wait", "60", root=root, env=HELD)
+    assert code == 0 and answer["merge_base"] == main[-21], out
+    a_path = answer["path"]
+    before = commits_in(a_path)
+    assert git("merge-base", "HEAD", shas["side"], cwd=a_path) == main[-21]
+    run_cli("ensure", url, shas["main"], "--wait", "60", root=root, env=HELD)
+    code, answer, out = run_cli("ensure", url, shas["main"], "--base", shas["side2"], "--wait", "60", root=root,
+                                env=HELD)
+    assert code == 0 and answer["merge_base"] == main[-6], out
+    assert commits_in(a_path) >= before
+    assert git("merge-base", "HEAD", shas["side"], cwd=a_path) == main[-21]
+    mirror_sound(root)
+
+
+def test_a_search_whose_checkout_is_evicted_meanwhile_records_nothing(root, daemon):
+    """Regression (second review of issue 34): gc evicted the checkout (its keep-ref dropped, its
+    commit pruned) while its --base search waited on the network; the search then failed
+    (`error in object: unshallow`) or found no merge base for a commit it could no longer read,
+    recorded it, and the checkout made again was answered that verdict (CLONE_FAILED for the
+    back-off, or NO_MERGE_BASE for as long as it lived). The search's deepening is held by a
+    proxy while gc runs."""
+    from .helpers.gate import RequestGate
+
+    main, direct, shas = linear(daemon)
+    name = direct.rsplit("/", 1)[-1]
+    gate = RequestGate(daemon.port, b"deepen-relative")
+    url = gate.url(name)
+    try:
+        run_cli("ensure", url, shas["main"], "--wait", "60", root=root, env=HELD)
+        no_history_running(root)
+        store = only_repo(root)
+        gate.shut()
+        code, answer, out = run_cli("ensure", url, shas["main"], "--base", shas["side"], root=root, env=HELD)
+        assert code == 75, out
+        wait_until(lambda: gate.held >= 1, 60, "the search's deepening held")
+        code, report, out = run_cli("gc", "--grace", "0", "--max-checkouts", "0", "--max-spares", "0", root=root)
+        assert code == 0 and [r["name"] for r in report["removed"] if r["reason"] == "lru"] == [shas["main"]], out
+        gate.open()
+        wait_until(lambda: not locks.base_search_running(store, shas["main"]), 60, "the search's end")
+        run_cli("ensure", url, shas["main"], "--wait", "60", root=root, env=HELD)
+        code, answer, out = run_cli("ensure", url, shas["main"], "--base", shas["side"], "--wait", "60", root=root,
+                                    env=HELD)
+        assert code == 0 and answer["merge_base"] == main[-21], out
+        mirror_sound(root)
+    finally:
+        gate.close()

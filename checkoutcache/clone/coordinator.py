@@ -18,6 +18,7 @@ can coordinate its submodules' clones without an import cycle.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable, NamedTuple
 
@@ -63,6 +64,14 @@ class Incomplete(NamedTuple):
 Start = Callable[[RepoPaths, str, int, Config, Credential | None, int, Cone], int | None]
 
 
+# boundary_reached's answers in this process (serve asks on each tool call of a review that
+# wants the full history: one walk of a long history is 0.2 s at 60,000 commits), each by the
+# shallow file it read: a new file (every install renames one in) is walked again.
+REACHED: dict[tuple[str, tuple[str, ...]], tuple[tuple, frozenset[str]]] = {}
+REACHED_KEPT = 1024
+REACHED_LOCK = threading.Lock()
+
+
 class Coordinator:
     def __init__(self, root_paths: RootPaths, config: Config, spec: RepoSpec, sha: str, start: Start,
                  cone: Cone = (), poll_first: float = 0.0, history: str | None = None, base: str | None = None,
@@ -78,7 +87,6 @@ class Coordinator:
         self.fork = fork
         self.started_histories: dict[str, dict] = {}  # repository key -> the history process it started: pid
         self.started_search: dict | None = None  # the merge-base search it started: pid
-        self.reached_memo: dict[tuple, tuple] = {}  # boundary_reached's, by the shallow file it read
         self.root_paths = root_paths
         self.start = start
         self.config = config
@@ -142,8 +150,8 @@ class Coordinator:
         if info.st_size == 0:
             return frozenset()
         seen = (info.st_ino, info.st_mtime_ns, info.st_size)
-        memo = (paths.key, tuple(tips))
-        known = self.reached_memo.get(memo)
+        memo = (paths.mirror, tuple(tips))
+        known = REACHED.get(memo)
         if known is not None and known[0] == seen:
             return known[1]
         backend = pick_backend(self.config.transport)
@@ -151,7 +159,10 @@ class Coordinator:
             reached = backend.boundary_reached(paths.mirror, tips)
         except (AttributeError, CheckoutCacheError):
             reached = read_shallow(paths.mirror)
-        self.reached_memo[memo] = (seen, reached)
+        with REACHED_LOCK:
+            REACHED[memo] = (seen, reached)
+            while len(REACHED) > REACHED_KEPT:
+                REACHED.pop(next(iter(REACHED)))
         return reached
 
     def history_step(self, waiting: list[Incomplete], history: str = "shallow") -> Answer:

@@ -264,6 +264,19 @@ def lower_priority(nice: int) -> None:
 
 
 # ---------------------------------------------------------------- a detached job
+class NoVerdict(Exception):
+    """A job that ends with nothing to record (its subject went while it ran)."""
+
+
+def marker_identity(paths: RepoPaths, name: str) -> tuple[int, int] | None:
+    """Which published checkout NAME is (its marker's inode): an evicted and remade one differs."""
+    try:
+        info = tree.lstat(paths.ready_marker(name))
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 class Job:
     """What the background history and a merge-base search share: a log, a record with
     the owner and progress, a time limit, SIGTERM, and failures that back off."""
@@ -344,6 +357,11 @@ class Job:
         self._timer.start()
         try:
             self.work()
+        except NoVerdict as exc:  # the job's subject went meanwhile: nothing to say of it
+            with self._finishing:
+                self.log(str(exc))
+                self.forget_record()
+            return EXIT_FAILED
         except BaseException as exc:  # every failure is recorded; SIGKILL is the only exception
             with self._finishing:
                 self.failed(*self.explain(exc))
@@ -807,6 +825,7 @@ class BaseSearch(Job):
         self.sha = commit_of(name)
         self.base = base
         self.timeout = config.clone_timeout
+        self.checkout_identity = marker_identity(paths, name)
 
     def write_record(self) -> None:
         note_search(self.paths, self.name, self.base, self.owner())
@@ -814,7 +833,21 @@ class BaseSearch(Job):
     def forget_record(self) -> None:
         note_search(self.paths, self.name, self.base, None)
 
+    def same_checkout(self) -> None:
+        """A verdict is the checkout's it was searched for: gc may evict the checkout while the
+        search runs (its keep-ref dropped, its commit pruned: git's merge-base then finds nothing,
+        or a deepening fails) and the commit be asked again meanwhile. Recorded, such a verdict
+        would be answered to the new checkout for as long as it lives (NoVerdict: nothing is)."""
+        if marker_identity(self.paths, self.name) != self.checkout_identity:
+            raise NoVerdict("the checkout was evicted during the search: nothing recorded, the next ask "
+                            "searches again")
+
     def failed(self, code: str, message: str, next_step: str) -> None:
+        if marker_identity(self.paths, self.name) != self.checkout_identity:
+            self.log(f"merge base of {self.sha} and {self.base} failed ({code}: {message}) after the checkout was "
+                     f"evicted: nothing recorded, the next ask searches again")
+            self.forget_record()
+            return
         previous = base_failure(self.paths, self.name, self.base)
         failure = next_failure(previous, code, message, next_step, time.time(), self.config.backoff,
                                self.config.backoff_max)
@@ -832,6 +865,7 @@ class BaseSearch(Job):
             found = self.search_shallow()
         else:
             found = self.search_complete()
+        self.same_checkout()
         with self._finishing:
             if found is HAND_OVER:
                 note_search(self.paths, self.name, self.base, None, handed_over=True)
@@ -928,14 +962,15 @@ class BaseSearch(Job):
                 depth += step
                 step *= 2
                 found = self.proven_merge_base(in_view, boundary)
-            # Every boundary entry the objects fetched need, BASE's side too: the checkout's git
-            # reads BASE (`git merge-base HEAD BASE`) and must stop where its history stops.
-            final = frozenset(boundary & in_view(lambda view: self.backend.reachable_commits(
-                view, [self.sha, self.base])))
+            # The view's boundary as git left it, whole: every entry the objects fetched need,
+            # BASE's side too (the checkout's git reads BASE, `git merge-base HEAD BASE`, and
+            # must stop where its history stops), and none gone but those git deepened past. A
+            # narrower one (only what the two commits reach) dropped entries other lines still
+            # need; the install keeps no entry above history the mirror has (settled_boundary).
             with locks.mirror_write(self.paths, timeout=max(1.0, self.timeout)) as mirror_lock:
                 completed = not is_shallow(mirror)
                 if not completed:
-                    self.backend.install_fetched(mirror, Fetched(incoming, {}, {kept_ref: self.base}, start, final,
+                    self.backend.install_fetched(mirror, Fetched(incoming, {}, {kept_ref: self.base}, start, boundary,
                                                                  False), (mirror_lock.fileno(),), refs=[kept_ref])
                     if not self.backend.is_connected(mirror, self.sha):
                         raise CheckoutCacheError("CLONE_FAILED", detail=f"{self.sha}'s deepened history is not all "

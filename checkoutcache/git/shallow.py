@@ -49,7 +49,7 @@ from typing import NamedTuple
 from checkoutcache.credentials import Credential, redact, secrets_of
 from checkoutcache.errors import CheckoutCacheError
 from checkoutcache.git import quarantine
-from checkoutcache.git.backend import Log, Progress, git_failure, one_time_promisor_remote
+from checkoutcache.git.backend import Log, Progress, git_failure, keep_ref, one_time_promisor_remote
 from checkoutcache.git.boundary import (is_shallow, link_shallow, read_shallow, shallow_file,  # noqa: F401
                                         write_shallow)
 from checkoutcache.git.env import git_env
@@ -161,7 +161,7 @@ class ShallowOps:
         quarantine.move_objects(mirror, fetched.incoming)
         added = fetched.added if boundary is None else boundary
         now = read_shallow(mirror)
-        wanted = (now | added) - fetched.removed
+        wanted = self.settled_boundary(mirror, now, (now | added) - fetched.removed)
         if wanted != now:
             write_shallow(mirror, wanted)
         self.update_refs(mirror, {ref: sha for ref, sha in fetched.refs_after.items()
@@ -198,23 +198,72 @@ class ShallowOps:
                 found[ref] = (sha, kind)
         return found
 
+    def settled_boundary(self, mirror: str, now: frozenset[str], proposed: frozenset[str]) -> frozenset[str]:
+        """The boundary a fetch's install writes, under the mirror lock, from what the fetch and
+        its caller propose checked against the objects now in the mirror. An entry leaves only
+        when its parents are here (a caller's filter, or a second search's narrower view, proves
+        no history it did not fetch: dropped, the entry would claim history that is not there).
+        An entry comes only where a parent is missing or the history below it is not connected
+        here (git registers every commit at a fetch's depth, even one whose history the mirror
+        already has: listed, it would cut that history from every checkout that reaches it). A
+        root commit git lists stays listed: it hides nothing, and a mirror whose only entry it
+        is stays shallow, so its history (every branch) still follows."""
+        removals, additions = now - proposed, proposed - now
+        if not removals and not additions:
+            return proposed
+        parents = self.parents_of(mirror, removals | additions)
+        missing = self.lacking_parents(mirror, parents)
+        needless = {sha for sha in additions - missing if parents[sha] and self.commits_connected(mirror, sha)}
+        return frozenset((proposed | (removals & missing)) - needless)
+
+    def commits_connected(self, git_dir: str, sha: str) -> bool:
+        """Whether the commit's ancestry is all here, down to the boundary on disk or to what the
+        refs already reach (their history is: DESIGN invariant 13). Commits only: the fetch
+        checked the commit's own objects; a walk of its tree would cost a new commit a whole
+        tree's worth of reads."""
+        done = self._run(["-C", git_dir, "rev-list", "--quiet", sha, "--not", f"--exclude={keep_ref(sha)}", "--all"],
+                         stdout=subprocess.DEVNULL)
+        return done.returncode == 0
+
+    def parents_of(self, git_dir: str, shas: frozenset[str] | set[str]) -> dict[str, list[str] | None]:
+        """Each commit's parents as its object names them (a shallow file hides none), None for one
+        that is not a commit here: one git execution, whatever their number."""
+        wanted = sorted(shas)
+        found: dict[str, list[str] | None] = dict.fromkeys(wanted)
+        if not wanted:
+            return found
+        listed = subprocess.run([self.git, "-C", git_dir, "cat-file", "--batch"], capture_output=True, env=git_env(),
+                                cwd="/", input="".join(sha + "\n" for sha in wanted).encode())
+        if listed.returncode != 0:
+            return found
+        rest = listed.stdout
+        for sha in wanted:
+            header, _, rest = rest.partition(b"\n")
+            fields = header.split()
+            if len(fields) != 3 or not fields[2].isdigit():
+                continue  # "<sha> missing"
+            size = int(fields[2])
+            body, rest = rest[:size], rest[size + 1:]
+            if fields[1] == b"commit":
+                found[sha] = [line.split()[1].decode() for line in body.split(b"\n\n", 1)[0].splitlines()
+                              if line.startswith(b"parent ")]
+        return found
+
+    def lacking_parents(self, git_dir: str, parents: dict[str, list[str] | None]) -> set[str]:
+        """Which of these commits (parents_of) lack a parent here, or are not commits here: one git
+        execution."""
+        named = sorted({p for found in parents.values() for p in found or ()})
+        present: set[str] = set()
+        if named:
+            checked = subprocess.run([self.git, "-C", git_dir, "cat-file", "--batch-check=%(objectname) %(objecttype)"],
+                                     input="".join(p + "\n" for p in named), capture_output=True, text=True,
+                                     env=git_env(), cwd="/")
+            present = {line.split()[0] for line in checked.stdout.splitlines() if line.endswith(" commit")}
+        return {sha for sha, found in parents.items() if found is None or not set(found) <= present}
+
     def parents_present(self, mirror: str, sha: str) -> bool:
         """Whether every parent of the commit is in the mirror (a root commit: True)."""
-        listed = self._run(["-C", mirror, "cat-file", "commit", sha])
-        if listed.returncode != 0:
-            return False
-        parents = []
-        for line in listed.stdout.splitlines():
-            if not line:
-                break
-            if line.startswith("parent "):
-                parents.append(line.split()[1])
-        if not parents:
-            return True
-        checked = subprocess.run([self.git, "-C", mirror, "cat-file", "--batch-check=%(objecttype)"],
-                                 input="".join(p + "\n" for p in parents), capture_output=True, text=True,
-                                 env=git_env(), cwd="/")
-        return checked.returncode == 0 and checked.stdout.split() == ["commit"] * len(parents)
+        return not self.lacking_parents(mirror, self.parents_of(mirror, {sha}))
 
     def reachable_commits(self, git_dir: str, tips: list[str] | None = None) -> set[str]:
         """The commits reachable from tips (default: every ref), down to the repository's
