@@ -246,3 +246,41 @@ def test_a_fake_workspace_pins_nothing(root, upstream, tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_workspace_tree_that_is_a_symlink_is_never_read_through(root, upstream, tmp_path):
+    """Second review of issue 33 (finding 5): gc checked a live workspace's alternates by a path
+    whose components it followed: a review's `tree` made a symlink to another directory (one
+    holding alternates that name the store's mirror) was read through, and its word pinned the
+    repository. Every component beneath the workspace is opened without following a link: the
+    symlinked tree borrows nothing, and the repository goes at its idle limit."""
+    import json
+
+    sha = upstream.shas[0]
+    (path,) = checkouts(root, upstream, [sha])
+    key = os.path.basename(os.path.dirname(os.path.dirname(path)))
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / ".git" / "objects" / "info").mkdir(parents=True)
+    (elsewhere / ".git" / "objects" / "info" / "alternates").write_text(
+        os.path.join(root, "repos", key, "mirror.git", "objects") + "\n")
+    workspaces = tmp_path / "workspaces"
+    fake = workspaces / "ws-1-0123456789ab"
+    fake.mkdir(parents=True)
+    os.symlink(elsewhere, fake / "tree")
+    (fake / "owner.json").write_text(json.dumps({"pid": 1, "start_time": 1.0, "root": root, "key": key, "commit": sha,
+                                                 "name": sha, "created_at": 1.0}))
+    (fake / "owner.lock").write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", PIN.replace("LOCK_SH", "LOCK_EX"), str(fake / "owner.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "pinned"
+        env = {"CHECKOUTCACHE_WORKSPACES": str(workspaces), "CHECKOUTCACHE_REPO_MAX_IDLE": "1s",
+               "CHECKOUTCACHE_GRACE": "1s"}
+        first = gc(root, **env)
+        assert first["workspaces"]["live"] == 1, first["workspaces"]
+        second = gc(root, **env)
+        assert [r["reason"] for r in first["removed"] + second["removed"]].count("repository") == 1, (first, second)
+        assert not os.path.exists(os.path.join(root, "repos", key))
+    finally:
+        holder.kill()
+        holder.wait()

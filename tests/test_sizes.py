@@ -393,3 +393,29 @@ def test_gc_stops_a_workspace_walk_at_its_entries_bound(root, upstream, monkeypa
         assert partial["why"] == ["entries"] and partial["entries"] == 3000, partial
         assert 0 < report.workspaces["bytes"] == partial["bytes"] < 5000 * 4096, report.workspaces
         assert "SIZE_AT_LEAST" in {p["error"] for p in report.problems}, report.problems
+
+
+@pytest.mark.slow
+def test_one_gc_run_walks_all_workspaces_within_one_budget(root, upstream, monkeypatch):
+    """Regression (second review of issue 33, finding 4): only each workspace's walk was bounded,
+    so a review's eight workspaces of a million hard links each held gc (and gc.lock) for 28 s,
+    and more workspaces for longer. All of one run's walks share one budget (3000 entries
+    here): the first workspace is walked whole, the second until the budget is spent, the third
+    not at all, and gc says so for both."""
+    from checkoutcache.cache import Cache
+    from checkoutcache.config import Config
+    from checkoutcache.store.sizes import Bounds
+    from checkoutcache.upkeep import gc, workspace_upkeep
+
+    with live_workspace(root, upstream, monkeypatch) as first, live_workspace(root, upstream, monkeypatch) as second, \
+            live_workspace(root, upstream, monkeypatch) as third:
+        for made in (first, second, third):
+            files(os.path.join(made.path, "build"), 2000, 16)
+        monkeypatch.setattr(workspace_upkeep, "WORKSPACES_BUDGET", Bounds(entries=3000))
+        report = gc.run_gc(Cache(root).paths, Config.from_env())
+        spaces = report.workspaces
+        assert spaces["live"] == 3, spaces
+        partial = sorted(spaces["partial"], key=lambda p: p["entries"], reverse=True)
+        assert [p["why"] for p in partial] == [["entries"], ["budget"]], spaces
+        assert partial[1]["entries"] == 0 and partial[1]["bytes"] == 0, spaces
+        assert [p["error"] for p in report.problems].count("SIZE_AT_LEAST") == 2, report.problems

@@ -72,6 +72,35 @@ UNBOUNDED = Bounds()
 # A live workspace: a tree the review makes as it likes, walked as it changes (a million
 # entries are a few seconds of gc's time, in no more memory than an empty one).
 WORKSPACE_BOUNDS = Bounds(entries=1_000_000, seconds=20.0)
+# All live workspaces of one gc run together: a review can make as many as it likes, and gc
+# holds gc.lock while it walks them (eight of a million hard links each were 28 s).
+WORKSPACES_BUDGET = Bounds(entries=2_000_000, seconds=40.0)
+BUDGET = "budget"  # the run's budget for all workspaces was spent before this one was walked whole
+
+
+class Budget:
+    """What is left of a run's bounds for several measurements: each gets the smaller of its
+    own bounds and what is left."""
+
+    def __init__(self, total: Bounds):
+        self.total = total
+        self.entries_used = 0
+        self.started = time.monotonic()
+
+    def next(self, own: Bounds) -> Bounds | None:
+        """The bounds of the next measurement; None when the budget is spent."""
+        entries = None if self.total.entries is None else self.total.entries - self.entries_used
+        seconds = None if self.total.seconds is None else self.total.seconds - (time.monotonic() - self.started)
+        if (entries is not None and entries <= 0) or (seconds is not None and seconds <= 0):
+            return None
+        return Bounds(entries=_smaller(own.entries, entries), seconds=_smaller(own.seconds, seconds))
+
+    def spend(self, usage: "Usage") -> None:
+        self.entries_used += usage.entries
+
+
+def _smaller(a, b):
+    return b if a is None else a if b is None else min(a, b)
 
 
 @attrs.frozen

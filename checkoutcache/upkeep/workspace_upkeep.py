@@ -6,8 +6,9 @@ gc.py before it plans eviction:
   others are listed (the report's workspaces.dead_left) for their uid's next call;
 - the bytes of live ones count against max-bytes (their source checkouts stay held
   meanwhile): each is measured by a walk bounded in entries and time (store/sizes.py
-  WORKSPACE_BOUNDS); past a bound what it counted is its bytes, a lower bound the report
-  says (workspaces.partial and a SIZE_AT_LEAST problem);
+  WORKSPACE_BOUNDS), and all of them in one run within WORKSPACES_BUDGET (one not walked
+  at all once it is spent: "budget"); past a bound what it counted is its bytes, a lower
+  bound the report says (workspaces.partial and a SIZE_AT_LEAST problem);
 - the commit a live workspace borrows objects from keeps its keep-ref and its repository
   even once the source checkout went, but only when the workspace's git really borrows from
   that mirror (its alternates, never its owner.json alone: that is the review's word), and
@@ -25,7 +26,7 @@ import os
 from checkoutcache.config import Config
 from checkoutcache.store import tree
 from checkoutcache.store.layout import RootPaths
-from checkoutcache.store.sizes import WORKSPACE_BOUNDS, measure
+from checkoutcache.store.sizes import BUDGET, WORKSPACE_BOUNDS, WORKSPACES_BUDGET, Budget, Usage, measure
 from checkoutcache.units import format_bytes
 from checkoutcache.upkeep.report import GcReport, Removed
 
@@ -56,12 +57,16 @@ def workspace_upkeep(root_paths: RootPaths, config: Config, report: GcReport, pr
         seen["dead_left"] = [{"workspace": n.name, "uid": n.uid, "why": n.why} for n in left]
     facts = workspaces.workspace_facts(paths, problems=found)
     problems += list({(p["path"], p["error"]): p for p in found}.values())  # each entry once
+    budget = Budget(WORKSPACES_BUDGET)
     for fact in facts:
         if fact.alive:
             seen["live"] += 1
-            # The review's own tree, walked as it changes it: bounded, and past a bound
-            # what was counted stands as its bytes (a lower bound, said so).
-            usage = measure(fact.path, bounds=WORKSPACE_BOUNDS)
+            # The review's own tree, walked as it changes it: bounded, each and all of them in
+            # one run (a review makes as many as it likes), and past a bound what was counted
+            # stands as its bytes (a lower bound, said so).
+            bounds = budget.next(WORKSPACE_BOUNDS)
+            usage = Usage(0, partial=(BUDGET,)) if bounds is None else measure(fact.path, bounds=bounds)
+            budget.spend(usage)
             seen["bytes"] += usage.bytes
             if usage.partial:
                 seen["partial"].append({"workspace": fact.name, "bytes": usage.bytes, "entries": usage.entries,
@@ -79,10 +84,29 @@ def borrows_from(fact, key: str) -> bool:
     """Whether a live workspace's git really borrows from repository KEY's mirror: its tree's
     .git/objects/info/alternates names that mirror's objects (an owner.json alone is the
     review's word: it could name any repository to pin it)."""
-    alternates = os.path.join(fact.tree, ".git", "objects", "info", "alternates")
+    # The review's own tree: every component beneath its workspace is opened without following
+    # a link (a `tree` made a symlink to a directory of the writer's was read through), and
+    # the file never blocks (a FIFO) and must be a regular one.
+    from checkoutcache.store.beneath import Escape, open_dir_beneath
+    from checkoutcache.store.layout import refuse_unless_regular
+
+    inside = os.path.relpath(fact.tree, fact.path).encode() + b"/.git/objects/info"
     try:
-        fd = tree.open_file(alternates, os.O_RDONLY)  # never blocks, never a FIFO's or a link's
-    except OSError:
+        workspace = tree.open_dir(fact.path)
+        try:
+            info = open_dir_beneath(workspace, inside)
+        finally:
+            os.close(workspace)
+        try:
+            fd = os.open("alternates", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=info)
+        finally:
+            os.close(info)
+        try:
+            refuse_unless_regular(fd, os.path.join(fact.tree, ".git", "objects", "info", "alternates"))
+        except OSError:
+            os.close(fd)
+            raise
+    except (OSError, Escape):
         return False
     with os.fdopen(fd, "rb") as handle:
         lines = handle.read(1 << 14).decode("utf-8", "replace").splitlines()
