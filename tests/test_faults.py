@@ -28,6 +28,7 @@ from .helpers import (
     content_snapshot,
     git,
     make_idle,
+    settled,
     marker,
     only_repo,
     pid_alive,
@@ -84,6 +85,7 @@ def assert_recovered(root: str, upstream: Upstream, sha: str, bystander: str, be
 def store_with_bystander(root, upstream):
     """A store holding one checkout (shas[0]) that no fault may touch."""
     bystander = wait_ready(root, upstream.path, upstream.shas[0])["path"]
+    settled(root)  # its history complete: nothing of it runs beside the fault (its trash slot, its scratch)
     return upstream, bystander, snapshot(bystander)
 
 

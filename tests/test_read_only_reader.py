@@ -364,3 +364,61 @@ def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream):
             holder.wait()
         serve.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+HOLD_EXCLUSIVE = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # flock ignores the open mode
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_a_readers_exclusive_lock_on_a_marker_neither_stalls_ready_answers_nor_starts_clones(served_upstream):
+    """Second review of issue 33 (finding 1): a review of another uid opened a ready checkout's
+    marker read-only and took flock's exclusive lock (flock ignores the open mode): every ready
+    answer of it waited out SHARED_LOCK_WAIT and answered not ready, so the writer started a
+    clone worker every few seconds for a published commit, and another review's exec failed.
+    The evictor's lock is also the description's write lock, which a read-only descriptor
+    cannot take: a refused shared lock falls back to the description's read lock."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is needed to run as another uid")
+    upstream, url = served_upstream
+    base = tempfile.mkdtemp(prefix="ccwriter-", dir="/tmp")
+    os.chmod(base, 0o755)
+    root = os.path.join(base, "cache")
+    user = _uid_outside_the_group()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKOUTCACHE_")}
+    holder = None
+    try:
+        sha = upstream.shas[0]
+        code, answer, out = run_cli("ensure", url, sha, "--wait", "60", root=root)
+        assert code == 0, out
+        settled(root)
+        path = answer["path"]
+        log = only_repo(root).clone_log(sha)
+        logged = open(log).read()
+        holder = subprocess.Popen(["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups",
+                                   sys.executable, "-c", HOLD_EXCLUSIVE, marker(path)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+        for _ in range(3):
+            code, again, out = run_cli("ensure", url, sha, "--wait", "0", root=root)
+            assert code == 0 and again["state"] == "ready" and again["path"] == path, out
+        from checkoutcache import Cache
+
+        assert Cache(root).ensure(url, sha).state == "ready"
+        code, _, out = run_cli("exec", url, sha, "--", "sh", "-c", "test -f README.md", root=root)
+        assert code == 0, out
+        assert open(log).read() == logged, "no clone was started for the published commit"
+        # gc sees the reader's lock (a hold, bounded as every reader's is) and moves nothing
+        # under it with its exclusive lock.
+        code, report, out = run_cli("gc", "--grace", "0", "--max-checkouts", "0", root=root, env=env)
+        assert code == 0 and [k["why"] for k in report["kept_over_limit"]] == ["held"], out
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        shutil.rmtree(base, ignore_errors=True)

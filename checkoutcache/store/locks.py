@@ -208,13 +208,46 @@ def scratch_change(paths: RepoPaths, timeout: float = SCRATCH_WAIT) -> Lock:
 
 def checkout_exclusive(marker: str) -> Lock | None:
     """The marker's exclusive lock, to move a checkout away; never waits (a held
-    checkout is kept, not waited for). None too if the marker is gone."""
-    return try_lock(marker, shared=False, create=False)
+    checkout is kept, not waited for). None too if the marker is gone. Two locks
+    (store/ready.py): flock's exclusive one, and the description's write lock, which
+    only a writer's descriptor can take and a reader's read lock refuses."""
+    from checkoutcache.store.ready import description_lock
+
+    try:
+        fd = tree.open_file(marker, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    handle = os.fdopen(fd, "rb")
+    if not _flock(handle, False, marker) or not description_lock(fd, fcntl.F_WRLCK):
+        handle.close()
+        return None
+    try:
+        same = os.path.samestat(os.fstat(fd), tree.lstat(marker))
+    except (FileNotFoundError, NotADirectoryError):
+        same = False
+    if not same:
+        handle.close()
+        return None
+    return Lock(marker, handle)
 
 
 def checkout_held(marker: str) -> bool:
-    """Whether a ready answer, an exec or a hold has the checkout right now."""
-    return tree.lexists(marker) and is_locked(marker)
+    """Whether a ready answer, an exec or a hold has the checkout right now (flock's shared
+    lock, or the description's read lock of a ready answer that met a reader's exclusive one)."""
+    from checkoutcache.store.ready import description_locked
+
+    if not tree.lexists(marker):
+        return False
+    if is_locked(marker):
+        return True
+    try:
+        fd = tree.open_file(marker, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        return description_locked(fd)
+    finally:
+        os.close(fd)
 
 
 def serve_journal_owned(path: str) -> Lock:

@@ -11,6 +11,15 @@ use). An evictor must hold the exclusive lock to re-check the last use and
 rename the checkout away, so either our touch comes first (and the evictor
 sees a fresh use and keeps it), or the rename comes first (and we see the
 path gone and answer not-ready, so the caller re-clones).
+
+The evictor's exclusive lock is two: flock's, and an open file description's
+write lock (F_OFD_SETLK), which only a descriptor opened for writing can take,
+so only a writer of the store. Any uid that reads the marker can take flock's
+exclusive lock (flock ignores the open mode) and keep it: a review that did so
+made every ready answer of that checkout wait, then start a clone. So a shared
+lock refused is followed by the description's read lock: granted, no evictor
+moves the checkout (it would hold the write lock), and the read lock keeps one
+from doing so, as the shared lock would (checkout_exclusive takes both).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import fcntl
 import json
 import os
 import stat
+import struct
 import time
 
 # The evictor holds the exclusive lock only to re-check and rename (milliseconds);
@@ -28,8 +38,32 @@ import time
 SHARED_LOCK_WAIT = 2.0
 
 
+# struct flock on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (and its padding).
+_FLOCK = "hhqqi4x"
+
+
+def description_lock(fd: int, kind: int) -> bool:
+    """The open file description's lock of the whole file (fcntl.F_RDLCK or F_WRLCK, never
+    waiting): False when another description holds a conflicting one, or the kernel has none."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, kind, 0, 0, 0, 0))
+        return True
+    except OSError:  # EAGAIN: held; EBADF: a write lock on a read-only descriptor; EINVAL: no OFD locks
+        return False
+
+
+def description_locked(fd: int) -> bool:
+    """Whether another description holds a lock of the file that an evictor's write lock meets."""
+    try:
+        found = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, 0, 0, 0, 0))
+    except OSError:
+        return False
+    return struct.unpack(_FLOCK, found)[0] != fcntl.F_UNLCK
+
+
 def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | None:
-    """A descriptor holding the marker's shared lock while the marker is in place, else None."""
+    """A descriptor holding the marker's shared lock (or, where flock's is refused, its
+    description's read lock: see the module's docstring) while the marker is in place, else None."""
     try:
         # O_NONBLOCK: a FIFO where the marker should be (a peer's, in the group mode) must not
         # hold the answer in open(2); it is no marker (S_ISREG below).
@@ -43,6 +77,8 @@ def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | Non
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if description_lock(fd, fcntl.F_RDLCK):
+                    break  # a reader's exclusive flock, not an eviction
                 now = time.monotonic()
                 deadline = deadline or now + wait
                 if now >= deadline:
