@@ -326,7 +326,13 @@ Locks (flock; all die with their holder; helpers named for their purpose in lock
                                          or /v1/hold (the command's run)      command (bounded:
                                                                               max-held, max-hold-age)
                               exclusive  eviction, moving a checkout aside   one rename (never
-                                                                              waits)
+                                         (flock's and the open file          waits)
+                                         description's write lock, which
+                                         only a writer's descriptor takes;
+                                         a ready answer that meets a
+                                         reader's exclusive flock takes the
+                                         description's read lock instead:
+                                         store/ready.py)
     holds/<pid>-<nonce>.hold  exclusive  its holder (an exec's command too)   the hold
                               (try)      gc (a free one is removed)           a look
     locks/.health-<nonce>     exclusive  /readyz (a fresh file per probe)    a probe
