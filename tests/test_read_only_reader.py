@@ -422,3 +422,45 @@ def test_a_readers_exclusive_lock_on_a_marker_neither_stalls_ready_answers_nor_s
             holder.kill()
             holder.wait()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_serve_makes_an_older_stores_writers_only_directories_so_at_its_start(tmp_path, served_upstream):
+    """Second review of issue 33 (finding 3): the repositories' writers-only directories were made
+    so only by gc, under gc.lock; a review holding an old descriptor of gc.lock (opened before
+    the upgrade) kept every gc, and so that change, from happening, and went on opening the
+    repositories' lock files. serve makes them so at its start, gc or no gc."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is needed to run as another uid")
+    upstream, url = served_upstream
+    base = tempfile.mkdtemp(prefix="ccwriter-", dir="/tmp")
+    os.chmod(base, 0o755)
+    root = os.path.join(base, "cache")
+    user = _uid_outside_the_group()
+    holder = None
+    try:
+        code, _, out = run_cli("ensure", url, upstream.shas[0], "--wait", "60", root=root)
+        assert code == 0, out
+        settled(root)
+        assert run_cli("gc", root=root)[0] == 0
+        paths = RootPaths(root)
+        private = [*paths.private_dirs, *(d for key in paths.repo_keys() for d in paths.repo(key).private_dirs)]
+        for directory in private:  # as an older version made them
+            if os.path.isdir(directory):
+                os.chmod(directory, 0o755)
+        holder = subprocess.Popen(["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups",
+                                   sys.executable, "-c", HOLD_EXCLUSIVE, paths.gc_lock],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+        assert run_cli("gc", root=root)[1]["skipped"], "the old descriptor keeps gc from running"
+        serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
+        try:
+            modes = {d: oct(stat.S_IMODE(os.stat(d).st_mode)) for d in private if os.path.isdir(d)}
+            assert len(modes) >= 3 and set(modes.values()) == {oct(0o700)}, modes
+        finally:
+            serve.stop()
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        shutil.rmtree(base, ignore_errors=True)

@@ -175,6 +175,10 @@ def serve(cache: Cache, config: Config, settings: ServeSettings, policy: ApiPoli
     raise_open_file_limit()
     init_root(cache.paths)
     tree.make_private_dir(cache.paths.serve_dir)
+    # An older version's store: its writers-only directories made so at once, whether or not a
+    # gc can run (a reader holding an old gc.lock descriptor keeps every gc from it).
+    tree.keep_private_dirs([*cache.paths.private_dirs,
+                            *(d for key in cache.paths.repo_keys() for d in cache.paths.repo(key).private_dirs)])
     # Named by a nonce, not by our pid alone: every container's serve has the same pid,
     # and two of them may share this root (invariant 3).
     journal = cache.paths.serve_journal(os.getpid(), uuid.uuid4().hex[:16])

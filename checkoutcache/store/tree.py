@@ -202,6 +202,18 @@ def make_private_dir(path: str) -> None:
         os.close(made)
 
 
+def keep_private_dirs(directories: tuple[str, ...] | list[str]) -> None:
+    """The writers-only directories that exist get their mode (modes.private_dir_mode): an
+    older version made them readable, and a reader could take the locks inside. One that
+    cannot be reached (a symlink, a peer's) is left as it is: gc and status report it."""
+    for directory in directories:
+        try:
+            if is_dir(directory):
+                make_private_dir(directory)
+        except OSError:
+            continue
+
+
 def mkdir(path: str) -> None:
     """One new directory (DIR_MODE); FileExistsError if it is there."""
     with parent_of(path) as (fd, name):

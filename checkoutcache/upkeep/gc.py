@@ -98,7 +98,7 @@ from checkoutcache.upkeep.eviction import (
     plan_repo_drops,
     unmet_after,
 )
-from checkoutcache.upkeep.leftovers import delete, empty_trash, keep_private, record_unremovable, remove_moved, tidy
+from checkoutcache.upkeep.leftovers import delete, empty_trash, record_unremovable, remove_moved, tidy
 from checkoutcache.upkeep.limits import record_limits
 from checkoutcache.upkeep.mirror_upkeep import maintain_mirror
 from checkoutcache.upkeep.report import REPOSITORY, USED_MEANWHILE, GcReport, KeptOver, Removed
@@ -246,7 +246,8 @@ def run_gc(root_paths: RootPaths, config: Config, dry_run: bool = False,
         report.skipped = "another gc is running"
         return report
     with gc_lock:
-        keep_private(root_paths.private_dirs, dry_run)
+        if not dry_run:
+            tree.keep_private_dirs(root_paths.private_dirs)
         before = disk_of(root_paths.root)
         report.disk_before = attrs.asdict(before)
         if not dry_run:

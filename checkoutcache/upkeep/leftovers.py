@@ -124,20 +124,11 @@ def still_damaged(paths: RepoPaths, name: str):
     return recheck
 
 
-def keep_private(directories: tuple[str, ...], dry_run: bool) -> None:
-    """The writers-only directories that exist get their mode (store/modes.py private_dir_mode):
-    an older version made them readable, and a reader could take the locks inside."""
-    if dry_run:
-        return
-    for directory in directories:
-        if tree.is_dir(directory):
-            tree.make_private_dir(directory)
-
-
 def tidy(info: RepoInfo, report: GcReport) -> None:
     """Leftovers of dead processes: scratch, clone records, temp files, unmarked or damaged checkouts."""
     paths = info.paths
-    keep_private(paths.private_dirs, report.dry_run)
+    if not report.dry_run:
+        tree.keep_private_dirs(paths.private_dirs)
     for directory in (paths.state_dir, paths.base):
         for name in entries(directory):  # listed beneath the root, never through a symlink
             path = os.path.join(directory, name)
