@@ -18,6 +18,7 @@ from .helpers import (
     marker,
     only_repo,
     run_cli,
+    settled,
     wait_ready,
 )
 
@@ -74,7 +75,8 @@ def test_cli_fallback_when_server_refuses_ids(root, served_upstream, fake_git):
 
 def test_second_commit_reuses_the_mirror_without_a_network_call(root, served_upstream, fake_git, tmp_path):
     upstream, url = served_upstream
-    wait_ready(root, url, upstream.shas[2])  # fetching the tip brings its whole history
+    wait_ready(root, url, upstream.shas[2])  # the tip first (depth 1), then its whole history in the background
+    settled(root)
     calls = tmp_path / "git-calls"
     env = fake_git(f'echo "$*" >> {calls}')
     answer = wait_ready(root, url, upstream.shas[0], env=env)

@@ -18,6 +18,7 @@ from checkoutcache import Cache
 
 from .helpers import (
     SHORT_BACKOFF,
+    settled,
     assert_checkout_matches,
     make_idle,
     only_repo,
@@ -87,6 +88,7 @@ def gc(root: str, *args: str) -> dict:
 def test_gc_never_removes_a_damaged_checkout_an_exec_holds(root, upstream, tmp_path, execs):
     sha = upstream.shas[1]
     path = wait_ready(root, upstream.path, sha)["path"]
+    settled(root)  # the first clone's history ends: no trash of its own beside gc's
     held = Exec(root, upstream.path, sha, tmp_path)
     execs.append(held)
     empty_top_level(path)
@@ -112,6 +114,7 @@ def test_gc_never_removes_a_damaged_checkout_an_exec_holds(root, upstream, tmp_p
 def test_verify_remove_broken_keeps_a_broken_checkout_an_exec_holds(root, upstream, tmp_path, execs):
     sha = upstream.shas[2]
     path = wait_ready(root, upstream.path, sha)["path"]
+    settled(root)  # the first clone's history ends: no trash of its own
     held = Exec(root, upstream.path, sha, tmp_path)
     execs.append(held)
     deep = os.path.join(path, "src", "deep", "nested", "file.txt")

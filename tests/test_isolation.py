@@ -21,7 +21,7 @@ import pytest
 from checkoutcache.store import locks
 from checkoutcache.store.layout import RepoPaths, RootPaths
 
-from .helpers import assert_checkout_matches, run_cli, wait_ready, wait_until
+from .helpers import assert_checkout_matches, run_cli, settled, wait_ready, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="PID namespaces need root and unshare (CI runs as root)")
@@ -50,6 +50,7 @@ def scratch_names(paths: RepoPaths) -> list[str]:
 def test_equal_pids_in_two_namespaces_never_touch_each_others_clone(root, served_upstream):
     upstream, url = served_upstream
     wait_ready(root, url, upstream.shas[0])  # the mirror exists; the next clones only fetch
+    settled(root)  # its history complete (it takes the mirror lock the test holds, and leaves trash)
     paths = repo_paths(root)
     # Hold the mirror lock so that both workers sit between making their scratch and fetching.
     mirror_lock = locks.mirror_write(paths, timeout=10)
@@ -81,6 +82,7 @@ def test_equal_pids_in_two_namespaces_never_touch_each_others_clone(root, served
     for sha in upstream.shas[1:3]:
         assert_checkout_matches(paths.checkout(sha), upstream.path, sha)
     # The workers' own cleanup removed only their own scratch; gc finds nothing of theirs alive.
+    settled(root)
     run_cli("gc", root=root)
     assert scratch_names(paths) == []
     assert os.listdir(paths.trash_dir) == []
@@ -91,6 +93,7 @@ def test_random_kills_in_two_namespaces_recover(root, served_upstream):
     upstream, url = served_upstream
     shas = upstream.shas
     wait_ready(root, url, shas[0])
+    settled(root)  # its history complete: the rounds' clones are a complete mirror's
     paths = repo_paths(root)
     rng = random.Random(7)
     for round_number in range(4):

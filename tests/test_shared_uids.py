@@ -23,7 +23,7 @@ import pytest
 
 from checkoutcache.store.layout import RootPaths
 
-from .helpers import assert_checkout_matches, walk
+from .helpers import assert_checkout_matches, settled, walk
 
 USER, GROUP = "ccother", "ccshare"
 
@@ -93,6 +93,7 @@ def test_two_uids_in_one_group_ensure_exec_gc_and_status(second_user, shared_roo
     first, second = upstream.shas[0], upstream.shas[1]
     code, answer, out = cli(shared_root, "ensure", url, first, "--wait", "60")
     assert code == 0, out
+    settled(shared_root)  # its history complete: no trash of its own beside gc's at the end
     # The other uid: a ready answer that records its use (the marker's mtime moves).
     marker = RootPaths(shared_root).repo(os.path.basename(os.path.dirname(os.path.dirname(answer["path"])))) \
         .ready_marker(first)

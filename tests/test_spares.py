@@ -24,6 +24,7 @@ from .helpers import (
     only_repo,
     pid_alive,
     run_cli,
+    settled,
     wait_ready,
     wait_until,
 )
@@ -343,6 +344,7 @@ def test_a_worker_killed_at_each_step_of_an_update(root, project, step, kill_log
 def test_gc_killed_while_making_a_spare(root, project, kill_log):
     a, b = project.shas
     checkout = wait_ready(root, project.path, a)["path"]
+    settled(root)  # its history ends: no trash of its own beside gc's
     make_idle(checkout, 3600)
     code, _, _ = run_cli("gc", "--max-checkouts", "0", root=root,
                          env={"CHECKOUTCACHE_TEST_KILL_AT": "gc-after-spare-rename"})

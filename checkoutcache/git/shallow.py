@@ -15,7 +15,10 @@ Who writes the file, always under locks/mirror.lock:
   is a symlink to the mirror's). git removes the file by unlinking the view's link:
   after a successful fetch the caller removes the mirror's (`after_view_fetch`). A
   failed fetch never removes it (git unlinks before its connectivity check).
-- install_fetched: a private fetch's delta (the entries it added and removed).
+- install_fetched: a private fetch's delta (the entries it added and removed), checked
+  against the objects there (settled_boundary): an entry whose parents are missing is
+  never dropped, and none is added above history the mirror has connected (git lists
+  every commit at a fetch's depth, even one whose parents are here).
 - install_history: the entries a complete history fetch proved.
 Both write `shallow.lock` and rename it over `shallow` (git's own lock file: a killed
 writer's is removed as every stale git lock file is, git/mirror.py), in this order
