@@ -190,6 +190,42 @@ def _uid_outside_the_group() -> str:
     return name
 
 
+class Foreign:
+    """A root under /tmp that another uid can reach (pytest's tmp_path is root's alone), and
+    processes of that uid, outside the store's group, as a review's would be."""
+
+    def __init__(self):
+        self.base = tempfile.mkdtemp(prefix="ccwriter-", dir="/tmp")
+        os.chmod(self.base, 0o755)
+        self.root = os.path.join(self.base, "cache")
+        self.user = _uid_outside_the_group()
+        self.started: list[subprocess.Popen] = []
+
+    def python(self, code: str, *args: str) -> subprocess.Popen:
+        """python3 -c CODE ARGS as that uid: its stdin and stdout are pipes, and it is killed at
+        the test's end."""
+        proc = subprocess.Popen(["setpriv", f"--reuid={self.user}", "--regid=nogroup", "--clear-groups",
+                                 sys.executable, "-c", code, *args],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.started.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.started:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture
+def foreign():
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is needed to run as another uid")
+    made = Foreign()
+    yield made
+    made.close()
+
+
 @pytest.mark.slow
 def test_another_uid_outside_the_group_changes_nothing_in_the_store(served_upstream):
     """The writer's store (the default modes) against a review of another uid: it reads a
@@ -299,29 +335,20 @@ sys.stdin.read()
 
 
 @pytest.mark.slow
-def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream):
+def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream, foreign):
     """Review of issue 33: flock needs no write access, and the writer's lock files were 0644, so
     a review of another uid took gc.lock (every gc "skipped: another gc is running" for as long
     as it liked), mirror.lock (every new commit of the repository waited out its timeout), a
     clone's lock (a `cloning` answer with no owner) or a dead holder's hold (its checkout kept
     past every bound). The writers-only directories are 0700 now, and gc gives an older
     store's directories that mode: shown here by first making them as an older version did."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv is needed to run as another uid")
     upstream, url = served_upstream
-    base = tempfile.mkdtemp(prefix="ccwriter-", dir="/tmp")
-    os.chmod(base, 0o755)
-    root = os.path.join(base, "cache")
+    root = foreign.root
     serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
-    user = _uid_outside_the_group()
-    holders = []
 
-    def lock_what_it_can() -> dict:
-        holder = subprocess.Popen(["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups",
-                                   sys.executable, "-c", LOCK_WHAT_IT_CAN, root],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        holders.append(holder)
-        return json.loads(holder.stdout.readline())
+    def lock_what_it_can() -> tuple[subprocess.Popen, dict]:
+        holder = foreign.python(LOCK_WHAT_IT_CAN, root)
+        return holder, json.loads(holder.stdout.readline())
 
     def gc(*args: str) -> dict:
         code, report, out = run_cli("gc", "--json", *args, root=root)
@@ -341,16 +368,16 @@ def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream):
         assert private and all(os.path.isdir(d) for d in private), private
         for directory in private:  # as an older version made them
             os.chmod(directory, 0o755)
-        before = lock_what_it_can()
+        holder, before = lock_what_it_can()
         kinds = {p.split("/")[0] if not p.startswith("repos/") else p.split("/")[2] for p in before["opened"]
                  if writers_only(root, p)}
         assert kinds == {"locks", "holds", "serve"}, before  # the reader can do what the review found
         assert "locks/gc.lock" in before["locked"], before
-        holders.pop().communicate("")  # it lets go
+        holder.communicate("")  # it lets go
 
         gc()  # the writer's next gc (or serve's start) makes them writers-only again
         assert {oct(stat.S_IMODE(os.stat(d).st_mode)) for d in private} == {oct(0o700)}
-        after = lock_what_it_can()
+        _, after = lock_what_it_can()
         assert after["seen"] > 10, after
         assert [p for p in after["opened"] if writers_only(root, p)] == [], after
         # Holding all it could, the reader stops neither gc nor a new commit.
@@ -359,11 +386,7 @@ def test_a_reader_can_take_none_of_the_writers_locks(tmp_path, served_upstream):
         status, body = serve.request("POST", "/v1/ensure", {"repo": url, "commit": upstream.shas[2], "wait": 60})
         assert status == 200 and body["state"] == "ready", body
     finally:
-        for holder in holders:
-            holder.kill()
-            holder.wait()
         serve.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 HOLD_EXCLUSIVE = r"""
@@ -376,91 +399,63 @@ sys.stdin.read()
 
 
 @pytest.mark.slow
-def test_a_readers_exclusive_lock_on_a_marker_neither_stalls_ready_answers_nor_starts_clones(served_upstream):
+def test_a_readers_exclusive_lock_on_a_marker_neither_stalls_ready_answers_nor_starts_clones(served_upstream, foreign):
     """Second review of issue 33 (finding 1): a review of another uid opened a ready checkout's
     marker read-only and took flock's exclusive lock (flock ignores the open mode): every ready
     answer of it waited out SHARED_LOCK_WAIT and answered not ready, so the writer started a
     clone worker every few seconds for a published commit, and another review's exec failed.
     The evictor's lock is also the description's write lock, which a read-only descriptor
     cannot take: a refused shared lock falls back to the description's read lock."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv is needed to run as another uid")
     upstream, url = served_upstream
-    base = tempfile.mkdtemp(prefix="ccwriter-", dir="/tmp")
-    os.chmod(base, 0o755)
-    root = os.path.join(base, "cache")
-    user = _uid_outside_the_group()
+    root = foreign.root
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKOUTCACHE_")}
-    holder = None
-    try:
-        sha = upstream.shas[0]
-        code, answer, out = run_cli("ensure", url, sha, "--wait", "60", root=root)
-        assert code == 0, out
-        settled(root)
-        path = answer["path"]
-        log = only_repo(root).clone_log(sha)
-        logged = open(log).read()
-        holder = subprocess.Popen(["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups",
-                                   sys.executable, "-c", HOLD_EXCLUSIVE, marker(path)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert holder.stdout.readline().strip() == "held"
-        for _ in range(3):
-            code, again, out = run_cli("ensure", url, sha, "--wait", "0", root=root)
-            assert code == 0 and again["state"] == "ready" and again["path"] == path, out
-        from checkoutcache import Cache
+    sha = upstream.shas[0]
+    code, answer, out = run_cli("ensure", url, sha, "--wait", "60", root=root)
+    assert code == 0, out
+    settled(root)
+    path = answer["path"]
+    log = only_repo(root).clone_log(sha)
+    logged = open(log).read()
+    holder = foreign.python(HOLD_EXCLUSIVE, marker(path))
+    assert holder.stdout.readline().strip() == "held"
+    for _ in range(3):
+        code, again, out = run_cli("ensure", url, sha, "--wait", "0", root=root)
+        assert code == 0 and again["state"] == "ready" and again["path"] == path, out
+    from checkoutcache import Cache
 
-        assert Cache(root).ensure(url, sha).state == "ready"
-        code, _, out = run_cli("exec", url, sha, "--", "sh", "-c", "test -f README.md", root=root)
-        assert code == 0, out
-        assert open(log).read() == logged, "no clone was started for the published commit"
-        # gc sees the reader's lock (a hold, bounded as every reader's is) and moves nothing
-        # under it with its exclusive lock.
-        code, report, out = run_cli("gc", "--grace", "0", "--max-checkouts", "0", root=root, env=env)
-        assert code == 0 and [k["why"] for k in report["kept_over_limit"]] == ["held"], out
-    finally:
-        if holder is not None:
-            holder.kill()
-            holder.wait()
-        shutil.rmtree(base, ignore_errors=True)
+    assert Cache(root).ensure(url, sha).state == "ready"
+    code, _, out = run_cli("exec", url, sha, "--", "sh", "-c", "test -f README.md", root=root)
+    assert code == 0, out
+    assert open(log).read() == logged, "no clone was started for the published commit"
+    # gc sees the reader's lock (a hold, bounded as every reader's is) and moves nothing
+    # under it with its exclusive lock.
+    code, report, out = run_cli("gc", "--grace", "0", "--max-checkouts", "0", root=root, env=env)
+    assert code == 0 and [k["why"] for k in report["kept_over_limit"]] == ["held"], out
 
 
 @pytest.mark.slow
-def test_serve_makes_an_older_stores_writers_only_directories_so_at_its_start(tmp_path, served_upstream):
+def test_serve_makes_an_older_stores_writers_only_directories_so_at_its_start(tmp_path, served_upstream, foreign):
     """Second review of issue 33 (finding 3): the repositories' writers-only directories were made
     so only by gc, under gc.lock; a review holding an old descriptor of gc.lock (opened before
     the upgrade) kept every gc, and so that change, from happening, and went on opening the
     repositories' lock files. serve makes them so at its start, gc or no gc."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv is needed to run as another uid")
     upstream, url = served_upstream
-    base = tempfile.mkdtemp(prefix="ccwriter-", dir="/tmp")
-    os.chmod(base, 0o755)
-    root = os.path.join(base, "cache")
-    user = _uid_outside_the_group()
-    holder = None
+    root = foreign.root
+    code, _, out = run_cli("ensure", url, upstream.shas[0], "--wait", "60", root=root)
+    assert code == 0, out
+    settled(root)
+    assert run_cli("gc", root=root)[0] == 0
+    paths = RootPaths(root)
+    private = [*paths.private_dirs, *(d for key in paths.repo_keys() for d in paths.repo(key).private_dirs)]
+    for directory in private:  # as an older version made them
+        if os.path.isdir(directory):
+            os.chmod(directory, 0o755)
+    holder = foreign.python(HOLD_EXCLUSIVE, paths.gc_lock)
+    assert holder.stdout.readline().strip() == "held"
+    assert run_cli("gc", root=root)[1]["skipped"], "the old descriptor keeps gc from running"
+    serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
     try:
-        code, _, out = run_cli("ensure", url, upstream.shas[0], "--wait", "60", root=root)
-        assert code == 0, out
-        settled(root)
-        assert run_cli("gc", root=root)[0] == 0
-        paths = RootPaths(root)
-        private = [*paths.private_dirs, *(d for key in paths.repo_keys() for d in paths.repo(key).private_dirs)]
-        for directory in private:  # as an older version made them
-            if os.path.isdir(directory):
-                os.chmod(directory, 0o755)
-        holder = subprocess.Popen(["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups",
-                                   sys.executable, "-c", HOLD_EXCLUSIVE, paths.gc_lock],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert holder.stdout.readline().strip() == "held"
-        assert run_cli("gc", root=root)[1]["skipped"], "the old descriptor keeps gc from running"
-        serve = Serve(root, tmp_path, env={"CHECKOUTCACHE_GC_INTERVAL": "1h"})
-        try:
-            modes = {d: oct(stat.S_IMODE(os.stat(d).st_mode)) for d in private if os.path.isdir(d)}
-            assert len(modes) >= 3 and set(modes.values()) == {oct(0o700)}, modes
-        finally:
-            serve.stop()
+        modes = {d: oct(stat.S_IMODE(os.stat(d).st_mode)) for d in private if os.path.isdir(d)}
+        assert len(modes) >= 3 and set(modes.values()) == {oct(0o700)}, modes
     finally:
-        if holder is not None:
-            holder.kill()
-            holder.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        serve.stop()

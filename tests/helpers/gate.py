@@ -11,6 +11,15 @@ import socket
 import threading
 
 
+def shut(*ends: socket.socket) -> None:
+    """Both directions of each socket ended (the other side sees the close at once)."""
+    for end in ends:
+        try:
+            end.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class GatedProxy:
     def __init__(self, target_port: int, host: str = "127.0.0.1"):
         self.target = (host, target_port)
@@ -72,11 +81,7 @@ class GatedProxy:
         except OSError:
             pass
         finally:
-            for end in (source, sink):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shut(source, sink)
 
     def close(self) -> None:
         self._open.set()
@@ -126,11 +131,7 @@ class PackTailProxy(GatedProxy):
         except OSError:
             pass
         finally:
-            for end in (source, sink):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shut(source, sink)
 
 
 class RequestGate(GatedProxy):
@@ -161,11 +162,7 @@ class RequestGate(GatedProxy):
         except OSError:
             pass
         finally:
-            for end in (client, upstream):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shut(client, upstream)
 
     def _answers(self, upstream: socket.socket, client: socket.socket, state: dict) -> None:
         counted = False
@@ -181,8 +178,4 @@ class RequestGate(GatedProxy):
         except OSError:
             pass
         finally:
-            for end in (upstream, client):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shut(upstream, client)
