@@ -337,3 +337,28 @@ def test_a_search_whose_checkout_is_evicted_meanwhile_records_nothing(root, daem
         mirror_sound(root)
     finally:
         gate.close()
+
+
+def test_a_leftover_commit_object_is_never_taken_for_history(root, daemon):
+    """Third review of issue 34: a commit object that is in the mirror but that no ref reaches
+    (what a killed install or prune leaves: c3 here, without its tree) counted as c4's history,
+    so c4's boundary entry was skipped and the mirror claimed a history whose tree it lacked
+    (fsck: missing tree; `git show HEAD~1` in c4's checkout failed). An entry is skipped only
+    where its parents are in the history the refs reach."""
+    repo = Upstream(os.path.join(daemon.base, f"left-{os.urandom(3).hex()}"))
+    for number in range(6):
+        repo.commit({f"f{number}.txt": f"content {number}\n" * 20, "shared.txt": f"v{number}\n"}, f"c{number}")
+    url = daemon.url(os.path.basename(repo.path))
+    c = repo.shas
+    run_cli("ensure", url, c[2], "--wait", "60", root=root, env=HELD)
+    no_history_running(root)
+    mirror = only_repo(root).mirror
+    body = subprocess.run(["git", "-C", repo.path, "cat-file", "commit", c[3]], capture_output=True).stdout
+    planted = subprocess.run(["git", "-C", mirror, "hash-object", "-t", "commit", "-w", "--stdin"], input=body,
+                             capture_output=True)
+    assert planted.stdout.decode().strip() == c[3]
+    code, answer, out = run_cli("ensure", url, c[4], "--wait", "60", root=root, env=HELD)
+    assert code == 0, out
+    assert c[4] in shallow_of(root)
+    mirror_sound(root)
+    git("log", "-p", cwd=answer["path"])  # every commit it shows, with its tree

@@ -4,6 +4,7 @@ subprocess; just the marker check and touch."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -79,3 +80,57 @@ def test_the_fast_ready_answer_is_the_full_clis_answer(root, upstream):
     # Not ready, bad input, other commands: the full CLI answers (and the fast path wrote nothing).
     assert run_cli("ensure", upstream.path, "main", root=root)[1]["error"] == "BAD_COMMIT"
     assert run_cli("ensure", upstream.path, upstream.shas[1], root=root)[1]["state"] == "cloning"
+
+
+def test_an_exclusive_flock_is_waited_for_before_the_description_lock_is_tried(tmp_path):
+    """Third review of issue 33's fix: an older version's evictor takes flock's exclusive lock
+    alone, to re-check a last use and rename the checkout (milliseconds); a ready answer that
+    passed it at once by the description's read lock could record a use the evictor never saw
+    and answer a checkout renamed away the next instant. A held exclusive flock is waited for
+    FALLBACK_AFTER first (a lower bound: what happens within it is the evictor's)."""
+    import fcntl
+    import time
+
+    from checkoutcache.store.ready import FALLBACK_AFTER, open_marker_shared
+
+    marker = tmp_path / "checkoutcache-ready"
+    marker.write_text("{}")
+    evictor = os.open(marker, os.O_RDONLY)
+    try:
+        fcntl.flock(evictor, fcntl.LOCK_EX)
+        started = time.monotonic()
+        fd = open_marker_shared(str(marker), wait=5)
+        assert fd is not None and time.monotonic() - started >= FALLBACK_AFTER
+        os.close(fd)
+    finally:
+        os.close(evictor)
+
+
+def test_without_description_locks_the_evictor_and_ready_answers_keep_to_flock(root, upstream, monkeypatch):
+    """Third review of issue 33's fix: where the kernel (or file system) has no open file
+    description locks, every F_OFD call fails EINVAL, and gc took that for a reader's hold:
+    nothing was ever evicted. Both sides keep to flock alone there, as before."""
+    import errno
+    import fcntl
+
+    from checkoutcache import Cache
+    from checkoutcache.config import Config
+    from checkoutcache.store import ready
+    from checkoutcache.upkeep import gc
+
+    real = fcntl.fcntl
+
+    def no_ofd(fd, cmd, *args):
+        if cmd in (fcntl.F_OFD_SETLK, fcntl.F_OFD_SETLKW, fcntl.F_OFD_GETLK):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, cmd, *args)
+
+    cache = Cache(root)
+    answer = cache.ensure(upstream.path, upstream.shas[0], wait=60)
+    assert answer.state == "ready"
+    monkeypatch.setattr(ready.fcntl, "fcntl", no_ofd)
+    assert cache.ensure(upstream.path, upstream.shas[0]).state == "ready"
+    monkeypatch.setenv("CHECKOUTCACHE_GRACE", "0")
+    monkeypatch.setenv("CHECKOUTCACHE_MAX_CHECKOUTS", "0")
+    report = gc.run_gc(cache.paths, Config.from_env())
+    assert [r.name for r in report.removed if r.reason == "lru"] == [upstream.shas[0]], report

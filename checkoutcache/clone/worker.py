@@ -590,10 +590,11 @@ class Worker:
             moved = identity != self.mirror_identity()  # repacked (objects it relied on pruned?) or rebuilt
             boundary = None
             if not is_shallow(mirror_dir) and not mirror_is_empty(mirror_dir):
-                # The history completed while we fetched: the commit joins it if its parents are there.
+                # The history completed while we fetched: the commit joins it if its parents are in
+                # the history the refs reach (objects merely there are no history).
                 self.backend.install_fetched(mirror_dir, fetched._replace(shallow_after=fetched.shallow_before),
                                              keep_fds, refs=[])
-                if not self.backend.parents_present(mirror_dir, self.sha):
+                if not self.backend.parents_reached(mirror_dir, self.sha):
                     return False  # fetched as a new commit of a complete mirror is, by the caller
                 boundary = frozenset()
             self.backend.install_fetched(mirror_dir, fetched, keep_fds, refs=[], boundary=boundary)

@@ -206,27 +206,29 @@ class ShallowOps:
         its caller propose checked against the objects now in the mirror. An entry leaves only
         when its parents are here (a caller's filter, or a second search's narrower view, proves
         no history it did not fetch: dropped, the entry would claim history that is not there).
-        An entry comes only where a parent is missing or the history below it is not connected
-        here (git registers every commit at a fetch's depth, even one whose history the mirror
-        already has: listed, it would cut that history from every checkout that reaches it). A
-        root commit git lists stays listed: it hides nothing, and a mirror whose only entry it
-        is stays shallow, so its history (every branch) still follows."""
+        An entry comes only where a parent is not in the history the refs reach (git registers
+        every commit at a fetch's depth, even one whose history the mirror already has: listed,
+        it would cut that history from every checkout that reaches it); a parent that is here
+        but no ref reaches (what an interrupted install or prune left) is never vouched for.
+        A root commit git lists stays listed: it hides nothing, and a mirror whose only entry
+        it is stays shallow, so its history (every branch) still follows."""
         removals, additions = now - proposed, proposed - now
         if not removals and not additions:
             return proposed
         parents = self.parents_of(mirror, removals | additions)
         missing = self.lacking_parents(mirror, parents)
-        needless = {sha for sha in additions - missing if parents[sha] and self.commits_connected(mirror, sha)}
+        needless = {sha for sha in additions - missing if parents[sha] and self.reached_by_refs(mirror, sha, parents[sha])}
         return frozenset((proposed | (removals & missing)) - needless)
 
-    def commits_connected(self, git_dir: str, sha: str) -> bool:
-        """Whether the commit's ancestry is all here, down to the boundary on disk or to what the
-        refs already reach (their history is: DESIGN invariant 13). Commits only: the fetch
-        checked the commit's own objects; a walk of its tree would cost a new commit a whole
-        tree's worth of reads."""
-        done = self._run(["-C", git_dir, "rev-list", "--quiet", sha, "--not", f"--exclude={keep_ref(sha)}", "--all"],
-                         stdout=subprocess.DEVNULL)
-        return done.returncode == 0
+    def reached_by_refs(self, git_dir: str, sha: str, parents: list[str]) -> bool:
+        """Whether every parent of commit SHA lies in the history the repository's refs reach
+        (their history is connected: DESIGN invariant 13), SHA's own keep-ref aside. Commits
+        only, and the walk stops at what the refs reach: cheap where it holds."""
+        if not parents:
+            return True
+        done = self._run(["-C", git_dir, "rev-list", "-n", "1", *parents, "--not", f"--exclude={keep_ref(sha)}",
+                          "--all"])
+        return done.returncode == 0 and not done.stdout.strip()
 
     def parents_of(self, git_dir: str, shas: frozenset[str] | set[str]) -> dict[str, list[str] | None]:
         """Each commit's parents as its object names them (a shallow file hides none), None for one
@@ -264,9 +266,11 @@ class ShallowOps:
             present = {line.split()[0] for line in checked.stdout.splitlines() if line.endswith(" commit")}
         return {sha for sha, found in parents.items() if found is None or not set(found) <= present}
 
-    def parents_present(self, mirror: str, sha: str) -> bool:
-        """Whether every parent of the commit is in the mirror (a root commit: True)."""
-        return not self.lacking_parents(mirror, self.parents_of(mirror, {sha}))
+    def parents_reached(self, mirror: str, sha: str) -> bool:
+        """Whether every parent of the commit is in the history the mirror's refs reach (a root
+        commit: True); a parent object that is merely here is not."""
+        parents = self.parents_of(mirror, {sha})[sha]
+        return parents is not None and self.reached_by_refs(mirror, sha, parents)
 
     def reachable_commits(self, git_dir: str, tips: list[str] | None = None) -> set[str]:
         """The commits reachable from tips (default: every ref), down to the repository's

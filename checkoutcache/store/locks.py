@@ -213,12 +213,21 @@ def checkout_exclusive(marker: str) -> Lock | None:
     only a writer's descriptor can take and a reader's read lock refuses."""
     from checkoutcache.store.ready import description_lock
 
+    writable = True
     try:
         fd = tree.open_file(marker, os.O_RDWR)
     except FileNotFoundError:
         return None
+    except PermissionError:  # a group peer's marker it made 0644: flock's lock alone, as before
+        writable = False
+        try:
+            fd = tree.open_file(marker, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
     handle = os.fdopen(fd, "rb")
-    if not _flock(handle, False, marker) or not description_lock(fd, fcntl.F_WRLCK):
+    # The write lock refused (a reader's read lock) is a hold; none to take (no OFD locks
+    # here, or no descriptor to take one with) leaves flock's alone, as before.
+    if not _flock(handle, False, marker) or (writable and description_lock(fd, fcntl.F_WRLCK) is False):
         handle.close()
         return None
     try:

@@ -19,7 +19,12 @@ exclusive lock (flock ignores the open mode) and keep it: a review that did so
 made every ready answer of that checkout wait, then start a clone. So a shared
 lock refused is followed by the description's read lock: granted, no evictor
 moves the checkout (it would hold the write lock), and the read lock keeps one
-from doing so, as the shared lock would (checkout_exclusive takes both).
+from doing so, as the shared lock would (checkout_exclusive takes both). The
+fallback waits FALLBACK_AFTER first: an evictor's exclusive flock lasts a rename
+(milliseconds), and an older version's evictor takes flock's alone, so a lock
+held that briefly is waited out as before; only a lock held longer (a reader's)
+is passed by. Where the kernel or file system has no OFD locks, both sides keep
+to flock alone, as before.
 """
 
 from __future__ import annotations
@@ -36,20 +41,27 @@ import time
 # waiting longer than this means something is wrong with it, and answering
 # "not ready" (so a clone starts) is better than hanging a review.
 SHARED_LOCK_WAIT = 2.0
+# How long an exclusive flock is waited for before the description's read lock is tried.
+FALLBACK_AFTER = 0.25
 
 
 # struct flock on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (and its padding).
 _FLOCK = "hhqqi4x"
 
 
-def description_lock(fd: int, kind: int) -> bool:
+# No OFD locks here (an older kernel, a file system without them): flock alone, as before.
+_UNSUPPORTED = {errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+def description_lock(fd: int, kind: int) -> bool | None:
     """The open file description's lock of the whole file (fcntl.F_RDLCK or F_WRLCK, never
-    waiting): False when another description holds a conflicting one, or the kernel has none."""
+    waiting): False when another description holds a conflicting one (or a write lock is asked
+    of a read-only descriptor), None where there are no such locks."""
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, kind, 0, 0, 0, 0))
         return True
-    except OSError:  # EAGAIN: held; EBADF: a write lock on a read-only descriptor; EINVAL: no OFD locks
-        return False
+    except OSError as exc:
+        return None if exc.errno in _UNSUPPORTED else False
 
 
 def description_locked(fd: int) -> bool:
@@ -71,15 +83,16 @@ def open_marker_shared(marker: str, wait: float = SHARED_LOCK_WAIT) -> int | Non
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        deadline = None
+        deadline = started = None
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if description_lock(fd, fcntl.F_RDLCK):
-                    break  # a reader's exclusive flock, not an eviction
                 now = time.monotonic()
+                started = started or now
+                if now - started >= FALLBACK_AFTER and description_lock(fd, fcntl.F_RDLCK):
+                    break  # held past any eviction's rename, and no evictor's write lock: a reader's
                 deadline = deadline or now + wait
                 if now >= deadline:
                     os.close(fd)
