@@ -59,15 +59,23 @@ class GatedProxy:
             with self._lock:
                 self.held += 1
             self._open.wait()
+        upstream = self._connect(client)
+        if upstream is None:
+            return
+        threading.Thread(target=self._pump_down, args=(upstream, client), daemon=True).start()
+        self._pump(client, upstream)
+
+    def _connect(self, client: socket.socket) -> socket.socket | None:
+        """A connection to the server for this client (closed with the proxy), or None (the
+        client closed: the server is gone)."""
         try:
             upstream = socket.create_connection(self.target)
         except OSError:
             client.close()
-            return
+            return None
         with self._lock:
             self._sockets.append(upstream)
-        threading.Thread(target=self._pump_down, args=(upstream, client), daemon=True).start()
-        self._pump(client, upstream)
+        return upstream
 
     def _pump_down(self, source: socket.socket, sink: socket.socket) -> None:
         """The server's bytes to the client."""
@@ -145,13 +153,9 @@ class RequestGate(GatedProxy):
         self.pattern = pattern
 
     def _serve(self, client: socket.socket) -> None:
-        try:
-            upstream = socket.create_connection(self.target)
-        except OSError:
-            client.close()
+        upstream = self._connect(client)
+        if upstream is None:
             return
-        with self._lock:
-            self._sockets.append(upstream)
         state = {"seen": b"", "matched": False}
         threading.Thread(target=self._answers, args=(upstream, client, state), daemon=True).start()
         try:
