@@ -225,3 +225,29 @@ def test_a_restarted_serve_counts_the_workers_its_killed_predecessor_left(root, 
             again.stop()
     finally:
         gate.open()
+
+
+@pytest.mark.slow
+def test_reviews_of_one_new_repository_arriving_together_share_its_first_contact(root, tmp_path, repositories):
+    """The pod as shipped gives all its reviews one token; on a cold node they arrive together,
+    each asking the same new repository. max-new-repos-per-token counted requests, so the third
+    was SERVER_BUSY ("2 requests for repositories new to this store are in progress for this
+    token": the pod test saw it). It counts repositories: the others wait for the first's
+    contact (its probe held at a gate here) and are answered with it; a ninth waiter is busy."""
+    flood, flood_url, _honest, _honest_url, gate = repositories
+    serve = Serve(root, tmp_path, "--max-new-repos-per-token", "1", "--gc-interval", "0", tokens=f"{FLOOD}\n")
+    try:
+        gate.shut()
+        with concurrent.futures.ThreadPoolExecutor(9) as pool:
+            first = pool.submit(ask, serve, FLOOD, flood_url, flood.shas[0], 120)
+            wait_until(lambda: gate.held >= 1, 30, "the first contact's probe")
+            others = [pool.submit(ask, serve, FLOOD, flood_url, sha, 120) for sha in flood.shas[1:9]]
+            status, busy = ask(serve, FLOOD, flood_url, flood.shas[9])  # past the waiters' bound
+            assert status == 503 and busy["error"] == "SERVER_BUSY", busy
+            gate.open()
+            answers = [first.result(timeout=180)] + [f.result(timeout=180) for f in others]
+        assert [status for status, _ in answers] == [200] * 9, answers
+        assert {body["state"] for _, body in answers} == {"ready"}
+    finally:
+        gate.open()
+        serve.stop()

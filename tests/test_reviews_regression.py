@@ -145,12 +145,12 @@ def test_six_concurrent_reviews_with_gc_at_a_limit_of_three(root, tmp_path):
 
     # The reviews are over: their window passes (every last use moved back by it, their order
     # kept), and gc trims to the limit, the least recently used first.
-    last_use = {}
-    for sha in upstream.shas:
-        path = marker(store.checkout(sha))
-        used = os.stat(path).st_mtime
-        last_use[sha] = used
-        os.utime(path, (used - GRACE - 60, used - GRACE - 60))
+    last_use = {sha: os.stat(marker(store.checkout(sha))).st_mtime for sha in upstream.shas}
+    # Their order kept, a second apart: reviews that ended together may share an mtime (the
+    # kernel's coarse clock), and gc's order among equals is its own.
+    past = min(last_use.values()) - GRACE - 60
+    for rank, sha in enumerate(sorted(upstream.shas, key=last_use.get)):
+        os.utime(marker(store.checkout(sha)), (past + rank, past + rank))
     code, report, out = run_cli("gc", "--max-checkouts", str(LIMIT), "--grace", str(GRACE), root=root)
     assert code == 0 and report["unmet"] == [], out
     least_recent = sorted(upstream.shas, key=last_use.get)[:REVIEWS - LIMIT]

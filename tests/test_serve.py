@@ -78,6 +78,7 @@ def test_health_status_gc_and_metrics(server, upstream):
     assert status == 200 and ready["ok"] and ready["checks"]["locks_work"] and ready["checks"]["root_writable"]
     server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[0], "wait": 60})
     server.request("POST", "/v1/ensure", {"repo": upstream.path, "commit": upstream.shas[0]})
+    settled(server.root)  # the clone's tidying and its history end before gc and the counts
     status, report = server.request("GET", "/v1/status")
     assert status == 200 and report["totals"]["checkouts"] == 1
     # The API may tighten the limits but never lower the grace window (the operator's 15m).

@@ -72,6 +72,21 @@ MAX_NONCES_PER_TOKEN = 50_000
 MAX_NONCES = 400_000
 
 
+# Requests that wait on another's first contact with a repository new here (reviews of one
+# repository arriving together): each holds its thread for at most the probe timeout and this.
+FOLLOWERS_PER_REPOSITORY = 8
+FIRST_CONTACT_SLACK = 5.0
+
+
+class NewRepository:
+    """A first contact in progress: whose request makes it, when it is done, who waits on it."""
+
+    def __init__(self, caller: str):
+        self.caller = caller
+        self.done = threading.Event()
+        self.followers = 0
+
+
 class Waited:
     """Whether a request waited on a clone (the request latency's kind, metrics.KINDS)."""
 
@@ -140,7 +155,8 @@ class Service:
                                         settings.max_queued_per_token),
                                  worker_starter(False), {"pid": pid, "pid_start": pid_start, "pidns": pid_namespace()})
         cache.clone_starter = lambda caller: self.clones.starter(caller, self.policy.repos_of(caller))
-        self.new_repos: dict[str, int] = {}  # caller -> requests in progress naming a repository new here
+        self.new_repos: dict[str, int] = {}  # caller -> repositories new here it is first to ask, in progress
+        self.making: dict[str, NewRepository] = {}  # key -> the first contact in progress, and who waits on it
         self.new_repos_lock = threading.Lock()
 
     # ---------------------------------------------------------------- API
@@ -266,24 +282,45 @@ class Service:
     def new_repository(self, repo: str, commit: str, scope: str, cone: Cone, grant: Grant):
         """A request naming a repository this store has not made yet probes it first (a tarpit
         costs the probe timeout) and makes a mirror: at most max_new_repos_per_token such
-        requests of one token at once, and max_clones in all (SERVER_BUSY beyond)."""
+        repositories of one token at once, and max_clones in all (SERVER_BUSY beyond). Requests
+        for a repository whose first contact is in progress (reviews of one repository arriving
+        together on a cold node, whoever's token) count no further: they wait for that first
+        contact (bounded by the probe timeout), FOLLOWERS_PER_REPOSITORY at most, and go on."""
         want = self.resolve(repo, commit, scope, cone)
-        if os.path.isdir(self.cache.paths.repo(want.spec.key).base):
+        key = want.spec.key
+        if os.path.isdir(self.cache.paths.repo(key).base):
             yield
             return
         if not self.clones.could_take(grant.name):  # refused before anything is written for it
             raise CheckoutCacheError("SERVER_BUSY", why="this token's clones are queued to their bound already")
         with self.new_repos_lock:
-            mine, everyone = self.new_repos.get(grant.name, 0), sum(self.new_repos.values())
-            if mine >= self.settings.max_new_repos_per_token or everyone >= max(1, self.settings.max_clones):
-                raise CheckoutCacheError("SERVER_BUSY", why=f"{mine if mine >= self.settings.max_new_repos_per_token else everyone} "
-                                                            f"requests for repositories new to this store are in "
-                                                            f"progress {'for this token' if mine else 'in all'}")
-            self.new_repos[grant.name] = mine + 1
+            first = self.making.get(key)
+            if first is not None:
+                if first.followers >= FOLLOWERS_PER_REPOSITORY:
+                    raise CheckoutCacheError("SERVER_BUSY", why=f"{first.followers} requests wait on this "
+                                                                f"repository's first contact already")
+                first.followers += 1
+            else:
+                mine, everyone = self.new_repos.get(grant.name, 0), len(self.making)
+                if mine >= self.settings.max_new_repos_per_token or everyone >= max(1, self.settings.max_clones):
+                    raise CheckoutCacheError("SERVER_BUSY", why=f"{mine if mine >= self.settings.max_new_repos_per_token else everyone} "
+                                                                f"repositories new to this store are being reached "
+                                                                f"{'for this token' if mine else 'in all'}")
+                self.new_repos[grant.name] = mine + 1
+                self.making[key] = NewRepository(grant.name)
+        if first is not None:
+            try:
+                first.done.wait(self.config.probe_timeout + FIRST_CONTACT_SLACK)
+                yield
+            finally:
+                with self.new_repos_lock:
+                    first.followers -= 1
+            return
         try:
             yield
         finally:
             with self.new_repos_lock:
+                self.making.pop(key).done.set()
                 self.new_repos[grant.name] -= 1
                 if not self.new_repos[grant.name]:
                     del self.new_repos[grant.name]
