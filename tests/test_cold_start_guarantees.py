@@ -19,6 +19,7 @@ from checkoutcache.cache import Cache
 from checkoutcache.store import locks
 from checkoutcache.store.layout import RootPaths
 
+from .helpers.store import no_history_running, shallow_entries
 from .helpers import (
     Upstream,
     assert_checkout_matches,
@@ -35,15 +36,6 @@ from .test_cold_start import KILL_AT, commits_in, full_history, grow
 from .test_lfs import A, B, lfs_server, read  # noqa: F401 (lfs_server: the fixture, an https git + LFS server)
 
 HELD = {KILL_AT: "history-start"}
-
-
-def shallow_entries(root: str) -> list[str]:
-    path = only_repo(root).mirror_shallow
-    return sorted(open(path).read().split()) if os.path.exists(path) else []
-
-
-def no_history_running(root: str) -> None:
-    wait_until(lambda: not locks.history_running(only_repo(root)), what="no history running")
 
 
 def test_gc_and_its_repack_on_a_shallow_mirror(root, served_upstream):

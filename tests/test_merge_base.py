@@ -21,6 +21,7 @@ import pytest
 from checkoutcache.cache import Cache
 from checkoutcache.store import locks
 
+from .helpers.store import no_history_running, shallow_entries
 from .helpers import Upstream, assert_checkout_matches, git, only_repo, run_cli, wait_until
 from .test_cold_start import KILL_AT, commits_in, full_history
 
@@ -64,15 +65,6 @@ def criss_cross(daemon) -> tuple[Upstream, str, dict[str, str]]:
     return repo, daemon.url(os.path.basename(repo.path)), shas
 
 
-def shallow_of(root: str) -> list[str]:
-    path = only_repo(root).mirror_shallow
-    return sorted(open(path).read().split()) if os.path.exists(path) else []
-
-
-def no_history_running(root: str) -> None:
-    wait_until(lambda: not locks.history_running(only_repo(root)), what="no history running")
-
-
 def test_the_merge_base_is_gits_own_and_the_checkout_reaches_it_and_the_base(root, daemon):
     """Regression (review of issue 34): the search took the first merge base its shallow view
     showed (C1, through the short lines), stored it and answered it even once the history was
@@ -90,7 +82,7 @@ def test_the_merge_base_is_gits_own_and_the_checkout_reaches_it_and_the_base(roo
     assert git("merge-base", "HEAD", shas["BASE"], cwd=path) == shas["Q"]
     assert sorted(git("log", "--format=%s", f"{shas['BASE']}..HEAD", cwd=path).split()) == \
         ["h1", "head", "l1", "l2", "l3", "l4", "l5", "l6"]
-    assert shallow_of(root), "the mirror is still shallow (the history was held)"
+    assert shallow_entries(root), "the mirror is still shallow (the history was held)"
     git("fsck", "--connectivity-only", "--no-dangling", cwd=only_repo(root).mirror)
     assert_checkout_matches(path, repo.path, shas["HEAD"])
     # Once the history is complete: the same merge base, and the checkout still reaches BASE.
@@ -359,6 +351,6 @@ def test_a_leftover_commit_object_is_never_taken_for_history(root, daemon):
     assert planted.stdout.decode().strip() == c[3]
     code, answer, out = run_cli("ensure", url, c[4], "--wait", "60", root=root, env=HELD)
     assert code == 0, out
-    assert c[4] in shallow_of(root)
+    assert c[4] in shallow_entries(root)
     mirror_sound(root)
     git("log", "-p", cwd=answer["path"])  # every commit it shows, with its tree

@@ -80,6 +80,21 @@ def assert_checkout_matches(checkout: str, upstream_path: str, sha: str) -> None
     assert git("log", "-1", "--format=%H", cwd=checkout) == sha
 
 
+def shallow_entries(root: str) -> list[str]:
+    """The only repository's mirror's shallow boundary (none: its history is complete)."""
+    path = only_repo(root).mirror_shallow
+    return sorted(open(path).read().split()) if os.path.exists(path) else []
+
+
+def no_history_running(root: str) -> None:
+    """Until the only repository's background history (clone/history.py) has let its lock go."""
+    from checkoutcache.store import locks
+
+    from .waiting import wait_until
+
+    wait_until(lambda: not locks.history_running(only_repo(root)), what="no history running")
+
+
 def settled(root: str, timeout: float = 120) -> None:
     """Wait until the root's clones have finished their own tidying: a worker answers ready at
     its publish, then records the tree's size and removes its scratch and record (readers
