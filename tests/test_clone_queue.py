@@ -242,12 +242,16 @@ def test_reviews_of_one_new_repository_arriving_together_share_its_first_contact
             first = pool.submit(ask, serve, FLOOD, flood_url, flood.shas[0], 120)
             wait_until(lambda: gate.held >= 1, 30, "the first contact's probe")
             others = [pool.submit(ask, serve, FLOOD, flood_url, sha, 120) for sha in flood.shas[1:9]]
+            # (the ninth asked before all eight had arrived was a follower itself: CI saw it)
+            wait_until(lambda: gauge(serve, "checkoutcache_first_contact_waiting", FLOOD) == 8, 30,
+                       "eight requests waiting on the first contact")
             status, busy = ask(serve, FLOOD, flood_url, flood.shas[9])  # past the waiters' bound
             assert status == 503 and busy["error"] == "SERVER_BUSY", busy
             gate.open()
             answers = [first.result(timeout=180)] + [f.result(timeout=180) for f in others]
         assert [status for status, _ in answers] == [200] * 9, answers
         assert {body["state"] for _, body in answers} == {"ready"}
+        assert gauge(serve, "checkoutcache_first_contact_waiting", FLOOD) == 0
     finally:
         gate.open()
         serve.stop()

@@ -300,6 +300,7 @@ class Service:
                     raise CheckoutCacheError("SERVER_BUSY", why=f"{first.followers} requests wait on this "
                                                                 f"repository's first contact already")
                 first.followers += 1
+                self.metrics.first_contact_waiting.inc()
             else:
                 mine, everyone = self.new_repos.get(grant.name, 0), len(self.making)
                 if mine >= self.settings.max_new_repos_per_token or everyone >= max(1, self.settings.max_clones):
@@ -315,6 +316,7 @@ class Service:
             finally:
                 with self.new_repos_lock:
                     first.followers -= 1
+                    self.metrics.first_contact_waiting.dec()
             return
         try:
             yield
