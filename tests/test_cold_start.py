@@ -137,7 +137,7 @@ def test_history_full_waits_answering_cloning_with_the_historys_progress(root, d
     cache = Cache(root)
     run_cli("ensure", url, repo.shas[0], "--wait", "60", root=root, env={KILL_AT: "history-start"})
     store = only_repo(root)  # the store exists (its first clone's history killed): the gate can be held
-    wait_until(lambda: not locks.history_running(store), what="the killed history's lock freed")
+    settled(root)  # (the history starts after the answer: its lock alone may be free before it runs)
     gate = locks.try_lock(store.clone_lock("f" * 40))  # a clone of the repository, as the history sees it
     assert gate is not None
     try:
@@ -350,7 +350,7 @@ def test_a_failed_history_backs_off_and_status_says_why(root, tmp_path, daemon):
     work.standard_history(4)
     url = daemon.url("vanishing")
     answer = wait_ready(root, url, work.shas[-1], env={KILL_AT: "history-start"})
-    wait_until(lambda: not locks.history_running(only_repo(root)), what="the killed history's lock freed")
+    settled(root)
     os.rename(work.path, work.path + ".gone")
     code, answer, out = run_cli("ensure", url, work.shas[-1], "--history", "full", "--wait", "30", root=root)
     assert code == 1 and answer["error"] == "HISTORY_FAILED" and answer["retry_after"] >= 1, out
@@ -380,7 +380,7 @@ def test_a_commit_upstream_no_longer_has_keeps_no_other_commits_history_out(root
     wait_ready(root, url, gone, env={KILL_AT: "history-start"})
     wait_ready(root, url, main[-1], env={KILL_AT: "history-start"})
     store = only_repo(root)
-    wait_until(lambda: not locks.history_running(store), what="the killed histories' locks freed")
+    settled(root)
     git("branch", "-q", "-D", "pr", cwd=work.path)
     git("reflog", "expire", "--expire=now", "--all", cwd=work.path)
     git("gc", "-q", "--prune=now", cwd=work.path)

@@ -16,8 +16,6 @@ import subprocess
 import pytest
 
 from checkoutcache.cache import Cache
-from checkoutcache.store import locks
-from checkoutcache.store.layout import RootPaths
 
 from .helpers.store import no_history_running, shallow_entries
 from .helpers import (
@@ -130,8 +128,7 @@ def test_history_full_waits_for_the_submodules_histories_too(root, daemon):
     sub, sub_url, top_url, sha, sub_sha = superproject(daemon)
     answer = wait_ready(root, top_url, sha, timeout=120, env=HELD)
     assert answer["history"] == "shallow"
-    for key in os.listdir(os.path.join(root, "repos")):
-        wait_until(lambda key=key: not locks.history_running(RootPaths(root).repo(key)), what="no history running")
+    settled(root)
     lib = os.path.join(answer["path"], "vendor", "lib")
     assert commits_in(lib) == 1
     code, done, out = run_cli("ensure", top_url, sha, "--history", "full", "--wait", "120", root=root)
