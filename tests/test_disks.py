@@ -46,6 +46,7 @@ def test_a_repack_on_a_tight_disk_is_skipped_with_its_reason_and_nothing_fills(t
         paths = [wait_ready(root, upstream.path, sha)["path"] for sha in upstream.shas]
         for path in paths[:2]:
             make_idle(path, 3600)
+        settled(root)  # the mirror's history is in before the disk fills (it writes and frees as it goes)
         fill(mount, leave=6 << 20)
         before = free_bytes(mount)
         code, report, out = run_cli("gc", "--max-checkouts", "2", "--grace", "5m", "--mirror-gc-interval", "0",
@@ -301,6 +302,7 @@ def test_an_ensure_on_a_full_disk_answers_disk_full_and_writes_nothing(tmp_path)
     with small_filesystem(str(tmp_path / "small"), "24m") as mount:
         root = os.path.join(mount, "cache")
         first = wait_ready(root, upstream.path, upstream.shas[0])["path"]
+        settled(root)
         store = only_repo(root)
         # The mirror has every commit (the checkout is what no longer fits).
         git("fetch", "-q", upstream.path, "+refs/heads/*:refs/heads/*", cwd=store.mirror)

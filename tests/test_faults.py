@@ -432,6 +432,7 @@ def test_a_checkout_that_lost_its_marker_is_not_served_and_gc_removes_it(root, u
     answer = wait_ready(root, upstream.path, sha)
     assert_checkout_matches(answer["path"], upstream.path, sha)
     # Lost again, with no clone running: gc removes it as unpublished.
+    settled(root)  # (a worker lives on a moment after its answer, holding the clone lock)
     os.unlink(marker(path))
     report = run_cli("gc", root=root)[1]
     assert [r["name"] for r in report["removed"] if r["reason"] == "unpublished"] == [sha], report

@@ -160,6 +160,7 @@ def test_a_killed_gc_leaves_trash_that_the_next_gc_finishes(root, three_ready, k
 def test_a_pruned_checkout_is_cloned_again(root, upstream):
     sha = upstream.shas[1]
     path = wait_ready(root, upstream.path, sha)["path"]
+    settled(root)  # the worker's tail holds the clone lock, which keeps gc from forgetting the commit
     make_idle(path, 3600)
     gc(root, "--max-checkouts", "0", "--grace", "1m")
     assert not os.path.exists(path)
