@@ -88,7 +88,8 @@ CATALOGUE: tuple[Spec, ...] = (
          "origin, host)", ("why",), attr="refused"),
     Spec("checkoutcache_requests_waiting", "gauge", "Requests waiting on a clone now", attr="waiting"),
     Spec("checkoutcache_first_contact_waiting", "gauge", "Requests waiting on another request's first contact with "
-         "a repository new to the store (a few per repository at most; more are SERVER_BUSY)", attr="first_contact_waiting"),
+         "a repository new to the store (a few per repository at most; more are SERVER_BUSY)",
+         attr="first_contact_waiting"),
     Spec("checkoutcache_clones_total", "counter", "Clones of this sidecar's workers, by outcome (started, "
          "published, failed, died, stopped) and, when failed, error code", ("outcome", "error")),
     Spec("checkoutcache_clone_duration_seconds", "histogram", "Clone durations (published ones)",
